@@ -1,0 +1,68 @@
+"""Argument validation with messages that name the argument, the expected and the actual value."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def check_tensor(
+    name: str,
+    t: object,
+    *,
+    shape: Sequence[int | None] | None = None,
+    dtype: torch.dtype | Sequence[torch.dtype] | None = None,
+    device: torch.device | None = None,
+    contiguous: bool = False,
+    inner_contiguous: bool = False,
+) -> torch.Tensor:
+    """Validate `t`; None in `shape` accepts any size. Returns `t`."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if shape is not None and (
+        t.dim() != len(shape) or any(e is not None and e != a for e, a in zip(shape, t.shape))
+    ):
+        want = "[" + ", ".join("*" if e is None else str(e) for e in shape) + "]"
+        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
+    if dtype is not None:
+        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+        if t.dtype not in allowed:
+            want = allowed[0] if len(allowed) == 1 else f"one of {list(allowed)}"
+            raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+    if inner_contiguous and t.dim() and t.stride(-1) != 1 and t.shape[-1] > 1:
+        raise ValueError(
+            f"{name}: expected a unit stride in the last dim, got strides {t.stride()}"
+        )
+    return t
+
+
+def check_slot_indices(
+    slot_indices: torch.Tensor, batch: int, num_slots: int, pad_slot_id: int, device: torch.device
+) -> None:
+    """Shape/dtype always; values (range, duplicates) only outside CUDA-graph capture, since
+    reading them from the device needs a sync."""
+    check_tensor(
+        "slot_indices",
+        slot_indices,
+        shape=(batch,),
+        dtype=torch.int32,
+        device=device,
+        contiguous=True,
+    )
+    if slot_indices.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    values = slot_indices.tolist()
+    real = [v for v in values if v != pad_slot_id]
+    bad = [v for v in real if not 0 <= v < num_slots]
+    if bad:
+        raise ValueError(
+            f"slot_indices: expected values in [0, {num_slots}) or pad_slot_id={pad_slot_id}, got {bad[0]}"
+        )
+    if len(set(real)) != len(real):
+        dup = next(v for v in real if real.count(v) > 1)
+        raise ValueError(f"slot_indices: expected distinct slots per batch, got slot {dup} twice")

@@ -1,0 +1,138 @@
+"""Ahead-of-time builds: `python -m replayssm_jit.aot --out DIR [--preset NAME ...]`.
+
+DIR gets one folder per specialization (<uri>/<uri>.so and manifest.json). Point
+REPLAYSSM_AOT_DIR at DIR, or package DIR/.. as `replayssm_jit_cache` (modules under
+replayssm_jit_cache/modules/), and the loader uses these builds before any JIT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from tqdm import tqdm
+
+from replayssm_jit.jit import env
+from replayssm_jit.jit.build import build
+from replayssm_jit.models import MODELS
+from replayssm_jit.spec import KernelSpec, mamba2_spec
+
+MAMBA2_FLAGS = ("d", "dt_bias", "dt_softplus")
+
+
+def _mamba2_model_specs(windows, act_dtypes, state_dtypes, flags=MAMBA2_FLAGS) -> list[KernelSpec]:
+    specs = []
+    for model in MODELS.values():
+        if model.family != "mamba2":
+            continue
+        for window in windows:
+            for act in act_dtypes:
+                for state in state_dtypes:
+                    specs.append(
+                        mamba2_spec(
+                            headdim=model.d_v,
+                            dstate=model.d_k,
+                            heads_per_group=model.value_heads // model.key_heads,
+                            window=window,
+                            act_dtype=act,
+                            state_dtype=state,
+                            flags=flags,
+                        )
+                    )
+    return specs
+
+
+def _preset_ci() -> list[KernelSpec]:
+    return [mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=16)]
+
+
+def _preset_models() -> list[KernelSpec]:
+    return _mamba2_model_specs((1, 16), ("bf16",), ("f32", "bf16"))
+
+
+def _preset_h200() -> list[KernelSpec]:
+    """What the H200 GPU tests and benchmarks load."""
+    specs = _mamba2_model_specs((1, 4, 16, 32), ("f32",), ("f32",))
+    specs += _mamba2_model_specs((1, 4, 8, 16, 32), ("bf16",), ("f32", "bf16"))
+    specs += _mamba2_model_specs((16,), ("bf16",), ("f16",))
+    specs += _mamba2_model_specs((16,), ("bf16",), ("bf16", "f16"), MAMBA2_FLAGS + ("sr",))
+    specs += _mamba2_model_specs((16,), ("bf16",), ("f32",), ("d", "z", "dt_bias", "dt_softplus"))
+    odd = dict(
+        headdim=24,
+        dstate=64,
+        heads_per_group=2,
+        act_dtype="f32",
+        state_dtype="f32",
+        flags=("d", "z", "dt_bias", "dt_softplus"),
+    )
+    specs += [mamba2_spec(window=w, **odd) for w in (1, 4, 16, 32)]
+    return specs
+
+
+PRESETS = {"ci": _preset_ci, "models": _preset_models, "h200": _preset_h200}
+
+
+def preset_specs(names: list[str]) -> list[KernelSpec]:
+    specs: dict[str, KernelSpec] = {}
+    for name in names:
+        if name not in PRESETS:
+            raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}")
+        for spec in PRESETS[name]():
+            specs[spec.uri] = spec
+    return list(specs.values())
+
+
+def build_aot(
+    specs: list[KernelSpec], out: Path, jobs: int, archs: list[str] | None = None
+) -> list[Path]:
+    """Build `specs` in parallel into `out`, keeping only each module and its manifest."""
+    out.mkdir(parents=True, exist_ok=True)
+    built = []
+    with (
+        tempfile.TemporaryDirectory(prefix="replayssm-aot-") as scratch,
+        ThreadPoolExecutor(jobs) as pool,
+    ):
+        futures = {pool.submit(build, spec, Path(scratch), archs): spec for spec in specs}
+        for future in tqdm(as_completed(futures), total=len(futures), desc="AOT", unit="module"):
+            spec = futures[future]
+            so_path = future.result()
+            dest = out / spec.uri
+            dest.mkdir(exist_ok=True)
+            shutil.copy2(so_path, dest / so_path.name)
+            shutil.copy2(so_path.parent / "manifest.json", dest / "manifest.json")
+            built.append(dest / so_path.name)
+    return built
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m replayssm_jit.aot", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument(
+        "--preset", action="append", default=[], help=f"one of {sorted(PRESETS)}; repeatable"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="parallel builds (default REPLAYSSM_MAX_JOBS or CPUs)",
+    )
+    parser.add_argument("--list", action="store_true", help="print the URIs and exit")
+    args = parser.parse_args(argv)
+    specs = preset_specs(args.preset or ["models"])
+    if args.list:
+        print("\n".join(s.uri for s in specs))
+        return 0
+    archs = env.cuda_arch_list()
+    print(f"building {len(specs)} modules for {' '.join(archs)} into {args.out}", file=sys.stderr)
+    build_aot(specs, args.out, args.jobs or env.max_jobs(), archs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""Environment variables that steer building and loading; read at call time, never at import.
+
+| variable                      | meaning                                                        |
+|-------------------------------|----------------------------------------------------------------|
+| REPLAYSSM_CACHE_DIR           | JIT cache root (default ~/.cache/replayssm_jit)                |
+| REPLAYSSM_CUDA_ARCH_LIST      | e.g. "9.0a" or "8.0 9.0a" (default: the visible GPU; 9.0a without one) |
+| REPLAYSSM_JIT_VERBOSE         | 1: log build commands and timings                              |
+| REPLAYSSM_JIT_DEBUG           | 1: -lineinfo; 2: device debug (-G)                             |
+| REPLAYSSM_DISABLE_JIT         | 1: never compile; a missing AOT module is an error             |
+| REPLAYSSM_AOT_DIR             | os.pathsep-separated directories of AOT-built modules          |
+| REPLAYSSM_MAX_JOBS            | parallel builds for AOT (default: CPU count)                   |
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("REPLAYSSM_CACHE_DIR")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "replayssm_jit"
+
+
+def jit_disabled() -> bool:
+    return _flag("REPLAYSSM_DISABLE_JIT")
+
+
+def verbose() -> bool:
+    return _flag("REPLAYSSM_JIT_VERBOSE")
+
+
+def debug_level() -> int:
+    raw = os.environ.get("REPLAYSSM_JIT_DEBUG", "0").strip()
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"REPLAYSSM_JIT_DEBUG must be 0, 1 or 2, got {raw!r}") from exc
+
+
+def aot_dirs() -> list[Path]:
+    """AOT module directories, in priority order: REPLAYSSM_AOT_DIR, then the
+    optional `replayssm_jit_cache` package (a wheel of prebuilt modules)."""
+    dirs = [
+        Path(p).expanduser() for p in os.environ.get("REPLAYSSM_AOT_DIR", "").split(os.pathsep) if p
+    ]
+    try:
+        import replayssm_jit_cache  # type: ignore[import-not-found]
+
+        dirs.extend(Path(p) / "modules" for p in replayssm_jit_cache.__path__)
+    except ImportError:
+        pass
+    return dirs
+
+
+def max_jobs() -> int:
+    raw = os.environ.get("REPLAYSSM_MAX_JOBS")
+    return max(1, int(raw)) if raw else max(1, os.cpu_count() or 1)
+
+
+def _visible_gpu_arch() -> str | None:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            # Hopper's wgmma/setmaxnreg live only in the arch-specific target.
+            return f"{major}.{minor}a" if major >= 9 else f"{major}.{minor}"
+    except Exception:
+        return None
+    return None
+
+
+def cuda_arch_list() -> list[str]:
+    """Target archs as "M.m[a]" strings."""
+    raw = os.environ.get("REPLAYSSM_CUDA_ARCH_LIST", "").replace(",", " ").split()
+    archs = raw or [_visible_gpu_arch() or "9.0a"]
+    for arch in archs:
+        major, _, minor = arch.partition(".")
+        if not (major.isdigit() and minor.rstrip("af").isdigit()):
+            raise ValueError(
+                f"REPLAYSSM_CUDA_ARCH_LIST entries must look like '9.0a' or '8.0', got {arch!r}"
+            )
+    return archs
+
+
+def gencode_flags(archs: list[str]) -> list[str]:
+    flags = []
+    for arch in archs:
+        cc = arch.replace(".", "")
+        flags.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
+    return flags
+
+
+def cuda_home() -> str:
+    """The toolkit root. /usr/local/bin/nvcc is often a wrapper, so look for cudart too."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return os.environ[var]
+    candidates = []
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(Path(nvcc).resolve().parent.parent)
+    candidates.append(Path("/usr/local/cuda"))
+    for root in candidates:
+        if (root / "include" / "cuda_runtime.h").exists():
+            return str(root)
+    raise RuntimeError(
+        "cannot find the CUDA toolkit (no include/cuda_runtime.h next to nvcc or in "
+        "/usr/local/cuda); set CUDA_HOME"
+    )
+
+
+def nvcc_available() -> bool:
+    try:
+        cuda_home()
+    except RuntimeError:
+        return False
+    return shutil.which("nvcc") is not None or (Path(cuda_home()) / "bin" / "nvcc").exists()

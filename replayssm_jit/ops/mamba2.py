@@ -1,0 +1,178 @@
+"""Mamba-2 decode ops: validate, pick a launch tiling, launch through the loaded module.
+
+Shapes (tied head dim; G groups, H heads, P headdim, N dstate, CAP = L + T ring rows):
+    state       [slots, H, P, N]   checkpoint dtype, (P, N) contiguous per head
+    x, z        [batch, H, P]      activation dtype, unit stride in P
+    dt          [batch, H]         float32 (raw; bias and softplus applied in the kernel)
+    A, D, dt_bias [H]              float32
+    B, C        [batch, G, N]      activation dtype, unit stride in N
+    out         [batch, H, P]      activation dtype, contiguous
+    slot_indices [batch]           int32; pad_slot_id rows get out = 0 and write nothing
+Records (ReplaySSM):
+    rec_x  [slots, H, CAP, P] act, rec_b [slots, G, CAP, N] act, rec_dt [slots, H, CAP] f32
+    cursors [slots, 4] int32: records held, flush epoch, CTA arrivals (scratch), spare
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from replayssm_jit.checks import check_tensor
+from replayssm_jit.jit.build import load_module
+from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, mamba2_tilings
+
+ROWS_ENV = "REPLAYSSM_MAMBA2_ROWS_PER_CTA"
+# Enough CTAs to cover every SM several times over before splitting headdim further.
+_TARGET_CTAS_PER_SM = 8
+
+
+def choose_rows_per_cta(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> int:
+    """Largest row tile that still gives enough CTAs; REPLAYSSM_MAMBA2_ROWS_PER_CTA overrides."""
+    tilings = [rows for rows, _ in mamba2_tilings(spec.dim("p"), spec.dim("n"), spec.state_dtype)]
+    forced = os.environ.get(ROWS_ENV)
+    if forced:
+        if not forced.isdigit() or int(forced) not in tilings:
+            raise ValueError(f"{ROWS_ENV}: expected one of {tilings}, got {forced!r}")
+        return int(forced)
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 132
+    )
+    for rows in tilings:
+        if batch * num_heads * (spec.dim("p") // rows) >= _TARGET_CTAS_PER_SM * sms:
+            return rows
+    return tilings[-1]
+
+
+@dataclass(frozen=True)
+class Mamba2Dims:
+    num_heads: int
+    ngroups: int
+    headdim: int
+    dstate: int
+
+
+def dims_of(spec: KernelSpec, num_heads: int) -> Mamba2Dims:
+    return Mamba2Dims(num_heads, num_heads // spec.dim("hpg"), spec.dim("p"), spec.dim("n"))
+
+
+def validate_step(
+    spec: KernelSpec,
+    dims: Mamba2Dims,
+    *,
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    out: torch.Tensor,
+) -> int:
+    """Check every tensor against `spec`; return the batch size. Raises before any launch."""
+    H, G, P, N = dims.num_heads, dims.ngroups, dims.headdim, dims.dstate
+    act = TORCH_DTYPES[spec.act_dtype]
+    check_tensor("state", state, shape=(None, H, P, N), dtype=TORCH_DTYPES[spec.state_dtype])
+    device = state.device
+    if state.stride()[1:] != (P * N, N, 1) or state.stride(0) % 4 or state.data_ptr() % 16:
+        raise ValueError(
+            f"state: expected 16-byte aligned slots with contiguous [H, P, N] blocks, got strides {state.stride()}"
+        )
+    check_tensor("x", x, shape=(None, H, P), dtype=act, device=device, inner_contiguous=True)
+    batch = x.shape[0]
+    check_tensor("dt", dt, shape=(batch, H), dtype=torch.float32, device=device)
+    check_tensor("A", A, shape=(H,), dtype=torch.float32, device=device, contiguous=True)
+    check_tensor("B", B, shape=(batch, G, N), dtype=act, device=device, inner_contiguous=True)
+    check_tensor("C", C, shape=(batch, G, N), dtype=act, device=device, inner_contiguous=True)
+    check_tensor("out", out, shape=(batch, H, P), dtype=act, device=device, contiguous=True)
+    for name, t, flag, plan_arg in (
+        ("D", D, "d", "has_D"),
+        ("dt_bias", dt_bias, "dt_bias", "has_dt_bias"),
+        ("z", z, "z", "has_z"),
+    ):
+        planned = flag in spec.flags
+        if (t is not None) != planned:
+            raise ValueError(
+                f"{name}: expected {'a tensor' if planned else 'None'} (plan() had {plan_arg}={planned}), "
+                f"got {'a tensor' if t is not None else 'None'}"
+            )
+    if D is not None:
+        check_tensor("D", D, shape=(H,), dtype=torch.float32, device=device, contiguous=True)
+    if dt_bias is not None:
+        check_tensor(
+            "dt_bias", dt_bias, shape=(H,), dtype=torch.float32, device=device, contiguous=True
+        )
+    if z is not None:
+        check_tensor("z", z, shape=(batch, H, P), dtype=act, device=device, inner_contiguous=True)
+    for name, t in (("x", x), ("B", B), ("C", C), ("z", z)):
+        if t is not None and (
+            t.data_ptr() % 16 or any(s % (16 // t.element_size()) for s in t.stride()[:-1])
+        ):
+            raise ValueError(
+                f"{name}: expected 16-byte aligned rows, got data_ptr % 16 = {t.data_ptr() % 16}, strides {t.stride()}"
+            )
+    if device.type != "cuda":
+        raise ValueError(f"state: expected a CUDA tensor, got device {device}")
+    return batch
+
+
+def module_for(spec: KernelSpec):
+    return load_module(spec)
+
+
+def launch_conventional(
+    module, *, state, x, dt, A, B, C, D, z, dt_bias, out, slot_indices, pad_slot_id, seed, rows
+):
+    module.conventional_step(
+        state, x, z, dt, A, D, dt_bias, B, C, out, slot_indices, pad_slot_id, seed, rows
+    )
+
+
+def launch_replay(
+    module,
+    *,
+    state,
+    rec_x,
+    rec_b,
+    rec_dt,
+    cursors,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D,
+    z,
+    dt_bias,
+    out,
+    slot_indices,
+    pad_slot_id,
+    seed,
+    rows,
+):
+    module.replay_step(
+        state,
+        rec_x,
+        rec_b,
+        rec_dt,
+        cursors,
+        x,
+        z,
+        dt,
+        A,
+        D,
+        dt_bias,
+        B,
+        C,
+        out,
+        slot_indices,
+        pad_slot_id,
+        seed,
+        rows,
+    )

@@ -1,0 +1,182 @@
+"""Typed kernel specializations and their readable URIs.
+
+A spec names everything a template is specialized on. Two specs with equal URIs
+are the same compiled module; the URI is also the module's file name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+# Short names used in URIs and templates, and the torch dtypes they map to.
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "f32",
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+}
+TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
+CPP_TYPES: dict[str, str] = {"f32": "float", "bf16": "__nv_bfloat16", "f16": "__half"}
+
+FAMILY_TEMPLATES: dict[str, str] = {
+    "mamba2": "mamba2/decode.cu.jinja",
+    "gdn": "gdn/decode.cu.jinja",
+}
+
+
+def dtype_name(dtype: torch.dtype | str, arg: str) -> str:
+    """Map a torch dtype (or its short name) to the short name, or raise a TypeError naming `arg`."""
+    if isinstance(dtype, str) and dtype in TORCH_DTYPES:
+        return dtype
+    if isinstance(dtype, torch.dtype) and dtype in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype]
+    raise TypeError(
+        f"{arg}: expected one of {sorted(TORCH_DTYPES)} (or torch dtypes), got {dtype!r}"
+    )
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One specialization: family, head dims, window, drafts, dtypes and flags.
+
+    dims:  ordered (name, value) pairs, e.g. (("p", 64), ("n", 128), ("hpg", 16)).
+    window: replay window L (1 = conventional only).
+    drafts: draft tokens T the record ring must also hold (ring capacity L + T).
+    flags: sorted feature flags, e.g. ("d", "dt_bias", "dt_softplus").
+    """
+
+    family: str
+    dims: tuple[tuple[str, int], ...]
+    window: int
+    drafts: int
+    act_dtype: str
+    state_dtype: str
+    flags: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILY_TEMPLATES:
+            raise ValueError(
+                f"family: expected one of {sorted(FAMILY_TEMPLATES)}, got {self.family!r}"
+            )
+        for name, value in self.dims:
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"dims[{name!r}]: expected a positive int, got {value!r}")
+        if not (isinstance(self.window, int) and 1 <= self.window <= 256):
+            raise ValueError(f"window: expected an int in [1, 256], got {self.window!r}")
+        if not (isinstance(self.drafts, int) and 1 <= self.drafts <= 16):
+            raise ValueError(f"drafts: expected an int in [1, 16], got {self.drafts!r}")
+        for arg in ("act_dtype", "state_dtype"):
+            dtype_name(getattr(self, arg), arg)
+        if tuple(sorted(set(self.flags))) != self.flags:
+            object.__setattr__(self, "flags", tuple(sorted(set(self.flags))))
+
+    @property
+    def uri(self) -> str:
+        dims = "_".join(f"{k}{v}" for k, v in self.dims)
+        parts = [
+            self.family,
+            dims,
+            f"L{self.window}",
+            f"T{self.drafts}",
+            f"act-{self.act_dtype}",
+            f"state-{self.state_dtype}",
+            *self.flags,
+        ]
+        return "_".join(parts)
+
+    @property
+    def capacity(self) -> int:
+        """Record ring rows per slot: L + T."""
+        return self.window + self.drafts
+
+    def dim(self, name: str) -> int:
+        return dict(self.dims)[name]
+
+    def template_context(self) -> dict:
+        return {
+            "spec": self,
+            "uri": self.uri,
+            "dims": dict(self.dims),
+            "window": self.window,
+            "drafts": self.drafts,
+            "capacity": self.capacity,
+            "act_t": CPP_TYPES[self.act_dtype],
+            "state_t": CPP_TYPES[self.state_dtype],
+            "flags": set(self.flags),
+            **_FAMILY_CONTEXT[self.family](self),
+        }
+
+
+DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
+MAMBA2_FLAGS = frozenset({"d", "z", "dt_bias", "dt_softplus", "sr"})
+
+
+def mamba2_tilings(headdim: int, dstate: int, state_dtype: str) -> list[tuple[int, int]]:
+    """(rows_per_cta, warps) pairs compiled into a Mamba-2 module, largest first.
+
+    A lane holds 16-byte chunks of a state row; a warp covers 32 / lanes_per_row rows per
+    pass. Splitting headdim across CTAs buys parallelism at small batch.
+    """
+    vec = 16 // DTYPE_BYTES[state_dtype]
+    lanes_per_row = min(32, dstate // vec)
+    rows_per_pass = 32 // lanes_per_row
+    tilings = []
+    for split in (1, 2, 4, 8):
+        if headdim % split:
+            continue
+        rows = headdim // split
+        for warps in (4, 2, 1):
+            per_warp = rows // warps if rows % warps == 0 else 0
+            if per_warp and per_warp % rows_per_pass == 0 and per_warp // rows_per_pass <= 32:
+                tilings.append((rows, warps))
+                break
+    return tilings
+
+
+def mamba2_spec(
+    *,
+    headdim: int,
+    dstate: int,
+    heads_per_group: int,
+    window: int = 16,
+    drafts: int = 1,
+    act_dtype: torch.dtype | str = torch.bfloat16,
+    state_dtype: torch.dtype | str = torch.float32,
+    flags: tuple[str, ...] | frozenset[str] = ("d", "dt_bias", "dt_softplus"),
+) -> KernelSpec:
+    """The Mamba-2 specialization for these shapes (tied head dim: A and dt per head)."""
+    unknown = set(flags) - MAMBA2_FLAGS
+    if unknown:
+        raise ValueError(
+            f"flags: expected a subset of {sorted(MAMBA2_FLAGS)}, got unknown {sorted(unknown)}"
+        )
+    state = dtype_name(state_dtype, "state_dtype")
+    if "sr" in flags and state == "f32":
+        raise ValueError("flags: 'sr' (stochastic rounding) needs a bf16/f16 state_dtype, got f32")
+    vec = 16 // DTYPE_BYTES[state]
+    if dstate % vec or dstate % 8 or dstate > 32 * vec * 8:
+        raise ValueError(
+            f"dstate: expected a multiple of {max(vec, 8)} up to {32 * vec * 8}, got {dstate}"
+        )
+    spec = KernelSpec(
+        family="mamba2",
+        dims=(("p", headdim), ("n", dstate), ("hpg", heads_per_group)),
+        window=window,
+        drafts=drafts,
+        act_dtype=dtype_name(act_dtype, "act_dtype"),
+        state_dtype=state,
+        flags=tuple(sorted(set(flags))),
+    )
+    if not mamba2_tilings(headdim, dstate, state):
+        raise ValueError(
+            f"headdim: no row tiling fits headdim={headdim} with dstate={dstate} ({state})"
+        )
+    return spec
+
+
+def _mamba2_context(spec: KernelSpec) -> dict:
+    return {"tilings": mamba2_tilings(spec.dim("p"), spec.dim("n"), spec.state_dtype)}
+
+
+_FAMILY_CONTEXT = {"mamba2": _mamba2_context, "gdn": lambda spec: {}}

@@ -1,0 +1,66 @@
+// Conversions between storage types and FP32, and 16-byte vector I/O. Framework-agnostic.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+
+namespace replayssm {
+
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+// Round-to-nearest-even conversion from FP32.
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Load COUNT consecutive T (COUNT * sizeof(T) a multiple of 4 bytes and naturally aligned) as floats.
+template <typename T, int COUNT>
+__device__ __forceinline__ void load_as_float(const T* __restrict__ src, float (&dst)[COUNT]) {
+  constexpr int BYTES = COUNT * int(sizeof(T));
+  static_assert(BYTES % 4 == 0, "vector load must be a whole number of 32-bit words");
+  if constexpr (BYTES % 16 == 0) {
+    #pragma unroll
+    for (int v = 0; v < BYTES / 16; ++v) {
+      uint4 raw = reinterpret_cast<const uint4*>(src)[v];
+      const T* e = reinterpret_cast<const T*>(&raw);
+      #pragma unroll
+      for (int i = 0; i < 16 / int(sizeof(T)); ++i) dst[v * (16 / sizeof(T)) + i] = to_float(e[i]);
+    }
+  } else if constexpr (BYTES % 8 == 0) {
+    #pragma unroll
+    for (int v = 0; v < BYTES / 8; ++v) {
+      uint2 raw = reinterpret_cast<const uint2*>(src)[v];
+      const T* e = reinterpret_cast<const T*>(&raw);
+      #pragma unroll
+      for (int i = 0; i < 8 / int(sizeof(T)); ++i) dst[v * (8 / sizeof(T)) + i] = to_float(e[i]);
+    }
+  } else {
+    #pragma unroll
+    for (int v = 0; v < BYTES / 4; ++v) {
+      uint32_t raw = reinterpret_cast<const uint32_t*>(src)[v];
+      const T* e = reinterpret_cast<const T*>(&raw);
+      #pragma unroll
+      for (int i = 0; i < 4 / int(sizeof(T)); ++i) dst[v * (4 / sizeof(T)) + i] = to_float(e[i]);
+    }
+  }
+}
+
+// 16 bytes of raw storage and its FP32 view.
+template <typename T> struct Vec16 {
+  static constexpr int kCount = 16 / sizeof(T);
+  uint4 raw;
+  __device__ __forceinline__ void load(const T* __restrict__ p) { raw = *reinterpret_cast<const uint4*>(p); }
+  __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<uint4*>(p) = raw; }
+  __device__ __forceinline__ float get(int i) const { return to_float(reinterpret_cast<const T*>(&raw)[i]); }
+  __device__ __forceinline__ void set(int i, T v) { reinterpret_cast<T*>(&raw)[i] = v; }
+};
+
+}  // namespace replayssm

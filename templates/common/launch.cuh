@@ -1,0 +1,24 @@
+// Launch helpers shared by the bindings.
+#pragma once
+#include <cuda_runtime.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+namespace replayssm {
+
+inline cudaStream_t current_stream(const tvm::ffi::TensorView& t) {
+  return static_cast<cudaStream_t>(TVMFFIEnvGetStream(t.device().device_type, t.device().device_id));
+}
+
+inline void check_launch(const char* what) {
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) TVM_FFI_THROW(RuntimeError) << what << ": " << cudaGetErrorString(err);
+}
+
+template <typename T> inline T* ptr(const tvm::ffi::TensorView& t) { return static_cast<T*>(t.data_ptr()); }
+template <typename T> inline T* optional_ptr(const tvm::ffi::Optional<tvm::ffi::TensorView>& t) {
+  return t.has_value() ? static_cast<T*>(t.value().data_ptr()) : nullptr;
+}
+
+}  // namespace replayssm

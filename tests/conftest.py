@@ -1,0 +1,146 @@
+import shutil
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    has_cuda = torch.cuda.is_available()
+    has_nvcc = shutil.which("nvcc") is not None
+    for item in items:
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+        if "nvcc" in item.keywords and not has_nvcc:
+            item.add_marker(pytest.mark.skip(reason="needs nvcc"))
+
+
+@pytest.fixture
+def jit_cache(tmp_path, monkeypatch):
+    """An empty, private JIT cache and no AOT directories."""
+    monkeypatch.setenv("REPLAYSSM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("REPLAYSSM_AOT_DIR", "")
+    monkeypatch.setenv("REPLAYSSM_CUDA_ARCH_LIST", "9.0a")
+    monkeypatch.delenv("REPLAYSSM_DISABLE_JIT", raising=False)
+    from replayssm_jit.jit import build
+
+    build._LOADED.clear()
+    yield tmp_path / "cache"
+    build._LOADED.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reference-oracle test helpers (tests/test_reference_*.py): relative-error check and the random
+# flush / speculative schedule driver.
+# ---------------------------------------------------------------------------------------------
+
+
+def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """norm(actual - expected) / norm(expected), in float64."""
+    diff = actual.to(torch.float64) - expected.to(torch.float64)
+    return float(torch.linalg.vector_norm(diff) / torch.linalg.vector_norm(expected.double()))
+
+
+def _assert_rel(actual, expected, tol=1e-12, what=""):
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert float(torch.linalg.vector_norm(expected.double())) > 0, f"{what}: zero reference"
+    err = _rel_err(actual, expected)
+    assert err == err and err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e}"
+
+
+@pytest.fixture
+def assert_rel():
+    """``assert_rel(actual, expected, tol=1e-12, what="")``: relative-error check that fails on
+    NaN, on shape mismatch and on an all-zero reference."""
+    return _assert_rel
+
+
+def _randint(gen, lo, hi):  # inclusive
+    return int(torch.randint(lo, hi + 1, (), generator=gen))
+
+
+def _chance(gen, p):
+    return float(torch.rand((), generator=gen, dtype=torch.float64)) < p
+
+
+def _run_schedule(
+    seq, state, conv, tokens, gen, steps, *, p_flush=0.05, p_spec=0.3, p_tree=0.5, tol=1e-12
+):
+    """Drive a reference ``ReplaySequence`` and the conventional recurrence side by side.
+
+    seq: the sequence helper (its checkpoint equals ``state`` at the start); conv(state, **tok)
+    -> (out, new_state) for ONE unbatched token; tokens(T) -> dict of [T, ...] fresh inputs.
+    Each iteration may flush explicitly, then either steps one token or verifies T in 1..seq.T
+    drafts (chain or random tree), checks every draft output against the conventional recurrence
+    along its root path, and commits a random prefix / root path. The expected n (window policy,
+    early flush) is tracked independently; whenever the reference folds, its checkpoint must
+    equal the conventional state. Returns counts of what happened.
+    """
+    n = 0
+    stats = dict(steps=0, tokens=0, explicit=0, window=0, early=0, chain=0, tree=0, accepted=0)
+
+    def check_fold(what):
+        assert seq.n == 0
+        _assert_rel(seq.checkpoint, state, tol, what)
+
+    for it in range(steps):
+        if _chance(gen, p_flush):
+            seq.flush()
+            n = 0
+            stats["explicit"] += 1
+            check_fold(f"iter {it}: checkpoint after flush()")
+        if _chance(gen, p_spec):
+            t = _randint(gen, 1, seq.T)
+            drafts = tokens(t)
+            tree = _chance(gen, p_tree)
+            parents = [_randint(gen, -1, j - 1) for j in range(t)] if tree else None
+            plist = parents if tree else list(range(-1, t - 1))
+            outs = seq.verify(parents=parents, **drafts)
+            if n + t > seq.L + seq.T:
+                n = 0
+                stats["early"] += 1
+                check_fold(f"iter {it}: checkpoint after early flush")
+            paths = []
+            for j in range(t):  # root path of draft j, walked here independently of the reference
+                path = [j]
+                while plist[path[0]] >= 0:
+                    path.insert(0, plist[path[0]])
+                paths.append(path)
+                s = state
+                for i in path:
+                    out, s = conv(s, **{k: v[i] for k, v in drafts.items()})
+                _assert_rel(outs[j], out, tol, f"iter {it}: draft {j} of {plist}")
+            if tree:
+                pick = _randint(gen, -1, t - 1)
+                accepted = [] if pick < 0 else paths[pick]
+                seq.commit(accepted)
+                stats["tree"] += 1
+            else:
+                accepted = list(range(_randint(gen, 0, t)))
+                seq.commit(len(accepted))
+                stats["chain"] += 1
+            for i in accepted:
+                _, state = conv(state, **{k: v[i] for k, v in drafts.items()})
+            n += len(accepted)
+            stats["accepted"] += len(accepted)
+            stats["tokens"] += len(accepted)
+        else:
+            tok = {k: v[0] for k, v in tokens(1).items()}
+            out = seq.step(**tok)
+            ref, state = conv(state, **tok)
+            _assert_rel(out, ref, tol, f"iter {it}: step output")
+            stats["steps"] += 1
+            stats["tokens"] += 1
+            n = 0 if n + 1 >= seq.L else n + 1
+            assert seq.last_step_flushed == (n == 0)
+            if n == 0:
+                stats["window"] += 1
+                check_fold(f"iter {it}: checkpoint after flush step")
+        assert seq.n == n, f"iter {it}: n = {seq.n}, expected {n}"
+    _assert_rel(seq.materialize(), state, tol, "final state")
+    return stats
+
+
+@pytest.fixture
+def run_schedule():
+    """The random flush / speculative schedule driver of the reference tests (``_run_schedule``)."""
+    return _run_schedule

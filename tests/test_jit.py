@@ -1,0 +1,120 @@
+"""JIT core on the CPU: specs, URIs, rendering, compile-only builds, AOT, disable-JIT."""
+
+import json
+
+import pytest
+import torch
+
+from replayssm_jit.jit import build, env
+from replayssm_jit.jit.aot import PRESETS, build_aot, preset_specs
+from replayssm_jit.spec import KernelSpec, mamba2_spec, mamba2_tilings
+
+
+def test_uri_is_readable_and_unique():
+    a = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=16)
+    b = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=8)
+    assert a.uri == "mamba2_p64_n128_hpg16_L16_T1_act-bf16_state-f32_d_dt_bias_dt_softplus"
+    assert a.uri != b.uri
+    assert a == mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=16)
+    assert a.capacity == 17
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(window=0), ValueError, "window"),
+        (dict(state_dtype=torch.float64), TypeError, "state_dtype"),
+        (dict(flags=("bogus",)), ValueError, "flags"),
+        (dict(flags=("sr",)), ValueError, "sr"),
+        (dict(dstate=12), ValueError, "dstate"),
+        (dict(headdim=3, state_dtype=torch.bfloat16), ValueError, "headdim"),
+    ],
+)
+def test_spec_rejects_bad_arguments(kwargs, error, match):
+    base = dict(headdim=64, dstate=128, heads_per_group=16)
+    with pytest.raises(error, match=match):
+        mamba2_spec(**{**base, **kwargs})
+
+
+def test_unknown_family():
+    with pytest.raises(ValueError, match="family"):
+        KernelSpec("mamba3", (("p", 1),), 1, 1, "f32", "f32")
+
+
+def test_tilings_cover_model_shapes():
+    assert mamba2_tilings(64, 128, "f32")[0] == (64, 4)
+    assert mamba2_tilings(80, 128, "f32")[0] == (80, 4)
+    for rows, warps in mamba2_tilings(80, 128, "bf16"):
+        assert 80 % rows == 0 and rows % warps == 0
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_spec_renders(preset):
+    for spec in preset_specs([preset]):
+        text = build.render(spec)
+        assert spec.uri in text
+        assert "TVM_FFI_DLL_EXPORT_TYPED_FUNC(replay_step" in text
+        assert f"constexpr int kL = {spec.window}" in text
+        for rows, _ in mamba2_tilings(spec.dim("p"), spec.dim("n"), spec.state_dtype):
+            assert f"case {rows}:" in text
+        assert "{{" not in text and "{%" not in text
+
+
+def test_write_if_different(tmp_path):
+    path = tmp_path / "a.cu"
+    assert build.write_if_different(path, "x")
+    mtime = path.stat().st_mtime_ns
+    assert not build.write_if_different(path, "x")
+    assert path.stat().st_mtime_ns == mtime
+    assert build.write_if_different(path, "y") and path.read_text() == "y"
+
+
+def test_arch_list(monkeypatch):
+    monkeypatch.setenv("REPLAYSSM_CUDA_ARCH_LIST", "8.0 9.0a")
+    assert env.cuda_arch_list() == ["8.0", "9.0a"]
+    assert env.gencode_flags(["9.0a"]) == ["-gencode=arch=compute_90a,code=sm_90a"]
+    monkeypatch.setenv("REPLAYSSM_CUDA_ARCH_LIST", "hopper")
+    with pytest.raises(ValueError, match="REPLAYSSM_CUDA_ARCH_LIST"):
+        env.cuda_arch_list()
+    monkeypatch.delenv("REPLAYSSM_CUDA_ARCH_LIST")
+    if not torch.cuda.is_available():
+        assert env.cuda_arch_list() == ["9.0a"]
+
+
+def test_disable_jit_names_the_missing_spec(jit_cache, monkeypatch):
+    monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", "1")
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=4)
+    with pytest.raises(build.JITDisabledError, match=spec.uri):
+        build.load_module(spec)
+    assert not (jit_cache / "build" / spec.uri).exists(), "nothing may be compiled"
+
+
+@pytest.mark.nvcc
+def test_aot_round_trip_compiles_and_loads(jit_cache, tmp_path, monkeypatch):
+    """nvcc builds a real sm_90a specialization; with JIT disabled the loader finds and loads it."""
+    spec = preset_specs(["ci"])[0]
+    aot = tmp_path / "aot"
+    (so_path,) = build_aot([spec], aot, jobs=1, archs=["9.0a"])
+    assert so_path == aot / spec.uri / f"{spec.uri}.so" and so_path.stat().st_size > 100_000
+    manifest = json.loads((aot / spec.uri / "manifest.json").read_text())
+    assert manifest["uri"] == spec.uri and manifest["archs"] == ["9.0a"]
+    assert b"sm_90a" in so_path.read_bytes() or b"sm_90" in so_path.read_bytes()
+
+    monkeypatch.setenv("REPLAYSSM_AOT_DIR", str(aot))
+    monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", "1")
+    assert build.find_prebuilt(spec) == so_path
+    module = build.load_module(spec)  # loading needs only the CUDA runtime library, not a GPU
+    assert callable(module.replay_step) and callable(module.conventional_step)
+    assert build.load_module(spec) is module  # memoized
+    assert not (jit_cache / "build").exists(), "the JIT cache must not be used"
+
+
+@pytest.mark.nvcc
+def test_stale_aot_module_is_not_used(jit_cache, tmp_path, monkeypatch):
+    spec = preset_specs(["ci"])[0]
+    folder = tmp_path / "aot" / spec.uri
+    folder.mkdir(parents=True)
+    (folder / f"{spec.uri}.so").write_bytes(b"not a module")
+    (folder / "manifest.json").write_text(json.dumps({"uri": spec.uri, "digest": "old"}))
+    monkeypatch.setenv("REPLAYSSM_AOT_DIR", str(tmp_path / "aot"))
+    assert build.find_prebuilt(spec) is None
