@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +23,8 @@ from harness import COPY_CEILING_TBPS, copy_ceiling, environment, time_graph, wr
 
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
 from replayssm_jit.models import get_model
+from replayssm_jit.ops.mamba2 import ROWS_ENV
+from replayssm_jit.spec import mamba2_tilings
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -40,7 +43,9 @@ def bytes_per_step(H, P, N, G, batch, window, state_size, act_size=2):
     }
 
 
-def bench_config(shape, batch, window, state_name, args):
+def bench_config(
+    shape, batch, window, state_name, args, kernels=("conventional", "cycle", "nonflush", "flush")
+):
     model = get_model(shape)
     H, P, N, G = model.value_heads, model.d_v, model.d_k, model.key_heads
     state_dtype = DTYPES[state_name]
@@ -84,6 +89,7 @@ def bench_config(shape, batch, window, state_name, args):
         cache.cursors.zero_()
         cycle = [step(replay, s) for _ in range(window) for s in sets]
         res["cycle"] = time_graph(cycle, **kw)
+    if window > 1 and "nonflush" in kernels:
         nonflush = [step(replay, s) for _ in range(window - 1) for s in sets]
         t = time_graph([*nonflush, lambda: cache.cursors.zero_()], **kw)
         res["nonflush"] = {**t, "us": t["us"] * (len(nonflush) + 1) / len(nonflush)}
@@ -113,9 +119,26 @@ def bench_config(shape, batch, window, state_name, args):
                 bytes=b,
                 tbps=tbps,
                 pct_ceiling=100 * tbps / COPY_CEILING_TBPS,
-                rows_per_cta=replay._planned[2] if kernel != "conventional" else conv._planned[2],
+                rows_per_cta=replay.rows_per_cta if kernel != "conventional" else conv.rows_per_cta,
             )
         )
+    return rows
+
+
+def sweep_tilings(shape, batch, window, state_name, args):
+    """Time the conventional step and one ReplaySSM cycle at every compiled row tiling."""
+    model = get_model(shape)
+    tilings = [r for r, _ in mamba2_tilings(model.d_v, model.d_k, state_name)]
+    rows = []
+    for tiling in tilings:
+        os.environ[ROWS_ENV] = str(tiling)
+        try:
+            for r in bench_config(
+                shape, batch, window, state_name, args, kernels=("conventional", "cycle")
+            ):
+                rows.append({**r, "kernel": f"{r['kernel']}@rows{tiling}"})
+        finally:
+            del os.environ[ROWS_ENV]
     return rows
 
 
@@ -132,17 +155,23 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--min-pool-bytes", type=float, default=1.0e9)
+    p.add_argument(
+        "--tiling-sweep", default="", help="shape:batch:L:state,... configs to sweep row tilings at"
+    )
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     configs = []
+    if args.batches == "none":
+        args.batches = ""
     for shape in args.shapes.split(","):
         for state in args.states.split(","):
-            for batch in map(int, args.batches.split(",")):
+            for batch in [int(b) for b in args.batches.split(",") if b]:
                 for window in map(int, args.windows.split(",")):
                     configs.append((shape, batch, window, state))
             for window in map(int, args.window_sweep.split(",")):
                 if (shape, args.window_sweep_batch, window, state) not in configs:
                     configs.append((shape, args.window_sweep_batch, window, state))
+    sweeps = [c.split(":") for c in args.tiling_sweep.split(",") if c]
     payload = {
         "environment": environment(),
         "command": " ".join(sys.argv),
@@ -156,6 +185,11 @@ def main(argv=None):
         payload["rows"] += rows
         summary = "  ".join(f"{r['kernel']}={r['us']:.1f}us({r['pct_ceiling']:.0f}%)" for r in rows)
         print(f"{cfg}: {summary}", flush=True)
+        write_results(args.out / "mamba2.json", payload)
+    for shape, batch, window, state in sweeps:
+        rows = sweep_tilings(shape, int(batch), int(window), state, args)
+        payload["rows"] += rows
+        print("  ".join(f"{r['kernel']}={r['us']:.1f}us" for r in rows), flush=True)
         write_results(args.out / "mamba2.json", payload)
     return 0
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from replayssm_jit.ops.tiling import rows_tilings
+
 # Short names used in URIs and templates, and the torch dtypes they map to.
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "f32",
@@ -113,25 +115,8 @@ MAMBA2_FLAGS = frozenset({"d", "z", "dt_bias", "dt_softplus", "sr"})
 
 
 def mamba2_tilings(headdim: int, dstate: int, state_dtype: str) -> list[tuple[int, int]]:
-    """(rows_per_cta, warps) pairs compiled into a Mamba-2 module, largest first.
-
-    A lane holds 16-byte chunks of a state row; a warp covers 32 / lanes_per_row rows per
-    pass. Splitting headdim across CTAs buys parallelism at small batch.
-    """
-    vec = 16 // DTYPE_BYTES[state_dtype]
-    lanes_per_row = min(32, dstate // vec)
-    rows_per_pass = 32 // lanes_per_row
-    tilings = []
-    for split in (1, 2, 4, 8):
-        if headdim % split:
-            continue
-        rows = headdim // split
-        for warps in (4, 2, 1):
-            per_warp = rows // warps if rows % warps == 0 else 0
-            if per_warp and per_warp % rows_per_pass == 0 and per_warp // rows_per_pass <= 32:
-                tilings.append((rows, warps))
-                break
-    return tilings
+    """(rows_per_cta, warps) pairs compiled into a Mamba-2 module, largest first."""
+    return rows_tilings(headdim, dstate, DTYPE_BYTES[state_dtype])
 
 
 def mamba2_spec(

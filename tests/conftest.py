@@ -144,3 +144,13 @@ def _run_schedule(
 def run_schedule():
     """The random flush / speculative schedule driver of the reference tests (``_run_schedule``)."""
     return _run_schedule
+
+
+@pytest.fixture
+def single_thread():
+    """Run on one intra-op thread: the references' many small float64 ops are far faster so
+    (and do not thrash when the 2-core CI box is busy)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

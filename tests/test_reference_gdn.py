@@ -16,6 +16,8 @@ from replayssm_jit.reference import (
     gdn_verify,
 )
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 F64 = torch.float64
 
 # DESIGN §6 (H key heads, HV value heads); "_r" = few heads, same K, V and HV/H ratio
@@ -197,6 +199,24 @@ def test_full_head_shapes(shape, run_schedule):
         fam.sequence(state, L=4, T=3), state, fam.conv, fam.tokens, gen, 10, p_spec=0.4
     )
     assert stats["window"] + stats["early"] + stats["explicit"] > 0
+
+
+@pytest.mark.parametrize("shape", ["qwen4b", "qwen122b"])
+def test_full_head_shapes_batched_pool_vs_replay(shape, assert_rel):
+    """Batch 3 (one padded row) through the pool step vs two per-sequence replays (L = 4)."""
+    gen = torch.Generator().manual_seed(12)
+    fam = Family(gen, **SHAPES[shape])
+    pool = fam.state(3)
+    seqs = {0: fam.sequence(pool[2], L=4), 2: fam.sequence(pool[0], L=4)}
+    slots = torch.tensor([2, -1, 0])
+    for it in range(6):
+        t = {k: v[:, 0] for k, v in fam.tokens(1, batch=3).items()}
+        out = gdn_step_pool(pool, slots, **t)
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+        for b, seq in seqs.items():
+            assert_rel(seq.step(**{k: v[b] for k, v in t.items()}), out[b], 1e-12, f"{it} row {b}")
+    assert_rel(seqs[0].materialize(), pool[2], 1e-12, "slot 2")
+    assert_rel(seqs[2].materialize(), pool[0], 1e-12, "slot 0")
 
 
 @pytest.mark.parametrize("pool_dtype", [F64, torch.float32])

@@ -18,6 +18,8 @@ from replayssm_jit.reference import (
     kda_verify,
 )
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 F64 = torch.float64
 
 # Kimi-Linear style: 32 heads, K = V = 128 (no GVA); "_gva" adds HV/H = 2 at few heads
@@ -101,8 +103,9 @@ def test_uniform_channel_decay_equals_gdn(assert_rel):
     assert_rel(s_k, s_g, 1e-14, "state")
     d = fam.tokens(4)
     parents = [-1, 0, -1, 1]
-    o_k, rk = kda_verify(state[0], None, **{**d, "g": d["g"][..., :1].expand_as(d["g"])},
-                         parents=parents)
+    o_k, rk = kda_verify(
+        state[0], None, **{**d, "g": d["g"][..., :1].expand_as(d["g"])}, parents=parents
+    )
     o_g, rg = gdn_verify(state[0], None, **{**d, "g": d["g"][..., 0]}, parents=parents)
     assert_rel(o_k, o_g, 1e-14, "verify o")
     assert_rel(rk.u, rg.u, 1e-14, "verify u")
@@ -139,8 +142,9 @@ def test_long_random_schedule(L, run_schedule):
     fam = Family(gen, **SHAPES["kimi_gva"])
     state = fam.state()
     seq = fam.sequence(state, L=L)
-    stats = run_schedule(seq, state, fam.conv, fam.tokens, gen, 240, p_flush=min(0.03, 0.5 / L),
-                         p_spec=0.6)
+    stats = run_schedule(
+        seq, state, fam.conv, fam.tokens, gen, 240, p_flush=min(0.03, 0.5 / L), p_spec=0.6
+    )
     assert stats["tokens"] >= 200 and stats["window"] > 0 and stats["explicit"] > 0
     assert stats["chain"] > 0 and stats["tree"] > 0 and stats["accepted"] > 0
     assert stats["early"] > 0 or L > 4
@@ -151,8 +155,17 @@ def test_spec_only_schedule_reaches_early_flush(L, run_schedule):
     gen = torch.Generator().manual_seed(600 + L)
     fam = Family(gen, **SHAPES["kimi_r"], scale=0.2)
     state = fam.state()
-    stats = run_schedule(fam.sequence(state, L=L), state, fam.conv, fam.tokens, gen, 100,
-                         p_flush=0.0, p_spec=1.0, p_tree=0.3)
+    stats = run_schedule(
+        fam.sequence(state, L=L),
+        state,
+        fam.conv,
+        fam.tokens,
+        gen,
+        100,
+        p_flush=0.0,
+        p_spec=1.0,
+        p_tree=0.3,
+    )
     assert stats["early"] > 0 and stats["steps"] == 0
 
 
@@ -160,9 +173,28 @@ def test_full_head_shape(run_schedule):
     gen = torch.Generator().manual_seed(11)
     fam = Family(gen, **SHAPES["kimi"])
     state = fam.state()
-    stats = run_schedule(fam.sequence(state, L=4, T=3), state, fam.conv, fam.tokens, gen, 10,
-                         p_spec=0.4)
+    stats = run_schedule(
+        fam.sequence(state, L=4, T=3), state, fam.conv, fam.tokens, gen, 10, p_spec=0.4
+    )
     assert stats["window"] + stats["early"] + stats["explicit"] > 0
+
+
+@pytest.mark.parametrize("shape", ["kimi"])
+def test_full_head_shapes_batched_pool_vs_replay(shape, assert_rel):
+    """Batch 3 (one padded row) through the pool step vs two per-sequence replays (L = 4)."""
+    gen = torch.Generator().manual_seed(12)
+    fam = Family(gen, **SHAPES[shape])
+    pool = fam.state(3)
+    seqs = {0: fam.sequence(pool[2], L=4), 2: fam.sequence(pool[0], L=4)}
+    slots = torch.tensor([2, -1, 0])
+    for it in range(6):
+        t = {k: v[:, 0] for k, v in fam.tokens(1, batch=3).items()}
+        out = kda_step_pool(pool, slots, **t)
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+        for b, seq in seqs.items():
+            assert_rel(seq.step(**{k: v[b] for k, v in t.items()}), out[b], 1e-12, f"{it} row {b}")
+    assert_rel(seqs[0].materialize(), pool[2], 1e-12, "slot 2")
+    assert_rel(seqs[2].materialize(), pool[0], 1e-12, "slot 0")
 
 
 @pytest.mark.parametrize("pool_dtype", [F64, torch.bfloat16])
@@ -194,8 +226,8 @@ def test_bad_inputs_raise_naming_the_argument():
     t = {k: v[:, 0] for k, v in fam.tokens(1, batch=2).items()}
     with pytest.raises(ValueError, match=r"^g: expected shape \(2, 4, 16\)"):
         kda_step(state, **{**t, "g": t["g"][..., 0]})  # a GDN-shaped gate
-    with pytest.raises(ValueError, match="^q: expected shape"):
-        kda_step(state, **{**t, "q": t["q"][:, :1]})
+    with pytest.raises(ValueError, match="^k: expected shape"):
+        kda_step(state, **{**t, "k": t["k"][:, :1]})
     with pytest.raises(ValueError, match="^q: expected a floating dtype"):
         kda_step(state, **{**t, "q": t["q"].long()})
     with pytest.raises(ValueError, match=r"^slot_indices: expected values in \[0, 3\).* got -1"):

@@ -15,37 +15,21 @@ Records (ReplaySSM):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from replayssm_jit.checks import check_tensor
-from replayssm_jit.jit.build import load_module
+from replayssm_jit.ops import tiling
 from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, mamba2_tilings
 
 ROWS_ENV = "REPLAYSSM_MAMBA2_ROWS_PER_CTA"
-# Enough CTAs to cover every SM several times over before splitting headdim further.
-_TARGET_CTAS_PER_SM = 8
 
 
 def choose_rows_per_cta(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> int:
-    """Largest row tile that still gives enough CTAs; REPLAYSSM_MAMBA2_ROWS_PER_CTA overrides."""
-    tilings = [rows for rows, _ in mamba2_tilings(spec.dim("p"), spec.dim("n"), spec.state_dtype)]
-    forced = os.environ.get(ROWS_ENV)
-    if forced:
-        if not forced.isdigit() or int(forced) not in tilings:
-            raise ValueError(f"{ROWS_ENV}: expected one of {tilings}, got {forced!r}")
-        return int(forced)
-    sms = (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else 132
-    )
-    for rows in tilings:
-        if batch * num_heads * (spec.dim("p") // rows) >= _TARGET_CTAS_PER_SM * sms:
-            return rows
-    return tilings[-1]
+    """Row tile per CTA for this batch; REPLAYSSM_MAMBA2_ROWS_PER_CTA overrides."""
+    tilings = mamba2_tilings(spec.dim("p"), spec.dim("n"), spec.state_dtype)
+    return tiling.choose_rows_per_cta(tilings, spec.dim("p"), batch, num_heads, device, ROWS_ENV)
 
 
 @dataclass(frozen=True)
@@ -120,10 +104,6 @@ def validate_step(
     if device.type != "cuda":
         raise ValueError(f"state: expected a CUDA tensor, got device {device}")
     return batch
-
-
-def module_for(spec: KernelSpec):
-    return load_module(spec)
 
 
 def launch_conventional(

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_jit.checks import check_slot_indices
 from replayssm_jit.ops import mamba2 as ops
 from replayssm_jit.spec import KernelSpec, dtype_name, mamba2_spec
+from replayssm_jit.wrappers.base import DecodeWrapper
 from replayssm_jit.wrappers.cache import SlotCache
 
 
 class Mamba2DecodeCache(SlotCache):
-    """Per-slot Mamba-2 checkpoint and record rings.
+    """Per-slot Mamba-2 checkpoint and record rings (CAP = window + drafts rows).
 
-    state  [num_slots, H, P, N]   state_dtype (fp32/bf16/fp16)
-    x ring [num_slots, H, L+T, P] act_dtype
-    B ring [num_slots, G, L+T, N] act_dtype
-    dt ring [num_slots, H, L+T]   float32 (dt after bias and softplus)
+    state   [num_slots, H, P, N]   state_dtype (fp32/bf16/fp16)
+    x ring  [num_slots, H, CAP, P] act_dtype (inputs are stored exactly)
+    B ring  [num_slots, G, CAP, N] act_dtype
+    dt ring [num_slots, H, CAP]    float32 (dt after bias and softplus)
     """
 
     def __init__(
@@ -52,8 +52,7 @@ class Mamba2DecodeCache(SlotCache):
             dstate,
             ngroups,
         )
-        self.window, self.drafts = window, drafts
-        self.act_dtype = act_dtype
+        self.window, self.drafts, self.act_dtype = window, drafts, act_dtype
         cap = window + drafts
         super().__init__(
             num_slots,
@@ -69,24 +68,10 @@ class Mamba2DecodeCache(SlotCache):
         )
 
 
-class Mamba2DecodeWrapper:
-    """plan() once per batch shape, run() once per decode step.
+class Mamba2DecodeWrapper(DecodeWrapper):
+    __doc__ = DecodeWrapper.__doc__
 
-    mode="replay": ReplaySSM (non-flush steps read the checkpoint and append a record; every
-    L-th step of a slot flushes). mode="conventional": read, update and write the state.
-    With use_cuda_graph=True, run() writes into a fixed output buffer and skips the
-    host-side slot-value check (it would sync), so the step can be captured.
-    """
-
-    def __init__(
-        self, cache: Mamba2DecodeCache, *, mode: str = "replay", use_cuda_graph: bool = False
-    ) -> None:
-        if mode not in ("replay", "conventional"):
-            raise ValueError(f"mode: expected 'replay' or 'conventional', got {mode!r}")
-        self.cache, self.mode, self.use_cuda_graph = cache, mode, use_cuda_graph
-        self._planned: tuple[KernelSpec, int, int] | None = None
-        self._out: torch.Tensor | None = None
-        self.seed = 0
+    cache: Mamba2DecodeCache
 
     def plan(
         self,
@@ -99,7 +84,11 @@ class Mamba2DecodeWrapper:
         stochastic_rounding: bool = False,
         seed: int = 0,
     ) -> KernelSpec:
-        """Choose and load the kernel for `batch_size` rows; returns its spec."""
+        """Choose and load the kernel for `batch_size` rows; returns its spec.
+
+        stochastic_rounding: round bf16/fp16 checkpoints stochastically at flush; the noise is
+        a hash of (seed, slot, element, flush count), so the same seed gives the same bits.
+        """
         if not isinstance(batch_size, int) or batch_size <= 0:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
         c = self.cache
@@ -114,21 +103,18 @@ class Mamba2DecodeWrapper:
             headdim=c.headdim,
             dstate=c.dstate,
             heads_per_group=c.num_heads // c.ngroups,
-            window=c.window if self.mode == "replay" else 1,
+            window=self.window,
             drafts=c.drafts,
             act_dtype=c.act_dtype,
             state_dtype=c.state.dtype,
             flags=tuple(name for name, on in flags.items() if on),
         )
-        self._module = ops.module_for(spec)
         rows = ops.choose_rows_per_cta(spec, batch_size, c.num_heads, c.device)
-        self._planned = (spec, batch_size, rows)
-        self.seed = int(seed) & (2**63 - 1)
-        if self.use_cuda_graph:
-            self._out = torch.empty(
-                (batch_size, c.num_heads, c.headdim), dtype=c.act_dtype, device=c.device
-            )
+        self._load(spec, batch_size, rows, (batch_size, c.num_heads, c.headdim), seed)
         return spec
+
+    def _out_row_shape(self) -> tuple[int, ...]:
+        return (self.cache.num_heads, self.cache.headdim)
 
     def run(
         self,
@@ -144,47 +130,22 @@ class Mamba2DecodeWrapper:
         dt_bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One decode step. Shapes: see replayssm_jit.ops.mamba2. Returns out [batch, H, P]."""
-        if self._planned is None:
-            raise RuntimeError("run() called before plan()")
-        spec, batch, rows = self._planned
-        c = self.cache
-        if x.dim() != 3 or x.shape[0] != batch:
-            raise ValueError(
-                f"x: expected batch size {batch} from plan(), got shape {list(x.shape)}"
-            )
-        if out is None:
-            out = (
-                self._out
-                if self._out is not None
-                else torch.empty_like(x, memory_format=torch.contiguous_format)
-            )
-        dims = ops.dims_of(spec, c.num_heads)
+        """One decode step; returns out [batch, H, P].
+
+        x, z [batch, H, P] act dtype; dt [batch, H] float32 (raw); A, D, dt_bias [H] float32;
+        B, C [batch, G, N] act dtype; slot_indices [batch] int32 (pad_slot_id rows: zero output,
+        nothing written). Everything is validated before the launch; on error nothing is touched.
+        """
+        out = self._begin_run(x, slot_indices, out)
+        c, spec = self.cache, self.spec
         ops.validate_step(
-            spec, dims, state=c.state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out
-        )
-        if self.use_cuda_graph:
-            # Shape and dtype only: reading values would sync and break capture.
-            if slot_indices.dtype != torch.int32 or tuple(slot_indices.shape) != (batch,):
-                check_slot_indices(slot_indices, batch, c.num_slots, c.pad_slot_id, c.device)
-        else:
-            check_slot_indices(slot_indices, batch, c.num_slots, c.pad_slot_id, c.device)
+            spec, ops.dims_of(spec, c.num_heads),
+            state=c.state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out,
+        )  # fmt: skip
         common = dict(
-            state=c.state,
-            x=x,
-            dt=dt,
-            A=A,
-            B=B,
-            C=C,
-            D=D,
-            z=z,
-            dt_bias=dt_bias,
-            out=out,
-            slot_indices=slot_indices,
-            pad_slot_id=c.pad_slot_id,
-            seed=self.seed,
-            rows=rows,
-        )
+            state=c.state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out,
+            slot_indices=slot_indices, pad_slot_id=c.pad_slot_id, seed=self.seed, rows=self.rows_per_cta,
+        )  # fmt: skip
         if self.mode == "replay":
             ops.launch_replay(
                 self._module,

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One device call: GPU tests, then benchmarks, with prebuilt modules (nothing compiles there).
+# Prepare here:  ../shared/tools/device-bundle .device
+#                python -m replayssm_jit.aot --out .device/aot --preset h200
+#                (FlashInfer peers) anchor_bench.py --precompile .device/fi_aot, anchors copied into .device/
+# On the device: bash benchmarks/h200_run.sh [tests|bench|peers|all]...
+set -uo pipefail
+what=${*:-all}
+source .device/prelude.sh || exit 1
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export REPLAYSSM_AOT_DIR=$PWD/.device/aot REPLAYSSM_CACHE_DIR=/tmp/replayssm-cache
+export TVM_FFI_DISABLE_TORCH_C_DLPACK=1 FLASHINFER_DISABLE_JIT=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# FlashInfer loads prebuilt modules from its package's data/aot folder.
+if [ -d .device/fi_aot ]; then
+  for d in .device/fi_aot/*/; do
+    n=$(basename "$d"); mkdir -p /tmp/site/flashinfer/data/aot/$n && cp "$d"/*.so /tmp/site/flashinfer/data/aot/$n/
+  done
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
+git log -1 --format='commit %H %s' 2>/dev/null
+rc=0
+for step in $what; do
+  case $step in
+    tests|all)
+      python3 -m pytest tests -m gpu -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
+      rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
+    bench|all)
+      python3 benchmarks/bench_mamba2.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+      rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
+    peers|all)
+      if [ -f .device/anchor_more.py ]; then
+        python3 .device/anchor_more.py --aot-dir .device/fi_aot --delay-fallback --out "$OUT/fi" ${PEER_ARGS:-} 2>&1 \
+          | tee "$OUT/peers.log" | tail -40
+        rc=$(( rc | ${PIPESTATUS[0]} ))
+      fi ;;
+  esac
+done
+exit $rc

@@ -1,0 +1,58 @@
+"""Launch-tiling choice shared by the kernel families."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Enough CTAs to cover every SM several times before splitting a head's rows further.
+TARGET_CTAS_PER_SM = 8
+
+
+def rows_tilings(rows: int, cols: int, state_bytes: int) -> list[tuple[int, int]]:
+    """(rows_per_cta, warps) pairs for a [rows, cols] state per head, largest first.
+
+    A lane holds 16-byte chunks of a state row, so a warp covers 32 / lanes_per_row rows per
+    pass; splitting the rows across CTAs buys parallelism at small batch.
+    """
+    vec = 16 // state_bytes
+    lanes_per_row = min(32, cols // vec)
+    rows_per_pass = 32 // lanes_per_row
+    tilings = []
+    for split in (1, 2, 4, 8):
+        if rows % split:
+            continue
+        per_cta = rows // split
+        for warps in (4, 2, 1):
+            per_warp = per_cta // warps if per_cta % warps == 0 else 0
+            if per_warp and per_warp % rows_per_pass == 0 and per_warp // rows_per_pass <= 32:
+                tilings.append((per_cta, warps))
+                break
+    return tilings
+
+
+def choose_rows_per_cta(
+    tilings: list[tuple[int, int]],
+    rows: int,
+    batch: int,
+    num_heads: int,
+    device: torch.device,
+    env_var: str,
+) -> int:
+    """Largest row tile that still gives enough CTAs; `env_var` overrides with a compiled tile."""
+    options = [r for r, _ in tilings]
+    forced = os.environ.get(env_var)
+    if forced:
+        if not forced.isdigit() or int(forced) not in options:
+            raise ValueError(f"{env_var}: expected one of {options}, got {forced!r}")
+        return int(forced)
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 132
+    )
+    for r in options:
+        if batch * num_heads * (rows // r) >= TARGET_CTAS_PER_SM * sms:
+            return r
+    return options[-1]

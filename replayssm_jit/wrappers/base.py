@@ -1,0 +1,85 @@
+"""plan()/run() machinery shared by every family's decode wrapper."""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm_jit.checks import check_slot_indices
+from replayssm_jit.jit.build import load_module
+from replayssm_jit.spec import KernelSpec
+from replayssm_jit.wrappers.cache import SlotCache
+
+MODES = ("replay", "conventional")
+
+
+class DecodeWrapper:
+    """plan() once per batch shape (choose and load the kernel), run() once per decode step.
+
+    mode="replay": ReplaySSM (non-flush steps read the checkpoint and append a record; every
+    L-th step of a slot flushes). mode="conventional": read, update and write the state.
+    With use_cuda_graph=True, run() writes into a fixed output buffer and skips the host-side
+    check of slot values (reading them would sync), so a step can be captured in a CUDA graph.
+    """
+
+    def __init__(
+        self, cache: SlotCache, *, mode: str = "replay", use_cuda_graph: bool = False
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        self.cache, self.mode, self.use_cuda_graph = cache, mode, use_cuda_graph
+        self.spec: KernelSpec | None = None
+        self.batch_size = 0
+        self.rows_per_cta = 0
+        self.seed = 0
+        self._module = None
+        self._out: torch.Tensor | None = None
+
+    @property
+    def window(self) -> int:
+        """Replay window of the kernels this wrapper runs (1 in conventional mode)."""
+        return self.cache.window if self.mode == "replay" else 1
+
+    def _load(
+        self,
+        spec: KernelSpec,
+        batch_size: int,
+        rows_per_cta: int,
+        out_shape: tuple[int, ...],
+        seed: int,
+    ):
+        self._module = load_module(spec)
+        self.spec, self.batch_size, self.rows_per_cta = spec, batch_size, rows_per_cta
+        self.seed = int(seed) & (2**63 - 1)
+        self._out = None
+        if self.use_cuda_graph:
+            self._out = torch.empty(out_shape, dtype=self.cache.act_dtype, device=self.cache.device)
+
+    def _begin_run(
+        self, lead: torch.Tensor, slot_indices: torch.Tensor, out: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Checks shared by every run(); returns the output buffer to use."""
+        if self.spec is None:
+            raise RuntimeError("run() called before plan()")
+        if lead.dim() < 1 or lead.shape[0] != self.batch_size:
+            raise ValueError(
+                f"batch: expected {self.batch_size} rows as planned, got shape {list(lead.shape)}"
+            )
+        c = self.cache
+        if (
+            self.use_cuda_graph
+            and slot_indices.dtype == torch.int32
+            and tuple(slot_indices.shape) == (self.batch_size,)
+        ):
+            pass  # values are not read under graph mode: that would sync
+        else:
+            check_slot_indices(slot_indices, self.batch_size, c.num_slots, c.pad_slot_id, c.device)
+        if out is not None:
+            return out
+        if self._out is not None:
+            return self._out
+        return torch.empty(
+            lead.shape[:1] + self._out_row_shape(), dtype=c.act_dtype, device=lead.device
+        )
+
+    def _out_row_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
