@@ -51,10 +51,11 @@ def _jinja_env(root: str) -> jinja2.Environment:
     )
 
 
-def _headers_digest(root: Path) -> str:
-    """Digest of every shared header, so a header edit changes the rendered source."""
+def _headers_digest(root: Path, family: str) -> str:
+    """Digest of the headers a family's module can include (common/ and its own folder), so
+    that editing one changes the rendered source and invalidates stale prebuilt modules."""
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.cuh")):
+    for path in sorted([*(root / "common").rglob("*.cuh"), *(root / family).rglob("*.cuh")]):
         h.update(path.relative_to(root).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -65,7 +66,7 @@ def render(spec: KernelSpec) -> str:
     root = template_root()
     template = _jinja_env(str(root)).get_template(FAMILY_TEMPLATES[spec.family])
     body = template.render(**spec.template_context())
-    return f"// {spec.uri}\n// headers {_headers_digest(root)}\n{body}"
+    return f"// {spec.uri}\n// headers {_headers_digest(root, spec.family)}\n{body}"
 
 
 def source_digest(spec: KernelSpec, archs: list[str]) -> str:
