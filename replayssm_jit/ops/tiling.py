@@ -10,11 +10,19 @@ import torch
 TARGET_CTAS_PER_SM = 8
 
 
-def rows_tilings(rows: int, cols: int, state_bytes: int) -> list[tuple[int, int]]:
+def rows_tilings(
+    rows: int,
+    cols: int,
+    state_bytes: int,
+    *,
+    warp_options: tuple[int, ...] = (4, 2, 1),
+    max_passes: int = 32,
+) -> list[tuple[int, int]]:
     """(rows_per_cta, warps) pairs for a [rows, cols] state per head, largest first.
 
     A lane holds 16-byte chunks of a state row, so a warp covers 32 / lanes_per_row rows per
-    pass; splitting the rows across CTAs buys parallelism at small batch.
+    pass; splitting the rows across CTAs buys parallelism at small batch. `max_passes` bounds
+    the state registers per lane (passes x 16 bytes).
     """
     vec = 16 // state_bytes
     lanes_per_row = min(32, cols // vec)
@@ -24,9 +32,13 @@ def rows_tilings(rows: int, cols: int, state_bytes: int) -> list[tuple[int, int]
         if rows % split:
             continue
         per_cta = rows // split
-        for warps in (4, 2, 1):
+        for warps in warp_options:
             per_warp = per_cta // warps if per_cta % warps == 0 else 0
-            if per_warp and per_warp % rows_per_pass == 0 and per_warp // rows_per_pass <= 32:
+            if (
+                per_warp
+                and per_warp % rows_per_pass == 0
+                and per_warp // rows_per_pass <= max_passes
+            ):
                 tilings.append((per_cta, warps))
                 break
     return tilings
