@@ -6,14 +6,15 @@
 # On the device: bash benchmarks/h200_run.sh [tests|bench|peers|all]...
 set -uo pipefail
 what=${*:-all}
-source .device/prelude.sh || exit 1
+DEV=${DEVICE_DIR:-$PWD/.device}   # the carried bundle: prelude, prebuilt modules, peer scripts
+source "$DEV/prelude.sh" || exit 1
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-export REPLAYSSM_AOT_DIR=$PWD/.device/aot REPLAYSSM_CACHE_DIR=/tmp/replayssm-cache
+export REPLAYSSM_AOT_DIR=${REPLAYSSM_AOT_DIR:-$DEV/aot} REPLAYSSM_CACHE_DIR=/tmp/replayssm-cache
 export TVM_FFI_DISABLE_TORCH_C_DLPACK=1 FLASHINFER_DISABLE_JIT=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 # FlashInfer loads prebuilt modules from its package's data/aot folder.
-if [ -d .device/fi_aot ]; then
-  for d in .device/fi_aot/*/; do
+if [ -d "$DEV/fi_aot" ]; then
+  for d in "$DEV"/fi_aot/*/; do
     n=$(basename "$d"); mkdir -p /tmp/site/flashinfer/data/aot/$n && cp "$d"/*.so /tmp/site/flashinfer/data/aot/$n/
   done
 fi
@@ -29,8 +30,8 @@ for step in $what; do
       python3 benchmarks/bench_mamba2.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
       rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
     peers|all)
-      if [ -f .device/anchor_more.py ]; then
-        python3 .device/anchor_more.py --aot-dir .device/fi_aot --delay-fallback --out "$OUT/fi" ${PEER_ARGS:-} 2>&1 \
+      if [ -f "$DEV/anchor_more.py" ]; then
+        python3 "$DEV/anchor_more.py" --aot-dir "$DEV/fi_aot" --delay-fallback --out "$OUT/fi" ${PEER_ARGS:-} 2>&1 \
           | tee "$OUT/peers.log" | tail -40
         rc=$(( rc | ${PIPESTATUS[0]} ))
       fi ;;
