@@ -32,6 +32,8 @@ class SlotCache:
         if not isinstance(num_slots, int) or num_slots <= 0:
             raise ValueError(f"num_slots: expected a positive int, got {num_slots!r}")
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_slots = num_slots
         self.pad_slot_id = pad_slot_id
         self.state = torch.zeros((num_slots, *state_shape), dtype=state_dtype, device=self.device)
