@@ -3,7 +3,9 @@
 # Prepare here:  ../shared/tools/device-bundle .device
 #                python -m replayssm_jit.aot --out .device/aot --preset h200
 #                (FlashInfer peers) anchor_bench.py --precompile .device/fi_aot, anchors copied into .device/
-# On the device: bash benchmarks/h200_run.sh [tests|bench|peers|all]...
+# On the device: bash benchmarks/h200_run.sh [tests|bench|bench-mamba2|bench-gdn|gdn|peers|all]...
+#   tests: every gpu-marked test; bench: both benchmarks; gdn: the GDN GPU tests + bench_gdn.
+#   Extra arguments: PYTEST_ARGS, BENCH_ARGS (bench_mamba2), GDN_BENCH_ARGS (bench_gdn), PEER_ARGS.
 set -uo pipefail
 what=${*:-all}
 DEV=${DEVICE_DIR:-$PWD/.device}   # the carried bundle: prelude, prebuilt modules, peer scripts
@@ -26,8 +28,15 @@ for step in $what; do
     tests|all)
       python3 -m pytest tests -m gpu -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
       rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
-    bench|all)
+    bench|bench-mamba2|all)
       python3 benchmarks/bench_mamba2.py --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -60
+      rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
+    bench|bench-gdn|gdn|all)
+      python3 benchmarks/bench_gdn.py --out "$OUT" ${GDN_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-gdn.log" | tail -60
+      rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
+    gdn)
+      python3 -m pytest tests/test_gdn_gpu.py tests/test_gdn_peers_gpu.py -m gpu -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} \
+        2>&1 | tee "$OUT/pytest-gdn.log" | tail -40
       rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
     peers|all)
       if [ -f "$DEV/anchor_more.py" ]; then

@@ -1,23 +1,33 @@
-"""Timing and reporting shared by the benchmarks.
+"""Timing, sweeps and reporting shared by the benchmarks.
 
 Method: warm-up eagerly, capture a call list into one CUDA graph, replay it untimed a few
 times, then time `reps` replays with CUDA events over `rounds` captures; report the median
 per-call time. Callers rotate state sets so that one graph touches far more state than L2.
+
+A family's benchmark supplies `bench(shape, batch, window, state_name, args, kernels)` returning
+result rows; `decode_timings` times our conventional and ReplaySSM steps the same way for every
+family, `replay_traffic` is the bytes model, and `run_sweep` drives the config list.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
+import math
+import os
 import platform
 import statistics
 import subprocess
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 COPY_CEILING_TBPS = 4.21  # H200 device-to-device copy, read + write (shared/anchors)
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+REPLAY_KERNELS = ("conventional", "cycle", "nonflush", "flush")
 
 
 def time_graph(
@@ -107,3 +117,188 @@ def environment() -> dict:
 def write_results(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1, default=float))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps: arguments, the config list, the driver
+# ---------------------------------------------------------------------------------------------
+
+
+def sweep_parser(description: str, shapes: str) -> argparse.ArgumentParser:
+    """The arguments every decode benchmark takes (shapes default to `shapes`)."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--shapes", default=shapes)
+    p.add_argument("--batches", default="1,8,32,64,128,256,512", help='"none" to skip')
+    p.add_argument("--windows", default="16", help="L values swept at every batch")
+    p.add_argument(
+        "--window-sweep", default="4,8,16,32", help="L values swept at --window-sweep-batch"
+    )
+    p.add_argument("--window-sweep-batch", type=int, default=256)
+    p.add_argument("--states", default="f32,bf16")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--min-pool-bytes", type=float, default=1.0e9)
+    p.add_argument(
+        "--tiling-sweep", default="", help="shape:batch:L:state,... configs to sweep row tilings at"
+    )
+    p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+def sweep_configs(args) -> list[tuple[str, int, int, str]]:
+    """(shape, batch, window, state) for every shape x state: the batch sweep at each --windows
+    value, then the L sweep at --window-sweep-batch (skipping configs already listed)."""
+    batches = "" if args.batches == "none" else args.batches
+    configs = []
+    for shape in args.shapes.split(","):
+        for state in args.states.split(","):
+            for batch in [int(b) for b in batches.split(",") if b]:
+                for window in map(int, args.windows.split(",")):
+                    configs.append((shape, batch, window, state))
+            for window in map(int, args.window_sweep.split(",")):
+                if (shape, args.window_sweep_batch, window, state) not in configs:
+                    configs.append((shape, args.window_sweep_batch, window, state))
+    return configs
+
+
+def tiling_sweep_configs(args) -> list[tuple[str, int, int, str]]:
+    return [
+        (shape, int(batch), int(window), state)
+        for shape, batch, window, state in (c.split(":") for c in args.tiling_sweep.split(",") if c)
+    ]
+
+
+def run_sweep(
+    args,
+    name: str,
+    bench: Callable[..., list[dict]],
+    tilings: Callable[[tuple], list[int]],
+    env_var: str,
+) -> int:
+    """Measure the copy ceiling, then every config and tiling sweep; write `name`.json after each."""
+    payload = {
+        "environment": environment(),
+        "command": " ".join(sys.argv),
+        "copy": copy_ceiling(),
+        "rows": [],
+    }
+    print(f"copy ceiling measured: {payload['copy']['tbps']:.2f} TB/s", flush=True)
+    jobs = [(cfg, lambda cfg=cfg: bench(*cfg, args)) for cfg in sweep_configs(args)]
+    jobs += [
+        (cfg, lambda cfg=cfg: sweep_tilings(bench, cfg, args, tilings(cfg), env_var))
+        for cfg in tiling_sweep_configs(args)
+    ]
+    for cfg, job in jobs:
+        rows = job()
+        torch.cuda.empty_cache()
+        payload["rows"] += rows
+        summary = "  ".join(f"{r['kernel']}={r['us']:.1f}us({r['pct_ceiling']:.0f}%)" for r in rows)
+        print(f"{cfg}: {summary}", flush=True)
+        write_results(args.out / f"{name}.json", payload)
+    return 0
+
+
+def sweep_tilings(bench, cfg, args, tilings: Sequence[int], env_var: str) -> list[dict]:
+    """The conventional step and one ReplaySSM cycle at every compiled row tiling."""
+    rows = []
+    for tiling in tilings:
+        os.environ[env_var] = str(tiling)
+        try:
+            for r in bench(*cfg, args, kernels=("conventional", "cycle")):
+                rows.append({**r, "kernel": f"{r['kernel']}@rows{tiling}"})
+        finally:
+            del os.environ[env_var]
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Our decode steps: state sets, timings, the bytes model, result rows
+# ---------------------------------------------------------------------------------------------
+
+
+def num_sets(set_bytes: float, min_pool_bytes: float) -> int:
+    """Disjoint state sets to rotate through so that one graph touches >= min_pool_bytes."""
+    return max(2, math.ceil(min_pool_bytes / set_bytes))
+
+
+def slot_sets(nsets: int, batch: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """`nsets` disjoint random int32 slot sets of `batch` slots out of nsets * batch."""
+    perm = torch.randperm(nsets * batch, generator=gen, device="cuda").to(torch.int32)
+    return [perm[i * batch : (i + 1) * batch].contiguous() for i in range(nsets)]
+
+
+def decode_timings(
+    cache,
+    window: int,
+    step: Callable,
+    conv,
+    replay,
+    sets: list[torch.Tensor],
+    args,
+    kernels: Sequence[str] = REPLAY_KERNELS,
+) -> dict[str, dict]:
+    """Time our steps; step(wrapper, slots) -> a zero-argument call of one decode step.
+
+    conventional: one step per set. cycle: L steps per set (one flush each). nonflush: L - 1
+    steps per set from held = 0 (cursors zeroed in the graph). flush: one step per set at
+    held = L - 1. amortized: ((L - 1) nonflush + flush) / L.
+    """
+    kw = dict(reps=args.reps, rounds=args.rounds)
+    res = {"conventional": time_graph([step(conv, s) for s in sets], **kw)}
+    if window > 1 and "cycle" in kernels:
+        cache.cursors.zero_()
+        res["cycle"] = time_graph([step(replay, s) for _ in range(window) for s in sets], **kw)
+    if window > 1 and "nonflush" in kernels:
+        nonflush = [step(replay, s) for _ in range(window - 1) for s in sets]
+        t = time_graph([*nonflush, lambda: cache.cursors.zero_()], **kw)
+        res["nonflush"] = {**t, "us": t["us"] * (len(nonflush) + 1) / len(nonflush)}
+        t = time_graph(
+            [lambda: cache.cursors[:, 0].fill_(window - 1), *[step(replay, s) for s in sets]], **kw
+        )
+        res["flush"] = {**t, "us": t["us"] * (len(sets) + 1) / len(sets)}
+        res["amortized"] = {
+            "us": ((window - 1) * res["nonflush"]["us"] + res["flush"]["us"]) / window
+        }
+    return res
+
+
+def replay_traffic(state: float, record: float, window: int) -> dict[str, float]:
+    """Bytes each step must move: `state` = one batch's checkpoints, `record` = one token's
+    records for the batch. Non-flush: read the checkpoint and the held records (mean over
+    held = 0..L-2), append one. Flush: read and write the checkpoint, read L - 1 records."""
+    mean_held = (window - 2) / 2 if window > 1 else 0
+    nonflush = state + record * (mean_held + 1)
+    flush = 2 * state + record * (window - 1)
+    return {
+        "conventional": 2 * state,
+        "nonflush": nonflush,
+        "flush": flush,
+        "amortized": ((window - 1) * nonflush + flush) / window,
+    }
+
+
+def result_rows(
+    config: dict, timings: dict[str, dict], traffic: dict[str, float], rows_per_cta: dict
+) -> list[dict]:
+    """One row per timed kernel: time, bytes (a cycle counts as amortized), TB/s, % of ceiling.
+
+    rows_per_cta: per kernel name; missing names take rows_per_cta["replay"].
+    """
+    rows = []
+    for kernel, t in timings.items():
+        b = traffic["amortized" if kernel == "cycle" else kernel]
+        tbps = b / (t["us"] * 1e-6) / 1e12
+        rows.append(
+            dict(
+                **config,
+                kernel=kernel,
+                us=t["us"],
+                min=t.get("min"),
+                max=t.get("max"),
+                bytes=b,
+                tbps=tbps,
+                pct_ceiling=100 * tbps / COPY_CEILING_TBPS,
+                rows_per_cta=rows_per_cta.get(kernel, rows_per_cta.get("replay")),
+            )
+        )
+    return rows

@@ -41,6 +41,52 @@ def check_tensor(
     return t
 
 
+def check_slot_pool(name: str, t: torch.Tensor, block: str) -> None:
+    """A per-slot pool [slots, ...]: every slot's block contiguous, slots 16-byte aligned.
+
+    block: how the error message spells one slot's block, e.g. "[H, P, N]".
+    """
+    dense = []
+    stride = 1
+    for size in reversed(t.shape[1:]):
+        dense.insert(0, stride)
+        stride *= size
+    if list(t.stride()[1:]) != dense or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+        raise ValueError(
+            f"{name}: expected 16-byte aligned slots with contiguous {block} blocks, "
+            f"got strides {t.stride()}"
+        )
+
+
+def check_aligned_rows(name: str, t: torch.Tensor | None) -> None:
+    """Rows of the last dim start on 16-byte boundaries (kernels load them as 16-byte vectors)."""
+    if t is None:
+        return
+    if t.data_ptr() % 16 or any(s % (16 // t.element_size()) for s in t.stride()[:-1]):
+        raise ValueError(
+            f"{name}: expected 16-byte aligned rows, got data_ptr % 16 = {t.data_ptr() % 16}, "
+            f"strides {t.stride()}"
+        )
+
+
+def check_planned(name: str, t: object, planned: bool, plan_arg: str) -> None:
+    """An optional argument is given exactly when plan() compiled it in.
+
+    plan_arg: the plan() setting that decided it, as the message shows it, e.g. "has_D=True".
+    """
+    if (t is not None) != planned:
+        raise ValueError(
+            f"{name}: expected {'a tensor' if planned else 'None'} (plan() had {plan_arg}), "
+            f"got {'a tensor' if t is not None else 'None'}"
+        )
+
+
+def check_cuda(name: str, device: torch.device) -> None:
+    """The last check of every op: shapes and dtypes are checked first, so CPU tests reach them."""
+    if device.type != "cuda":
+        raise ValueError(f"{name}: expected a CUDA tensor, got device {device}")
+
+
 def check_slot_indices(
     slot_indices: torch.Tensor, batch: int, num_slots: int, pad_slot_id: int, device: torch.device
 ) -> None:

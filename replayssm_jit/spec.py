@@ -112,11 +112,85 @@ class KernelSpec:
 
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2}
 MAMBA2_FLAGS = frozenset({"d", "z", "dt_bias", "dt_softplus", "sr"})
+GDN_FLAGS = frozenset({"qk_l2norm", "gates_in_kernel", "sr"})
+
+# Per family: the dims of one head's state [rows, cols] (cols contiguous), as named in `dims`.
+STATE_DIMS: dict[str, tuple[str, str]] = {"mamba2": ("p", "n"), "gdn": ("v", "k")}
+
+
+def state_tilings(rows: int, cols: int, state_dtype: str) -> list[tuple[int, int]]:
+    """(rows_per_cta, warps) pairs compiled for a [rows, cols] state per head, largest first."""
+    return rows_tilings(rows, cols, DTYPE_BYTES[state_dtype])
 
 
 def mamba2_tilings(headdim: int, dstate: int, state_dtype: str) -> list[tuple[int, int]]:
-    """(rows_per_cta, warps) pairs compiled into a Mamba-2 module, largest first."""
-    return rows_tilings(headdim, dstate, DTYPE_BYTES[state_dtype])
+    """(rows_per_cta, warps) pairs compiled into a Mamba-2 module ([P, N] per head), largest first."""
+    return state_tilings(headdim, dstate, state_dtype)
+
+
+def gdn_tilings(head_v_dim: int, head_k_dim: int, state_dtype: str) -> list[tuple[int, int]]:
+    """(rows_per_cta, warps) pairs compiled into a GDN module ([V, K] per head), largest first."""
+    return state_tilings(head_v_dim, head_k_dim, state_dtype)
+
+
+def spec_tilings(spec: KernelSpec) -> list[tuple[int, int]]:
+    """The row tilings compiled into `spec`'s module (its template loops over these)."""
+    rows, cols = STATE_DIMS[spec.family]
+    return state_tilings(spec.dim(rows), spec.dim(cols), spec.state_dtype)
+
+
+def _state_spec(
+    family: str,
+    dims: tuple[tuple[str, int], ...],
+    arg_names: tuple[str, ...],
+    *,
+    allowed_flags: frozenset[str],
+    flags: tuple[str, ...] | frozenset[str],
+    window: int,
+    drafts: int,
+    act_dtype: torch.dtype | str,
+    state_dtype: torch.dtype | str,
+) -> KernelSpec:
+    """Validate and build a spec whose per-head state is [rows, cols] = STATE_DIMS[family].
+
+    arg_names: the user-facing argument name of each entry of `dims`, used in error messages.
+    cols must fill whole 16-byte lane chunks (a multiple of max(16 / state bytes, 8), at most
+    32 lanes x 8 chunks) and rows must have a row tiling.
+    """
+    names = dict(zip((d for d, _ in dims), arg_names))
+    for (_, value), arg in zip(dims, arg_names):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{arg}: expected a positive int, got {value!r}")
+    unknown = set(flags) - allowed_flags
+    if unknown:
+        raise ValueError(
+            f"flags: expected a subset of {sorted(allowed_flags)}, got unknown {sorted(unknown)}"
+        )
+    state = dtype_name(state_dtype, "state_dtype")
+    if "sr" in flags and state == "f32":
+        raise ValueError("flags: 'sr' (stochastic rounding) needs a bf16/f16 state_dtype, got f32")
+    row_dim, col_dim = STATE_DIMS[family]
+    rows, cols = dict(dims)[row_dim], dict(dims)[col_dim]
+    vec = 16 // DTYPE_BYTES[state]
+    if cols % vec or cols % 8 or cols > 32 * vec * 8:
+        raise ValueError(
+            f"{names[col_dim]}: expected a multiple of {max(vec, 8)} up to {32 * vec * 8}, got {cols}"
+        )
+    spec = KernelSpec(
+        family=family,
+        dims=dims,
+        window=window,
+        drafts=drafts,
+        act_dtype=dtype_name(act_dtype, "act_dtype"),
+        state_dtype=state,
+        flags=tuple(sorted(set(flags))),
+    )
+    if not state_tilings(rows, cols, state):
+        raise ValueError(
+            f"{names[row_dim]}: no row tiling fits {names[row_dim]}={rows} "
+            f"with {names[col_dim]}={cols} ({state})"
+        )
+    return spec
 
 
 def mamba2_spec(
@@ -131,37 +205,51 @@ def mamba2_spec(
     flags: tuple[str, ...] | frozenset[str] = ("d", "dt_bias", "dt_softplus"),
 ) -> KernelSpec:
     """The Mamba-2 specialization for these shapes (tied head dim: A and dt per head)."""
-    unknown = set(flags) - MAMBA2_FLAGS
-    if unknown:
-        raise ValueError(
-            f"flags: expected a subset of {sorted(MAMBA2_FLAGS)}, got unknown {sorted(unknown)}"
-        )
-    state = dtype_name(state_dtype, "state_dtype")
-    if "sr" in flags and state == "f32":
-        raise ValueError("flags: 'sr' (stochastic rounding) needs a bf16/f16 state_dtype, got f32")
-    vec = 16 // DTYPE_BYTES[state]
-    if dstate % vec or dstate % 8 or dstate > 32 * vec * 8:
-        raise ValueError(
-            f"dstate: expected a multiple of {max(vec, 8)} up to {32 * vec * 8}, got {dstate}"
-        )
-    spec = KernelSpec(
-        family="mamba2",
-        dims=(("p", headdim), ("n", dstate), ("hpg", heads_per_group)),
+    return _state_spec(
+        "mamba2",
+        (("p", headdim), ("n", dstate), ("hpg", heads_per_group)),
+        ("headdim", "dstate", "heads_per_group"),
+        allowed_flags=MAMBA2_FLAGS,
+        flags=flags,
         window=window,
         drafts=drafts,
-        act_dtype=dtype_name(act_dtype, "act_dtype"),
-        state_dtype=state,
-        flags=tuple(sorted(set(flags))),
+        act_dtype=act_dtype,
+        state_dtype=state_dtype,
     )
-    if not mamba2_tilings(headdim, dstate, state):
-        raise ValueError(
-            f"headdim: no row tiling fits headdim={headdim} with dstate={dstate} ({state})"
-        )
-    return spec
 
 
-def _mamba2_context(spec: KernelSpec) -> dict:
-    return {"tilings": mamba2_tilings(spec.dim("p"), spec.dim("n"), spec.state_dtype)}
+def gdn_spec(
+    *,
+    head_k_dim: int,
+    head_v_dim: int,
+    value_heads_per_key_head: int,
+    window: int = 16,
+    drafts: int = 1,
+    act_dtype: torch.dtype | str = torch.bfloat16,
+    state_dtype: torch.dtype | str = torch.float32,
+    flags: tuple[str, ...] | frozenset[str] = ("qk_l2norm", "gates_in_kernel"),
+) -> KernelSpec:
+    """The Gated DeltaNet specialization for these shapes (state [V, K] per value head).
+
+    flags: "qk_l2norm" (the kernel L2-normalises q and k), "gates_in_kernel" (the kernel takes
+    raw a, b plus A_log, dt_bias and forms g, beta; otherwise it takes g, beta), "sr"
+    (stochastic rounding of a bf16/f16 checkpoint).
+    """
+    return _state_spec(
+        "gdn",
+        (("k", head_k_dim), ("v", head_v_dim), ("vph", value_heads_per_key_head)),
+        ("head_k_dim", "head_v_dim", "value_heads_per_key_head"),
+        allowed_flags=GDN_FLAGS,
+        flags=flags,
+        window=window,
+        drafts=drafts,
+        act_dtype=act_dtype,
+        state_dtype=state_dtype,
+    )
 
 
-_FAMILY_CONTEXT = {"mamba2": _mamba2_context, "gdn": lambda spec: {}}
+def _tiling_context(spec: KernelSpec) -> dict:
+    return {"tilings": spec_tilings(spec)}
+
+
+_FAMILY_CONTEXT = {"mamba2": _tiling_context, "gdn": _tiling_context}

@@ -1,13 +1,13 @@
 """Mamba-2 CUDA kernels against the float64 reference (run on the H200; skipped without CUDA).
 
-Every step: fresh random inputs, the output poisoned with NaN first, rows padded and slots
-interleaved, sequences joining at staggered steps so that one launch mixes flush and non-flush
-rows. At the end: every checkpoint against the reference state at that slot's last flush,
-cursors against the expected record counts, and unnamed slots bit-identical.
+The random schedule (padded rows, interleaved slots, staggered joins, NaN poison, final
+checkpoints, cursors and untouched slots) lives in gpu_schedule.py, shared with GDN.
 """
 
+import gpu_schedule
 import pytest
 import torch
+from gpu_schedule import rel_err
 
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
 from replayssm_jit.reference import mamba2_step_pool
@@ -21,12 +21,7 @@ SHAPES = {  # (H, P, N, G)
 }
 
 
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = (got.double() - ref.double()).norm()
-    return (diff / ref.double().norm().clamp_min(1e-300)).item()
-
-
-class Inputs:
+class Inputs(gpu_schedule.Inputs):
     """Per-layer parameters plus a fresh token batch per call."""
 
     def __init__(self, H, P, N, G, act, gen, *, has_z):
@@ -48,151 +43,96 @@ class Inputs:
             t["z"] = torch.randn(batch, self.H, self.P, generator=g, device=dev).to(act)
         return t
 
-
-def run_schedule(
-    shape,
-    batch,
-    window,
-    *,
-    act=torch.float32,
-    state=torch.float32,
-    mode="replay",
-    steps=None,
-    has_z=False,
-    sr=False,
-    pad_slot_id=-1,
-    seed=0,
-):
-    """Decode `steps` tokens through the wrapper and the reference side by side; return errors."""
-    H, P, N, G = SHAPES[shape]
-    gen = torch.Generator(device="cuda").manual_seed(1000 * batch + window + seed)
-    steps = steps or max(3 * window + 5, 40)
-    num_slots = 2 * batch + 5
-    cache = Mamba2DecodeCache(
-        num_slots,
-        num_heads=H,
-        headdim=P,
-        dstate=N,
-        ngroups=G,
-        window=window,
-        state_dtype=state,
-        act_dtype=act,
-        device="cuda",
-        pad_slot_id=pad_slot_id,
-    )
-    # Unnamed slots hold random bits that must survive untouched.
-    cache.state.copy_(torch.randn(cache.state.shape, generator=gen, device="cuda").to(state))
-    for ring in cache.rings.values():
-        ring.copy_(torch.randn(ring.shape, generator=gen, device="cuda").to(ring.dtype))
-    npad = batch // 7
-    live = batch - npad
-    slots = cache.allocate(live)
-    init = torch.randn((live, H, P, N), generator=gen, device="cuda").to(state)
-    cache.reset(slots, init)
-    untouched = [s for s in range(num_slots) if s not in set(slots.tolist()) and s != pad_slot_id]
-    before = {
-        name: t[untouched].clone() for name, t in [("state", cache.state), *cache.rings.items()]
-    }
-
-    ref_pool = torch.zeros((num_slots, H, P, N), dtype=torch.float64, device="cuda")
-    ref_pool[slots.long()] = init.double()
-    ref_ckpt = ref_pool.clone()
-    tokens_seen = torch.zeros(num_slots, dtype=torch.long)
-    start = {s: i % max(window, 1) for i, s in enumerate(slots.tolist())}  # staggered joins
-
-    inputs = Inputs(H, P, N, G, act, gen, has_z=has_z)
-    wrapper = Mamba2DecodeWrapper(cache, mode=mode)
-    wrapper.plan(
-        batch,
-        has_D=True,
-        has_z=has_z,
-        has_dt_bias=True,
-        dt_softplus=True,
-        stochastic_rounding=sr,
-        seed=seed,
-    )
-    out = torch.empty((batch, H, P), dtype=act, device="cuda")
-    worst_out = 0.0
-    for t in range(steps):
-        active = [s for s in slots.tolist() if start[s] <= t]
-        row_slots = active + [pad_slot_id] * (batch - len(active))
-        perm = torch.randperm(batch, generator=torch.Generator().manual_seed(t)).tolist()
-        row_slots = [row_slots[i] for i in perm]
-        idx = torch.tensor(row_slots, dtype=torch.int32, device="cuda")
-        tok = inputs.token(batch)
-        out.fill_(float("nan"))
+    def run(self, wrapper, tok, slot_indices, out):
         wrapper.run(
             tok["x"],
             tok["dt"],
-            inputs.A,
+            self.A,
             tok["B"],
             tok["C"],
-            idx,
-            D=inputs.D,
+            slot_indices,
+            D=self.D,
             z=tok.get("z"),
-            dt_bias=inputs.dt_bias,
+            dt_bias=self.dt_bias,
             out=out,
         )
-        y_ref = mamba2_step_pool(
+
+    def reference(self, ref_pool, slot_indices, tok, pad_slot_id):
+        return mamba2_step_pool(
             ref_pool,
-            idx,
+            slot_indices,
             tok["x"],
             tok["dt"],
-            inputs.A,
+            self.A,
             tok["B"],
             tok["C"],
-            D=inputs.D,
+            D=self.D,
             z=tok.get("z"),
-            dt_bias=inputs.dt_bias,
+            dt_bias=self.dt_bias,
             dt_softplus=True,
             pad_slot_id=pad_slot_id,
         )
-        assert not torch.isnan(out).any(), f"step {t}: output element not written (NaN poison left)"
-        pad_rows = [i for i, s in enumerate(row_slots) if s == pad_slot_id]
-        if pad_rows:
-            assert torch.equal(out[pad_rows], torch.zeros_like(out[pad_rows])), (
-                "pad rows must be zero"
-            )
-        live_rows = [i for i, s in enumerate(row_slots) if s != pad_slot_id]
-        if live_rows:
-            worst_out = max(worst_out, rel_err(out[live_rows], y_ref[live_rows]))
-        for s in active:
-            tokens_seen[s] += 1
-            if mode == "conventional" or tokens_seen[s] % window == 0:
-                ref_ckpt[s] = ref_pool[s]
-    torch.cuda.synchronize()
-    expected_held = torch.tensor(
-        [0 if mode == "conventional" else int(tokens_seen[s]) % window for s in slots.tolist()],
-        dtype=torch.int32,
-        device="cuda",
-    )
-    assert torch.equal(cache.cursors[slots.long(), 0], expected_held), "record counts"
-    assert torch.equal(cache.cursors[slots.long(), 2], torch.zeros_like(expected_held)), (
-        "arrival scratch reset"
-    )
-    state_err = rel_err(cache.state[slots.long()], ref_ckpt[slots.long()])
-    for name, t in [("state", cache.state), *cache.rings.items()]:
-        assert torch.equal(t[untouched], before[name]), f"unnamed slots' {name} changed"
-    return worst_out, state_err
+
+
+class Mamba2(gpu_schedule.Family):
+    def __init__(self, shape, *, has_z=False):
+        self.H, self.P, self.N, self.G = SHAPES[shape]
+        self.has_z = has_z
+
+    def cache(self, num_slots, *, window, state_dtype, act_dtype, pad_slot_id):
+        return Mamba2DecodeCache(
+            num_slots,
+            num_heads=self.H,
+            headdim=self.P,
+            dstate=self.N,
+            ngroups=self.G,
+            window=window,
+            state_dtype=state_dtype,
+            act_dtype=act_dtype,
+            device="cuda",
+            pad_slot_id=pad_slot_id,
+        )
+
+    def wrapper(self, cache, *, mode, batch, sr, seed):
+        wrapper = Mamba2DecodeWrapper(cache, mode=mode)
+        wrapper.plan(
+            batch,
+            has_D=True,
+            has_z=self.has_z,
+            has_dt_bias=True,
+            dt_softplus=True,
+            stochastic_rounding=sr,
+            seed=seed,
+        )
+        return wrapper
+
+    def inputs(self, gen, act):
+        return Inputs(self.H, self.P, self.N, self.G, act, gen, has_z=self.has_z)
+
+    def out_shape(self, batch):
+        return (batch, self.H, self.P)
+
+
+def run_schedule(shape, batch, window, *, has_z=False, **kwargs) -> gpu_schedule.ScheduleResult:
+    """Decode through the wrapper and the reference side by side (see gpu_schedule)."""
+    return gpu_schedule.run_schedule(Mamba2(shape, has_z=has_z), batch, window, **kwargs)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 7, 64, 256])
 @pytest.mark.parametrize("window", [1, 4, 16, 32])
 def test_replay_fp32_matches_reference(shape, batch, window):
-    out_err, state_err = run_schedule(
+    r = run_schedule(
         shape, batch, window, steps=256 if batch <= 64 else 3 * window + 8, has_z=shape == "odd"
     )
-    assert out_err < 1e-5 and state_err < 1e-5, (out_err, state_err)
+    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 64, 256])
 def test_conventional_fp32_matches_reference(shape, batch):
-    out_err, state_err = run_schedule(
-        shape, batch, 1, mode="conventional", steps=64, has_z=shape == "odd"
-    )
-    assert out_err < 1e-5 and state_err < 1e-5, (out_err, state_err)
+    r = run_schedule(shape, batch, 1, mode="conventional", steps=64, has_z=shape == "odd")
+    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
 
 # Bounds for 16-bit activations/checkpoints, measured on the H200 and documented in the README.
@@ -209,16 +149,14 @@ LP_CASES = [
 @pytest.mark.parametrize("shape", ["super120b", "nano4b"])
 @pytest.mark.parametrize("state, sr, out_bound, state_bound", LP_CASES)
 def test_low_precision_bounded(shape, state, sr, out_bound, state_bound):
-    out_err, state_err = run_schedule(
-        shape, 64, 16, act=torch.bfloat16, state=state, sr=sr, steps=64
-    )
-    print(f"\n{shape} state={state} sr={sr}: out {out_err:.2e} checkpoint {state_err:.2e}")
-    assert out_err < out_bound and state_err < state_bound, (out_err, state_err)
+    r = run_schedule(shape, 64, 16, act=torch.bfloat16, state=state, sr=sr, steps=64)
+    print(f"\n{shape} state={state} sr={sr}: out {r.out_err:.2e} checkpoint {r.state_err:.2e}")
+    assert r.out_err < out_bound and r.state_err < state_bound, r
 
 
 def test_vllm_pad_slot_zero():
-    out_err, state_err = run_schedule("super120b", 7, 4, pad_slot_id=0, steps=24)
-    assert out_err < 1e-5 and state_err < 1e-5
+    r = run_schedule("super120b", 7, 4, pad_slot_id=0, steps=24)
+    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
 
 def test_stochastic_rounding_is_deterministic():

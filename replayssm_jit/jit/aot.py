@@ -18,32 +18,43 @@ from tqdm import tqdm
 
 from replayssm_jit.jit import env
 from replayssm_jit.jit.build import build
-from replayssm_jit.models import MODELS
-from replayssm_jit.spec import KernelSpec, mamba2_spec
+from replayssm_jit.models import MODELS, ModelShape
+from replayssm_jit.spec import KernelSpec, gdn_spec, mamba2_spec
 
 MAMBA2_FLAGS = ("d", "dt_bias", "dt_softplus")
+GDN_FLAGS = ("gates_in_kernel", "qk_l2norm")
+
+
+def model_spec(model: ModelShape, **kwargs) -> KernelSpec:
+    """The spec of `model`'s SSM layer shape (window, dtypes and flags from kwargs)."""
+    heads_per_key = model.value_heads // model.key_heads
+    if model.family == "mamba2":
+        return mamba2_spec(
+            headdim=model.d_v, dstate=model.d_k, heads_per_group=heads_per_key, **kwargs
+        )
+    return gdn_spec(
+        head_k_dim=model.d_k, head_v_dim=model.d_v, value_heads_per_key_head=heads_per_key, **kwargs
+    )
+
+
+def _model_specs(family, windows, act_dtypes, state_dtypes, flags) -> list[KernelSpec]:
+    """Every model of `family` x window x act dtype x state dtype, with `flags`."""
+    return [
+        model_spec(model, window=window, act_dtype=act, state_dtype=state, flags=flags)
+        for model in MODELS.values()
+        if model.family == family
+        for window in windows
+        for act in act_dtypes
+        for state in state_dtypes
+    ]
 
 
 def _mamba2_model_specs(windows, act_dtypes, state_dtypes, flags=MAMBA2_FLAGS) -> list[KernelSpec]:
-    specs = []
-    for model in MODELS.values():
-        if model.family != "mamba2":
-            continue
-        for window in windows:
-            for act in act_dtypes:
-                for state in state_dtypes:
-                    specs.append(
-                        mamba2_spec(
-                            headdim=model.d_v,
-                            dstate=model.d_k,
-                            heads_per_group=model.value_heads // model.key_heads,
-                            window=window,
-                            act_dtype=act,
-                            state_dtype=state,
-                            flags=flags,
-                        )
-                    )
-    return specs
+    return _model_specs("mamba2", windows, act_dtypes, state_dtypes, flags)
+
+
+def _gdn_model_specs(windows, act_dtypes, state_dtypes, flags=GDN_FLAGS) -> list[KernelSpec]:
+    return _model_specs("gdn", windows, act_dtypes, state_dtypes, flags)
 
 
 def _preset_ci() -> list[KernelSpec]:
@@ -51,7 +62,9 @@ def _preset_ci() -> list[KernelSpec]:
 
 
 def _preset_models() -> list[KernelSpec]:
-    return _mamba2_model_specs((1, 16), ("bf16",), ("f32", "bf16"))
+    specs = _mamba2_model_specs((1, 16), ("bf16",), ("f32", "bf16"))
+    specs += _gdn_model_specs((1, 16), ("bf16",), ("f32", "bf16"))
+    return specs
 
 
 def _preset_h200() -> list[KernelSpec]:
@@ -70,6 +83,16 @@ def _preset_h200() -> list[KernelSpec]:
         flags=("d", "z", "dt_bias", "dt_softplus"),
     )
     specs += [mamba2_spec(window=w, **odd) for w in (1, 4, 16, 32)]
+
+    # GDN: qwen4b (vph 2) and qwen122b (vph 4) are distinct specs; "k64" is the small test shape.
+    k64 = dict(head_k_dim=64, head_v_dim=64, value_heads_per_key_head=2, act_dtype="f32")
+    specs += _gdn_model_specs((1, 4, 16, 32), ("f32",), ("f32",))
+    specs += [gdn_spec(window=w, state_dtype="f32", **k64) for w in (1, 4, 16, 32)]
+    specs += _gdn_model_specs((1, 4, 8, 16, 32), ("bf16",), ("f32", "bf16"))
+    specs += _gdn_model_specs((16,), ("bf16",), ("bf16",), GDN_FLAGS + ("sr",))
+    # Precomputed g / beta (the caller forms the gates).
+    specs += _gdn_model_specs((16,), ("f32",), ("f32",), ("qk_l2norm",))
+    specs += [gdn_spec(window=16, state_dtype="f32", flags=("qk_l2norm",), **k64)]
     return specs
 
 
@@ -112,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m replayssm_jit.aot", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--out", required=True, type=Path, help="output directory")
+    parser.add_argument("--out", type=Path, help="output directory (required unless --list)")
     parser.add_argument(
         "--preset", action="append", default=[], help=f"one of {sorted(PRESETS)}; repeatable"
     )
@@ -128,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print("\n".join(s.uri for s in specs))
         return 0
+    if args.out is None:
+        parser.error("the following arguments are required: --out")
     archs = env.cuda_arch_list()
     print(f"building {len(specs)} modules for {' '.join(archs)} into {args.out}", file=sys.stderr)
     build_aot(specs, args.out, args.jobs or env.max_jobs(), archs)

@@ -19,17 +19,24 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_jit.checks import check_tensor
+from replayssm_jit.checks import (
+    check_aligned_rows,
+    check_cuda,
+    check_planned,
+    check_slot_pool,
+    check_tensor,
+)
 from replayssm_jit.ops import tiling
-from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, mamba2_tilings
+from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, spec_tilings
 
 ROWS_ENV = "REPLAYSSM_MAMBA2_ROWS_PER_CTA"
 
 
 def choose_rows_per_cta(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> int:
     """Row tile per CTA for this batch; REPLAYSSM_MAMBA2_ROWS_PER_CTA overrides."""
-    tilings = mamba2_tilings(spec.dim("p"), spec.dim("n"), spec.state_dtype)
-    return tiling.choose_rows_per_cta(tilings, spec.dim("p"), batch, num_heads, device, ROWS_ENV)
+    return tiling.choose_rows_per_cta(
+        spec_tilings(spec), spec.dim("p"), batch, num_heads, device, ROWS_ENV
+    )
 
 
 @dataclass(frozen=True)
@@ -64,10 +71,7 @@ def validate_step(
     act = TORCH_DTYPES[spec.act_dtype]
     check_tensor("state", state, shape=(None, H, P, N), dtype=TORCH_DTYPES[spec.state_dtype])
     device = state.device
-    if state.stride()[1:] != (P * N, N, 1) or state.stride(0) % 4 or state.data_ptr() % 16:
-        raise ValueError(
-            f"state: expected 16-byte aligned slots with contiguous [H, P, N] blocks, got strides {state.stride()}"
-        )
+    check_slot_pool("state", state, "[H, P, N]")
     check_tensor("x", x, shape=(None, H, P), dtype=act, device=device, inner_contiguous=True)
     batch = x.shape[0]
     check_tensor("dt", dt, shape=(batch, H), dtype=torch.float32, device=device)
@@ -81,11 +85,7 @@ def validate_step(
         ("z", z, "z", "has_z"),
     ):
         planned = flag in spec.flags
-        if (t is not None) != planned:
-            raise ValueError(
-                f"{name}: expected {'a tensor' if planned else 'None'} (plan() had {plan_arg}={planned}), "
-                f"got {'a tensor' if t is not None else 'None'}"
-            )
+        check_planned(name, t, planned, f"{plan_arg}={planned}")
     if D is not None:
         check_tensor("D", D, shape=(H,), dtype=torch.float32, device=device, contiguous=True)
     if dt_bias is not None:
@@ -95,22 +95,46 @@ def validate_step(
     if z is not None:
         check_tensor("z", z, shape=(batch, H, P), dtype=act, device=device, inner_contiguous=True)
     for name, t in (("x", x), ("B", B), ("C", C), ("z", z)):
-        if t is not None and (
-            t.data_ptr() % 16 or any(s % (16 // t.element_size()) for s in t.stride()[:-1])
-        ):
-            raise ValueError(
-                f"{name}: expected 16-byte aligned rows, got data_ptr % 16 = {t.data_ptr() % 16}, strides {t.stride()}"
-            )
-    if device.type != "cuda":
-        raise ValueError(f"state: expected a CUDA tensor, got device {device}")
+        check_aligned_rows(name, t)
+    check_cuda("state", device)
     return batch
 
 
 def launch_conventional(
-    module, *, state, x, dt, A, B, C, D, z, dt_bias, out, slot_indices, pad_slot_id, seed, rows
+    module,
+    *,
+    state,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D,
+    z,
+    dt_bias,
+    out,
+    slot_indices,
+    pad_slot_id,
+    seed,
+    rows,
+    speculative=False,
 ):
     module.conventional_step(
-        state, x, z, dt, A, D, dt_bias, B, C, out, slot_indices, pad_slot_id, seed, rows
+        state,
+        x,
+        z,
+        dt,
+        A,
+        D,
+        dt_bias,
+        B,
+        C,
+        out,
+        slot_indices,
+        pad_slot_id,
+        seed,
+        rows,
+        int(speculative),
     )
 
 
@@ -135,6 +159,7 @@ def launch_replay(
     pad_slot_id,
     seed,
     rows,
+    speculative=False,
 ):
     module.replay_step(
         state,
@@ -155,4 +180,5 @@ def launch_replay(
         pad_slot_id,
         seed,
         rows,
+        int(speculative),
     )

@@ -15,8 +15,8 @@ def rows_tilings(
     cols: int,
     state_bytes: int,
     *,
-    warp_options: tuple[int, ...] = (4, 2, 1),
-    max_passes: int = 32,
+    warp_options: tuple[int, ...] = (4, 8, 2, 1),
+    max_passes: int = 16,
 ) -> list[tuple[int, int]]:
     """(rows_per_cta, warps) pairs for a [rows, cols] state per head, largest first.
 
@@ -68,3 +68,18 @@ def choose_rows_per_cta(
         if batch * num_heads * (rows // r) >= TARGET_CTAS_PER_SM * sms:
             return r
     return options[-1]
+
+
+SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
+# At or below this batch a step is latency-bound: issue ring loads before reading the cursor.
+SPECULATIVE_MAX_BATCH = 16
+
+
+def choose_speculative(batch: int) -> bool:
+    """Whether ReplaySSM steps load ring rows speculatively; REPLAYSSM_SPECULATIVE_RECORDS=0/1 overrides."""
+    forced = os.environ.get(SPECULATIVE_ENV)
+    if forced:
+        if forced not in ("0", "1"):
+            raise ValueError(f"{SPECULATIVE_ENV}: expected '0' or '1', got {forced!r}")
+        return forced == "1"
+    return batch <= SPECULATIVE_MAX_BATCH

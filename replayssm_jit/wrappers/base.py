@@ -6,6 +6,7 @@ import torch
 
 from replayssm_jit.checks import check_slot_indices
 from replayssm_jit.jit.build import load_module
+from replayssm_jit.ops import tiling
 from replayssm_jit.spec import KernelSpec
 from replayssm_jit.wrappers.cache import SlotCache
 
@@ -30,6 +31,7 @@ class DecodeWrapper:
         self.spec: KernelSpec | None = None
         self.batch_size = 0
         self.rows_per_cta = 0
+        self.speculative = False
         self.seed = 0
         self._module = None
         self._out: torch.Tensor | None = None
@@ -49,6 +51,7 @@ class DecodeWrapper:
     ):
         self._module = load_module(spec)
         self.spec, self.batch_size, self.rows_per_cta = spec, batch_size, rows_per_cta
+        self.speculative = tiling.choose_speculative(batch_size)
         self.seed = int(seed) & (2**63 - 1)
         self._out = None
         if self.use_cuda_graph:

@@ -1,0 +1,158 @@
+"""Gated DeltaNet decode on one GPU: our conventional and ReplaySSM steps against fla.
+
+For each (shape, batch, window L, checkpoint dtype): our conventional step, the ReplaySSM
+non-flush step (mean over held = 0..L-2), the flush step, the amortized step
+((L-1) non-flush + 1 flush) / L, one measured L-step cycle, and (fp32 state) fla-core's
+fused_recurrent_gated_delta_rule as the conventional peer. Inputs bf16 q, k, v, fp32 raw gates
+a, b; gates, beta sigmoid and the q/k L2 norm are computed in every kernel. Our state pool
+(>= --min-pool-bytes) is split into disjoint slot sets that consecutive calls rotate through;
+fla has no pool form, so it rotates through as many separate initial_state buffers and writes a
+new final_state each call (output_final_state=True), [B, HV, K, V] fp32 unless
+--fla-state-v-first (fla >= 0.6 offers the [B, HV, V, K] layout we use).
+
+    python benchmarks/bench_gdn.py --out benchmarks/results/DIR
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import (
+    DTYPES,
+    REPLAY_KERNELS,
+    decode_timings,
+    num_sets,
+    replay_traffic,
+    result_rows,
+    run_sweep,
+    slot_sets,
+    sweep_parser,
+    time_graph,
+)
+
+from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
+from replayssm_jit.models import get_model
+from replayssm_jit.ops.gdn import ROWS_ENV
+from replayssm_jit.spec import gdn_tilings
+
+ACT = torch.bfloat16
+
+
+def bytes_per_step(H, HV, K, V, batch, window, state_size, act_size=2):
+    state = batch * HV * V * K * state_size
+    record = batch * (HV * V * 4 + H * K * act_size + HV * 4)  # u (fp32), k, g
+    return replay_traffic(state, record, window)
+
+
+def fla_timing(inputs, HV, K, V, batch, nsets, gen, args):
+    """fla's conventional step over `nsets` rotating fp32 initial_state buffers, or None."""
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_fn
+    except ImportError as exc:
+        print(f"  fla unavailable: {exc}", flush=True)
+        return None
+    q, k, v, a, b, A_log, dt_bias = inputs
+    v_first = args.fla_state_v_first
+    if v_first and "state_v_first" not in inspect.signature(fla_fn).parameters:
+        raise SystemExit("--fla-state-v-first: the installed fla has no state_v_first")
+    shape = (batch, HV, V, K) if v_first else (batch, HV, K, V)
+    bufs = [torch.randn(shape, generator=gen, device="cuda") for _ in range(nsets)]
+    kw = dict(state_v_first=True) if v_first else {}
+    q, k, v, a, b = q[:, None], k[:, None], v[:, None], a[:, None], b[:, None]
+
+    def call(h0):
+        return lambda: fla_fn(
+            q, k, v, g=a, beta=b, scale=K**-0.5, initial_state=h0, output_final_state=True,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+            use_beta_sigmoid_in_kernel=True, **kw,
+        )  # fmt: skip
+
+    t = time_graph([call(h) for h in bufs], reps=args.reps, rounds=args.rounds)
+    o, _ = call(bufs[0])()
+    assert torch.isfinite(o.float()).all(), "fla: non-finite output"
+    return t
+
+
+_FLA_DONE: set[tuple[str, int]] = set()
+
+
+def bench_config(shape, batch, window, state_name, args, kernels=(*REPLAY_KERNELS, "fla")):
+    model = get_model(shape)
+    H, HV, K, V = model.key_heads, model.value_heads, model.d_k, model.d_v
+    state_dtype = DTYPES[state_name]
+    esize = torch.finfo(state_dtype).bits // 8
+    nsets = num_sets(batch * HV * V * K * esize, args.min_pool_bytes)
+    gen = torch.Generator(device="cuda").manual_seed(batch * 37 + window)
+    cache = GDNDecodeCache(
+        nsets * batch,
+        num_k_heads=H,
+        num_v_heads=HV,
+        head_k_dim=K,
+        head_v_dim=V,
+        window=window,
+        state_dtype=state_dtype,
+        act_dtype=ACT,
+        device="cuda",
+    )
+    cache.state.copy_(torch.randn(cache.state.shape, generator=gen, device="cuda").to(state_dtype))
+    sets = slot_sets(nsets, batch, gen)
+    q = torch.randn(batch, H, K, generator=gen, device="cuda").to(ACT)
+    k = torch.randn(batch, H, K, generator=gen, device="cuda").to(ACT)
+    v = torch.randn(batch, HV, V, generator=gen, device="cuda").to(ACT)
+    a = -4.0 + 3.0 * torch.rand(batch, HV, generator=gen, device="cuda")
+    b = torch.randn(batch, HV, generator=gen, device="cuda")
+    A_log = torch.log(0.5 + torch.rand(HV, generator=gen, device="cuda"))
+    dt_bias = 0.5 * torch.rand(HV, generator=gen, device="cuda") - 0.25
+    out = torch.empty(batch, HV, V, dtype=ACT, device="cuda")
+
+    def step(wrapper, slots):
+        return lambda: wrapper.run(q, k, v, a, b, slots, A_log=A_log, dt_bias=dt_bias, out=out)
+
+    conv = GDNDecodeWrapper(cache, mode="conventional")
+    conv.plan(batch)
+    replay = GDNDecodeWrapper(cache, mode="replay")
+    replay.plan(batch)
+    res = decode_timings(cache, window, step, conv, replay, sets, args, kernels)
+    assert torch.isfinite(out.float()).all(), "non-finite output"
+    traffic = bytes_per_step(H, HV, K, V, batch, window, esize)
+    if (
+        state_name == "f32"
+        and "fla" in kernels
+        and not args.no_fla
+        and (shape, batch) not in _FLA_DONE
+    ):
+        _FLA_DONE.add((shape, batch))  # fla has no window: once per shape and batch
+        t = fla_timing((q, k, v, a, b, A_log, dt_bias), HV, K, V, batch, nsets, gen, args)
+        if t is not None:
+            res["fla"] = t
+            traffic["fla"] = traffic["conventional"]  # read h0, write a new final state (fp32)
+    return result_rows(
+        dict(shape=shape, batch=batch, window=window, state=state_name),
+        res,
+        traffic,
+        {"conventional": conv.rows_per_cta, "replay": replay.rows_per_cta, "fla": None},
+    )
+
+
+def tilings(cfg):
+    model = get_model(cfg[0])
+    return [r for r, _ in gdn_tilings(model.d_v, model.d_k, cfg[3])]
+
+
+def main(argv=None):
+    p = sweep_parser(__doc__.splitlines()[0], "qwen4b,qwen122b")
+    p.add_argument("--no-fla", action="store_true", help="skip the fla peer")
+    p.add_argument(
+        "--fla-state-v-first", action="store_true", help="run fla on [B, HV, V, K] states"
+    )
+    args = p.parse_args(argv)
+    return run_sweep(args, "gdn", bench_config, tilings, ROWS_ENV)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+// Building blocks shared by the ReplaySSM decode kernels (Mamba-2, GDN).
+#pragma once
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+#include "common/rounding.cuh"
+
+namespace replayssm {
+
+// Cursor words per slot: records held, flush epoch (keys SR noise), CTA arrivals, spare.
+constexpr int kCursorWords = 4;
+
+// A CTA's ROWS rows of a per-head [*, COLS] state, held in registers: each lane holds 16-byte
+// chunks, a warp covers kRowsPerPass rows per pass and kPasses passes.
+template <typename state_t, int COLS, int ROWS, int WARPS>
+struct RowTiling {
+  static constexpr int kThreads = WARPS * 32;
+  static constexpr int kVec = 16 / sizeof(state_t);
+  static constexpr int kLanesPerRow = (COLS / kVec) < 32 ? (COLS / kVec) : 32;
+  static constexpr int kChunksPerLane = COLS / (kVec * kLanesPerRow);
+  static constexpr int kRowsPerPass = 32 / kLanesPerRow;
+  static constexpr int kRowsPerWarp = ROWS / WARPS;
+  static constexpr int kPasses = kRowsPerWarp / kRowsPerPass;
+  static_assert(COLS % kVec == 0 && (kLanesPerRow & (kLanesPerRow - 1)) == 0, "state rows must tile 16-byte chunks");
+  static_assert(ROWS % WARPS == 0 && kRowsPerWarp % kRowsPerPass == 0, "bad row tiling");
+
+  using Regs = Vec16<state_t>[kPasses][kChunksPerLane];
+
+  static __device__ __forceinline__ int row(int pass) {  // CTA-local row of this lane in a pass
+    return (threadIdx.x / 32) * kRowsPerWarp + pass * kRowsPerPass + (threadIdx.x % 32) / kLanesPerRow;
+  }
+  static __device__ __forceinline__ int col(int chunk) {
+    return (chunk * kLanesPerRow + (threadIdx.x % 32) % kLanesPerRow) * kVec;
+  }
+  static __device__ __forceinline__ bool row_leader() { return (threadIdx.x % 32) % kLanesPerRow == 0; }
+
+  // Issue every 16-byte load of the CTA's rows at once (rows start at `rows`).
+  static __device__ __forceinline__ void load(const state_t* rows, Regs& regs) {
+    #pragma unroll
+    for (int i = 0; i < kPasses; ++i)
+      #pragma unroll
+      for (int c = 0; c < kChunksPerLane; ++c) regs[i][c].load(rows + int64_t(row(i)) * COLS + col(c));
+  }
+
+  // This lane's slice of a length-COLS vector held in shared memory.
+  static __device__ __forceinline__ void slice(const float* v, float (&out)[kChunksPerLane][kVec]) {
+    #pragma unroll
+    for (int c = 0; c < kChunksPerLane; ++c)
+      #pragma unroll
+      for (int e = 0; e < kVec; ++e) out[c][e] = v[col(c) + e];
+  }
+};
+
+// Largest vector width (bytes, <= 16) that divides a row of LEN elements of T.
+template <typename T, int LEN>
+constexpr int row_vector_bytes() {
+  constexpr int bytes = LEN * int(sizeof(T));
+  return bytes % 16 == 0 ? 16 : bytes % 8 == 0 ? 8 : bytes % 4 == 0 ? 4 : int(sizeof(T));
+}
+
+template <int BYTES> struct RawVec;
+template <> struct RawVec<16> { using type = uint4; };
+template <> struct RawVec<8> { using type = uint2; };
+template <> struct RawVec<4> { using type = uint32_t; };
+template <> struct RawVec<2> { using type = unsigned short; };
+
+// Stages up to MAX_ROWS rows of LEN elements of T from global into float shared memory: load()
+// issues every load (one memory round trip for the lot), store() converts and writes them.
+// Splitting the two lets a kernel issue ring loads before it knows how many rows it needs.
+template <typename T, int LEN, int MAX_ROWS, int THREADS>
+struct RowStager {
+  static constexpr int kBytes = row_vector_bytes<T, LEN>();
+  static constexpr int kElems = kBytes / int(sizeof(T));
+  static constexpr int kPerRow = LEN / kElems;
+  static constexpr int kIters = (MAX_ROWS * kPerRow + THREADS - 1) / THREADS;
+  using Raw = typename RawVec<kBytes>::type;
+  Raw raw[kIters];
+
+  // Rows 0..count-1 from src + i * stride.
+  __device__ __forceinline__ void load(const T* src, int64_t stride, int count) {
+    #pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int idx = it * THREADS + threadIdx.x, i = idx / kPerRow, part = idx % kPerRow;
+      if (i < count) raw[it] = reinterpret_cast<const Raw*>(src + int64_t(i) * stride)[part];
+    }
+  }
+  // Rows 0..count-1 into dst[first + i].
+  __device__ __forceinline__ void store(float (*dst)[LEN], int first, int count) const {
+    #pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int idx = it * THREADS + threadIdx.x, i = idx / kPerRow, part = idx % kPerRow;
+      if (i < count) {
+        const T* e = reinterpret_cast<const T*>(&raw[it]);
+        #pragma unroll
+        for (int k = 0; k < kElems; ++k) dst[first + i][part * kElems + k] = to_float(e[k]);
+      }
+    }
+  }
+};
+
+// A token's records: the held ones from a ring (rows 0..held-1) and this token's from the inputs
+// (row `held`). With `speculative`, the ring loads are issued before the cursor is read (all
+// CAP-1 rows: more bytes, one dependent round trip less; worth it when latency dominates).
+template <typename T, int LEN, int CAP, int THREADS>
+struct RecordStager {
+  RowStager<T, LEN, (CAP > 1 ? CAP - 1 : 1), THREADS> ring;
+  RowStager<T, LEN, 1, THREADS> current;
+  __device__ __forceinline__ void load_early(const T* ring_rows, int64_t stride, const T* cur, bool speculative) {
+    current.load(cur, 0, 1);
+    if (CAP > 1 && speculative) ring.load(ring_rows, stride, CAP - 1);
+  }
+  __device__ __forceinline__ void load_late(const T* ring_rows, int64_t stride, int held, bool speculative) {
+    if (CAP > 1 && !speculative) ring.load(ring_rows, stride, held);
+  }
+  __device__ __forceinline__ void store(float (*dst)[LEN], int held) const {
+    if (CAP > 1) ring.store(dst, 0, held);
+    current.store(dst, held, 1);
+  }
+};
+
+// decay[i] = exp(sum_{m>i} log_decay[m]) for i < count, and returns exp(sum of all), in FP32.
+// One warp; log_decay and decay live in shared memory. Chunks of 32 records, top down.
+__device__ __forceinline__ float suffix_decays(const float* log_decay, float* decay, int count) {
+  const int lane = threadIdx.x % 32;
+  float carry = 0.f;
+  for (int top = count; top > 0; top -= 32) {
+    const int i = top - 32 + lane;
+    const float la = i >= 0 ? log_decay[i] : 0.f;
+    float suffix = la;  // inclusive suffix sum within the chunk
+    #pragma unroll
+    for (int offset = 1; offset < 32; offset <<= 1) {
+      const float other = __shfl_down_sync(0xffffffffu, suffix, offset);
+      if (lane + offset < 32) suffix += other;
+    }
+    if (i >= 0) decay[i] = expf(carry + suffix - la);
+    carry += __shfl_sync(0xffffffffu, suffix, 0);
+  }
+  return expf(carry);
+}
+
+// Called by every CTA of a batch row after its last read of the slot's cursor: the last to
+// arrive advances the cursor (so no CTA can see a half-advanced one).
+__device__ __forceinline__ void advance_cursor(int32_t* cursor, int ctas_per_row, bool flushed, int records) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(cursor + 2, 1) == ctas_per_row - 1) {
+      cursor[0] = flushed ? 0 : records;
+      if (flushed) cursor[1] += 1;
+      cursor[2] = 0;
+    }
+  }
+}
+
+// Convert a row chunk to storage type, stochastically rounded when SR (key: slot/epoch, element).
+template <typename state_t, bool SR, int VEC>
+__device__ __forceinline__ void store_chunk(state_t* dst, const float (&v)[VEC], uint64_t seed, uint64_t stream,
+                                            uint64_t element) {
+  Vec16<state_t> out;
+  #pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    if constexpr (SR) {
+      out.set(e, round_stochastic<state_t>(v[e], rounding_bits(seed, stream, element + e)));
+    } else {
+      out.set(e, from_float<state_t>(v[e]));
+    }
+  }
+  out.store(dst);
+}
+
+}  // namespace replayssm

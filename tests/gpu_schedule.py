@@ -1,0 +1,152 @@
+"""A family-agnostic random decode schedule for the GPU tests: wrapper against float64 reference.
+
+Every step: fresh random inputs, the output poisoned with NaN first, rows padded and slots
+interleaved in a random order, sequences joining at staggered steps so that one launch mixes
+flush and non-flush rows. Live slots' rings start NaN-poisoned (a kernel may read only the
+records it holds). Pad rows must come out exactly zero. At the end: every checkpoint against the
+reference state at that slot's last flush, cursors (records held, flush epochs, arrival scratch)
+against the expected counts, and unnamed slots (state and every ring) bit-identical.
+
+A family plugs in through a `Family` adapter: cache factory, wrapper factory + plan, input
+generator, wrapper run call and reference pool step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """norm(got - ref) / norm(ref), in float64."""
+    diff = (got.double() - ref.double()).norm()
+    return (diff / ref.double().norm().clamp_min(1e-300)).item()
+
+
+class Inputs:
+    """One layer's parameters (drawn at construction) and a fresh token batch per `token` call."""
+
+    def token(self, batch: int) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def run(self, wrapper, tok: dict, slot_indices: torch.Tensor, out: torch.Tensor) -> None:
+        """One wrapper.run() writing into `out`."""
+        raise NotImplementedError
+
+    def reference(
+        self, ref_pool: torch.Tensor, slot_indices: torch.Tensor, tok: dict, pad_slot_id: int
+    ) -> torch.Tensor:
+        """The float64 conventional pool step (updates ref_pool in place); returns the output."""
+        raise NotImplementedError
+
+
+class Family:
+    """Adapter of one kernel family for `run_schedule`."""
+
+    def cache(self, num_slots: int, *, window, state_dtype, act_dtype, pad_slot_id):
+        """A fresh SlotCache on CUDA."""
+        raise NotImplementedError
+
+    def wrapper(self, cache, *, mode: str, batch: int, sr: bool, seed: int):
+        """A DecodeWrapper over `cache`, planned for `batch` rows."""
+        raise NotImplementedError
+
+    def inputs(self, gen: torch.Generator, act: torch.dtype) -> Inputs:
+        raise NotImplementedError
+
+    def out_shape(self, batch: int) -> tuple[int, ...]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ScheduleResult:
+    out_err: float  # worst relative output error of one step over the live rows
+    state_err: float  # relative error of the final checkpoints against the reference
+    min_flushes: int  # fewest flushes any live slot went through (every token when conventional)
+    steps: int
+
+
+def run_schedule(
+    family: Family,
+    batch: int,
+    window: int,
+    *,
+    act: torch.dtype = torch.float32,
+    state: torch.dtype = torch.float32,
+    mode: str = "replay",
+    steps: int | None = None,
+    sr: bool = False,
+    pad_slot_id: int = -1,
+    seed: int = 0,
+) -> ScheduleResult:
+    """Decode `steps` tokens through the wrapper and the reference side by side."""
+    gen = torch.Generator(device="cuda").manual_seed(1000 * batch + window + seed)
+    steps = steps or max(3 * window + 5, 40)
+    num_slots = 2 * batch + 5
+    cache = family.cache(
+        num_slots, window=window, state_dtype=state, act_dtype=act, pad_slot_id=pad_slot_id
+    )
+    # Unnamed slots hold random bits that must survive untouched.
+    cache.state.copy_(torch.randn(cache.state.shape, generator=gen, device="cuda").to(state))
+    for ring in cache.rings.values():
+        ring.copy_(torch.randn(ring.shape, generator=gen, device="cuda").to(ring.dtype))
+    npad = batch // 7
+    live = batch - npad
+    slots = cache.allocate(live)
+    init = torch.randn((live, *cache.state.shape[1:]), generator=gen, device="cuda").to(state)
+    cache.reset(slots, init)
+    for ring in cache.rings.values():  # held records only: nothing else may be read
+        ring[slots.long()] = float("nan")
+    untouched = [s for s in range(num_slots) if s not in set(slots.tolist()) and s != pad_slot_id]
+    before = {
+        name: t[untouched].clone() for name, t in [("state", cache.state), *cache.rings.items()]
+    }
+
+    ref_pool = torch.zeros(cache.state.shape, dtype=torch.float64, device="cuda")
+    ref_pool[slots.long()] = init.double()
+    ref_ckpt = ref_pool.clone()
+    tokens_seen = torch.zeros(num_slots, dtype=torch.long)
+    start = {s: i % max(window, 1) for i, s in enumerate(slots.tolist())}  # staggered joins
+
+    inputs = family.inputs(gen, act)
+    wrapper = family.wrapper(cache, mode=mode, batch=batch, sr=sr, seed=seed)
+    out = torch.empty(family.out_shape(batch), dtype=act, device="cuda")
+    worst_out = 0.0
+    for t in range(steps):
+        active = [s for s in slots.tolist() if start[s] <= t]
+        row_slots = active + [pad_slot_id] * (batch - len(active))
+        perm = torch.randperm(batch, generator=torch.Generator().manual_seed(t)).tolist()
+        row_slots = [row_slots[i] for i in perm]
+        idx = torch.tensor(row_slots, dtype=torch.int32, device="cuda")
+        tok = inputs.token(batch)
+        out.fill_(float("nan"))
+        inputs.run(wrapper, tok, idx, out)
+        y_ref = inputs.reference(ref_pool, idx, tok, pad_slot_id)
+        assert not torch.isnan(out).any(), f"step {t}: output element not written (NaN poison left)"
+        pad_rows = [i for i, s in enumerate(row_slots) if s == pad_slot_id]
+        if pad_rows:
+            assert torch.equal(out[pad_rows], torch.zeros_like(out[pad_rows])), (
+                "pad rows must be zero"
+            )
+        live_rows = [i for i, s in enumerate(row_slots) if s != pad_slot_id]
+        if live_rows:
+            worst_out = max(worst_out, rel_err(out[live_rows], y_ref[live_rows]))
+        for s in active:
+            tokens_seen[s] += 1
+            if mode == "conventional" or tokens_seen[s] % window == 0:
+                ref_ckpt[s] = ref_pool[s]
+    torch.cuda.synchronize()
+    seen = [int(tokens_seen[s]) for s in slots.tolist()]
+    replay = mode != "conventional"
+    expected_held = [n % window if replay else 0 for n in seen]
+    expected_epochs = [n // window if replay else 0 for n in seen]
+    cursors = cache.cursors[slots.long()].cpu()
+    assert cursors[:, 0].tolist() == expected_held, "record counts"
+    assert cursors[:, 1].tolist() == expected_epochs, "flush epochs"
+    assert cursors[:, 2].tolist() == [0] * live, "arrival scratch reset"
+    state_err = rel_err(cache.state[slots.long()], ref_ckpt[slots.long()])
+    for name, t in [("state", cache.state), *cache.rings.items()]:
+        assert torch.equal(t[untouched], before[name]), f"unnamed slots' {name} changed"
+    flushes = [n // window for n in seen] if replay else seen
+    return ScheduleResult(worst_out, state_err, min(flushes), steps)
