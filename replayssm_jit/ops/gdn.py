@@ -119,7 +119,7 @@ def launch_conventional(
     scale,
     seed,
     rows,
-    speculative=False,
+    flags=0,
 ):
     module.conventional_step(
         state,
@@ -136,7 +136,7 @@ def launch_conventional(
         scale,
         seed,
         rows,
-        int(speculative),
+        flags,
     )
 
 
@@ -161,7 +161,7 @@ def launch_replay(
     scale,
     seed,
     rows,
-    speculative=False,
+    flags=0,
 ):
     module.replay_step(
         state,
@@ -182,5 +182,5 @@ def launch_replay(
         scale,
         seed,
         rows,
-        int(speculative),
+        flags,
     )

@@ -117,7 +117,7 @@ def launch_conventional(
     pad_slot_id,
     seed,
     rows,
-    speculative=False,
+    flags=0,
 ):
     module.conventional_step(
         state,
@@ -134,7 +134,7 @@ def launch_conventional(
         pad_slot_id,
         seed,
         rows,
-        int(speculative),
+        flags,
     )
 
 
@@ -159,7 +159,7 @@ def launch_replay(
     pad_slot_id,
     seed,
     rows,
-    speculative=False,
+    flags=0,
 ):
     module.replay_step(
         state,
@@ -180,5 +180,5 @@ def launch_replay(
         pad_slot_id,
         seed,
         rows,
-        int(speculative),
+        flags,
     )

@@ -31,7 +31,7 @@ class DecodeWrapper:
         self.spec: KernelSpec | None = None
         self.batch_size = 0
         self.rows_per_cta = 0
-        self.speculative = False
+        self.launch_flags = 0
         self.seed = 0
         self._module = None
         self._out: torch.Tensor | None = None
@@ -51,7 +51,7 @@ class DecodeWrapper:
     ):
         self._module = load_module(spec)
         self.spec, self.batch_size, self.rows_per_cta = spec, batch_size, rows_per_cta
-        self.speculative = tiling.choose_speculative(batch_size)
+        self.launch_flags = tiling.launch_flags()
         self.seed = int(seed) & (2**63 - 1)
         self._out = None
         if self.use_cuda_graph:

@@ -172,7 +172,7 @@ class GDNDecodeWrapper(DecodeWrapper):
             state=c.state, q=q, k=k, v=v, gate_a=gate_a, gate_b=gate_b, A_log=A_log,
             dt_bias=dt_bias, out=out, slot_indices=slot_indices, pad_slot_id=c.pad_slot_id,
             scale=self.scale, seed=self.seed, rows=self.rows_per_cta,
-            speculative=self.speculative,
+            flags=self.launch_flags,
         )  # fmt: skip
         if self.mode == "replay":
             ops.launch_replay(

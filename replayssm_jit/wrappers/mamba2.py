@@ -145,7 +145,7 @@ class Mamba2DecodeWrapper(DecodeWrapper):
         common = dict(
             state=c.state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out,
             slot_indices=slot_indices, pad_slot_id=c.pad_slot_id, seed=self.seed, rows=self.rows_per_cta,
-            speculative=self.speculative,
+            flags=self.launch_flags,
         )  # fmt: skip
         if self.mode == "replay":
             ops.launch_replay(
