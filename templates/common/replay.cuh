@@ -6,13 +6,6 @@
 
 namespace replayssm {
 
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
 // Cursor words per slot: records held, flush epoch (keys SR noise), CTA arrivals, spare.
 constexpr int kCursorWords = 4;
 
@@ -46,24 +39,6 @@ struct RowTiling {
     for (int i = 0; i < kPasses; ++i)
       #pragma unroll
       for (int c = 0; c < kChunksPerLane; ++c) regs[i][c].load(rows + int64_t(row(i)) * COLS + col(c));
-  }
-
-  // The same chunks, copied asynchronously into this thread's slots of a shared-memory stage.
-  static constexpr int kStageVectors = kPasses * kChunksPerLane * kThreads;
-  static __device__ __forceinline__ void prefetch(const state_t* rows, uint4* stage) {
-    #pragma unroll
-    for (int i = 0; i < kPasses; ++i)
-      #pragma unroll
-      for (int c = 0; c < kChunksPerLane; ++c)
-        cp_async_16(&stage[(i * kChunksPerLane + c) * kThreads + threadIdx.x], rows + int64_t(row(i)) * COLS + col(c));
-    cp_async_commit();
-  }
-  static __device__ __forceinline__ void from_stage(const uint4* stage, Regs& regs) {
-    cp_async_wait_all();
-    #pragma unroll
-    for (int i = 0; i < kPasses; ++i)
-      #pragma unroll
-      for (int c = 0; c < kChunksPerLane; ++c) regs[i][c].raw = stage[(i * kChunksPerLane + c) * kThreads + threadIdx.x];
   }
 
   // This lane's slice of a length-COLS vector held in shared memory.
@@ -190,43 +165,6 @@ __device__ __forceinline__ void store_chunk(state_t* dst, const float (&v)[VEC],
     }
   }
   out.store(dst);
-}
-
-// Persistent driver: CTA c runs items c, c + gridDim.x, ... While one item computes, the next
-// item's state streams into shared memory with cp.async (each thread stages exactly the 16-byte
-// chunks it will later hold in registers, so the stage needs no CTA barrier). Work provides
-// slot_of(p, item), prefetch(p, item, slot, stage), begin(p, item, slot, stage), finish(p, sm).
-template <class Work, class Params, class Smem>
-__device__ __forceinline__ void run_pipelined(const Params& p, Smem& sm, int total_items) {
-  int item = blockIdx.x;
-  int slot = item < total_items ? Work::slot_of(p, item) : 0;
-  if (item < total_items) Work::prefetch(p, item, slot, sm.stage);
-  while (item < total_items) {
-    const int next = item + gridDim.x;
-    const int next_slot = next < total_items ? Work::slot_of(p, next) : 0;
-    Work w;
-    w.begin(p, item, slot, sm.stage);
-    if (next < total_items) Work::prefetch(p, next, next_slot, sm.stage);
-    w.finish(p, sm);
-    item = next;
-    slot = next_slot;
-  }
-}
-
-// CTAs that fit on the device at once (occupancy x SMs), computed once per kernel.
-template <class KernelFn>
-inline cudaError_t persistent_grid(KernelFn kernel, int threads, size_t smem, int* ctas) {
-  static int cached = 0;
-  if (cached == 0) {
-    int device = 0, sms = 0, per_sm = 0;
-    cudaError_t err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem);
-    if (err != cudaSuccess) return err;
-    cached = (per_sm > 0 ? per_sm : 1) * sms;
-  }
-  *ctas = cached;
-  return cudaSuccess;
 }
 
 }  // namespace replayssm

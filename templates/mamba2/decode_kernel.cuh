@@ -43,8 +43,7 @@ struct Params {
   int32_t pad_slot_id;
   int32_t num_heads;
   uint64_t seed;
-  bool speculative;         // issue ring loads before the cursor is read
-  bool persistent;          // one CTA per resident slot, each streaming many work items
+  bool speculative;         // issue ring loads before the cursor is read (small batches)
 };
 
 template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
@@ -57,7 +56,6 @@ struct Kernel {
   static_assert(P % ROWS == 0, "headdim must split into row tiles");
 
   struct Smem {
-    uint4 stage[Tile::kStageVectors];  // the next item's state, streaming in (cp.async)
     float x[kRecords][ROWS];  // x_i rows; a flush scales them in place to a(i+1:j) dt_i x_i
     float b[kRecords][N];     // B_i
     float q[1][N];            // C of this token
@@ -68,182 +66,156 @@ struct Kernel {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
-  // One work item: ROWS rows of one (batch row, head); see run_pipelined.
-  struct Work {
-    int item, slot;
+  static __device__ __forceinline__ void run(const Params<act_t, state_t>& p, Smem& sm) {
+    const int split = blockIdx.x % kSplits, head = blockIdx.x / kSplits, row = blockIdx.y;
+    const int group = head / HPG, num_groups = p.num_heads / HPG;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row0 = split * ROWS;
+    const int slot = p.slot_indices[row];
+    act_t* out = p.out + (int64_t(row) * p.num_heads + head) * P + row0;
+    if (slot == p.pad_slot_id) {  // padded row: zero output, touch nothing else
+      for (int r = threadIdx.x; r < ROWS; r += kThreads) out[r] = from_float<act_t>(0.f);
+      return;
+    }
+
+    // 1. State reads first: everything below overlaps them.
+    state_t* rows = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(head) * P + row0) * N;
     typename Tile::Regs s_raw;
+    Tile::load(rows, s_raw);
+
+    // 2. Records: this token's from the inputs, the held ones from the rings (RecordStager).
+    const act_t* x_cur = p.x + int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0;
+    const act_t* b_cur = p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g;
+    const act_t* q = p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g;
+    const act_t* rec_x = p.rec_x + (int64_t(slot) * p.num_heads + head) * CAP * P + row0;
+    const act_t* rec_b = p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N;
+    const float* rec_dt = p.rec_dt + (int64_t(slot) * p.num_heads + head) * CAP;
     RecordStager<act_t, ROWS, kRecords, kThreads> x_stage;
     RecordStager<act_t, N, kRecords, kThreads> b_stage;
     RowStager<act_t, N, 1, kThreads> q_stage;
     RowStager<act_t, ROWS, 1, kThreads> z_stage;
+    x_stage.load_early(rec_x, P, x_cur, p.speculative);
+    b_stage.load_early(rec_b, N, b_cur, p.speculative);
+    q_stage.load(q, 0, 1);
+    if constexpr (HAS_Z) z_stage.load(p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0, 0, 1);
 
-    static __device__ __forceinline__ int slot_of(const Params<act_t, state_t>& p, int item) {
-      return p.slot_indices[item / (kSplits * p.num_heads)];
+    int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
+    const int held = REPLAY ? cursor[0] : 0;
+    const int records = held + 1;
+    const bool flush = !REPLAY || records >= L;
+    const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
+    x_stage.load_late(rec_x, P, held, p.speculative);
+    b_stage.load_late(rec_b, N, held, p.speculative);
+    x_stage.store(sm.x, held);
+    b_stage.store(sm.b, held);
+    q_stage.store(sm.q, 0, 1);
+    if constexpr (HAS_Z) z_stage.store(sm.z, 0, 1);
+    for (int i = threadIdx.x; i < records; i += kThreads) {
+      float dt;
+      if (i == held) {
+        dt = p.dt[int64_t(row) * p.dt_stride_b + int64_t(head) * p.dt_stride_h];
+        if constexpr (HAS_DT_BIAS) dt += p.dt_bias[head];
+        if constexpr (DT_SOFTPLUS) dt = dt > 20.f ? dt : log1pf(expf(dt));
+      } else {
+        dt = rec_dt[i];
+      }
+      sm.dt[i] = dt;
+      sm.log_decay[i] = dt * p.A[head];
     }
-    static __device__ __forceinline__ const state_t* state_rows(const Params<act_t, state_t>& p, int item, int slot) {
-      const int split = item % kSplits, head = (item / kSplits) % p.num_heads;
-      return p.state + int64_t(slot) * p.state_slot_stride + (int64_t(head) * P + split * ROWS) * N;
+    __syncthreads();
+
+    // 3. B_i . q (a warp per record) and the decays a(i+1:j) from suffix sums of log-decays.
+    for (int i = warp; i < records; i += WARPS) {
+      float acc = 0.f;
+      for (int k = lane; k < N; k += 32) acc = fmaf(sm.b[i][k], sm.q[0][k], acc);
+      acc = group_sum<32>(acc);
+      if (lane == 0) sm.dot[i] = acc;
     }
-    static __device__ __forceinline__ void prefetch(const Params<act_t, state_t>& p, int item, int slot, uint4* stage) {
-      if (slot != p.pad_slot_id) Tile::prefetch(state_rows(p, item, slot), stage);
+    if (warp == 0) {
+      const float total = suffix_decays(sm.log_decay, sm.decay, records);
+      if (lane == 0) sm.total_decay = total;
     }
+    __syncthreads();
 
-    // Take the staged state into registers and start this item's record loads.
-    __device__ __forceinline__ void begin(const Params<act_t, state_t>& p, int work_item, int work_slot,
-                                          const uint4* stage) {
-      item = work_item;
-      slot = work_slot;
-      if (slot == p.pad_slot_id) return;
-      const int split = item % kSplits, head = (item / kSplits) % p.num_heads, row = item / (kSplits * p.num_heads);
-      const int group = head / HPG, num_groups = p.num_heads / HPG;
-      const int row0 = split * ROWS;
-      Tile::from_stage(stage, s_raw);
-      const act_t* x_cur = p.x + int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0;
-      const act_t* b_cur = p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g;
-      x_stage.load_early(p.rec_x + (int64_t(slot) * p.num_heads + head) * CAP * P + row0, P, x_cur, p.speculative);
-      b_stage.load_early(p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N, N, b_cur, p.speculative);
-      q_stage.load(p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g, 0, 1);
-      if constexpr (HAS_Z) z_stage.load(p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0, 0, 1);
+    // 4. Per-row record sums, computed once per row rather than by every lane of the row.
+    const float D = HAS_D ? p.D[head] : 0.f;
+    for (int r = threadIdx.x; r < ROWS; r += kThreads) {
+      float extra = HAS_D ? D * sm.x[held][r] : 0.f;
+      if (flush) {
+        for (int i = 0; i < records; ++i) sm.x[i][r] *= sm.decay[i] * sm.dt[i];
+      } else {
+        for (int i = 0; i < records; ++i) extra = fmaf(sm.decay[i] * sm.dt[i] * sm.dot[i], sm.x[i][r], extra);
+      }
+      sm.extra[r] = extra;
     }
+    __syncthreads();
 
-    __device__ __forceinline__ void finish(const Params<act_t, state_t>& p, Smem& sm) {
-      const int split = item % kSplits, head = (item / kSplits) % p.num_heads, row = item / (kSplits * p.num_heads);
-      const int group = head / HPG, num_groups = p.num_heads / HPG;
-      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-      const int row0 = split * ROWS;
-      act_t* out = p.out + (int64_t(row) * p.num_heads + head) * P + row0;
-      if (slot == p.pad_slot_id) {  // padded row: zero output, touch nothing else
-        for (int r = threadIdx.x; r < ROWS; r += kThreads) out[r] = from_float<act_t>(0.f);
-        return;
-      }
-      state_t* rows = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(head) * P + row0) * N;
-      const act_t* rec_x = p.rec_x + (int64_t(slot) * p.num_heads + head) * CAP * P + row0;
-      const act_t* rec_b = p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N;
-      const float* rec_dt = p.rec_dt + (int64_t(slot) * p.num_heads + head) * CAP;
-      __syncthreads();  // the previous item may still be reading shared memory
-
-      int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
-      const int held = REPLAY ? cursor[0] : 0;
-      const int records = held + 1;
-      const bool flush = !REPLAY || records >= L;
-      const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
-      x_stage.load_late(rec_x, P, held, p.speculative);
-      b_stage.load_late(rec_b, N, held, p.speculative);
-      x_stage.store(sm.x, held);
-      b_stage.store(sm.b, held);
-      q_stage.store(sm.q, 0, 1);
-      if constexpr (HAS_Z) z_stage.store(sm.z, 0, 1);
-      for (int i = threadIdx.x; i < records; i += kThreads) {
-        float dt;
-        if (i == held) {
-          dt = p.dt[int64_t(row) * p.dt_stride_b + int64_t(head) * p.dt_stride_h];
-          if constexpr (HAS_DT_BIAS) dt += p.dt_bias[head];
-          if constexpr (DT_SOFTPLUS) dt = dt > 20.f ? dt : log1pf(expf(dt));
-        } else {
-          dt = rec_dt[i];
-        }
-        sm.dt[i] = dt;
-        sm.log_decay[i] = dt * p.A[head];
-      }
-      __syncthreads();
-
-      // 3. B_i . q (a warp per record) and the decays a(i+1:j) from suffix sums of log-decays.
-      for (int i = warp; i < records; i += WARPS) {
-        float acc = 0.f;
-        for (int k = lane; k < N; k += 32) acc = fmaf(sm.b[i][k], sm.q[0][k], acc);
-        acc = group_sum<32>(acc);
-        if (lane == 0) sm.dot[i] = acc;
-      }
-      if (warp == 0) {
-        const float total = suffix_decays(sm.log_decay, sm.decay, records);
-        if (lane == 0) sm.total_decay = total;
-      }
-      __syncthreads();
-
-      // 4. Per-row record sums, computed once per row rather than by every lane of the row.
-      const float D = HAS_D ? p.D[head] : 0.f;
-      for (int r = threadIdx.x; r < ROWS; r += kThreads) {
-        float extra = HAS_D ? D * sm.x[held][r] : 0.f;
-        if (flush) {
-          for (int i = 0; i < records; ++i) sm.x[i][r] *= sm.decay[i] * sm.dt[i];
-        } else {
-          for (int i = 0; i < records; ++i) extra = fmaf(sm.decay[i] * sm.dt[i] * sm.dot[i], sm.x[i][r], extra);
-        }
-        sm.extra[r] = extra;
-      }
-      __syncthreads();
-
-      // 5. Rows: y = a(1:j) (S_c . q) + extra, or fold then y = S . q + extra.
-      float q_reg[Tile::kChunksPerLane][Tile::kVec];
-      Tile::slice(sm.q[0], q_reg);
-      const float total = sm.total_decay;
-      float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
+    // 5. Rows: y = a(1:j) (S_c . q) + extra, or fold then y = S . q + extra.
+    float q_reg[Tile::kChunksPerLane][Tile::kVec];
+    Tile::slice(sm.q[0], q_reg);
+    const float total = sm.total_decay;
+    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i)
       #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i)
+      for (int c = 0; c < Tile::kChunksPerLane; ++c)
         #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * (flush ? total : 1.f);
-      if (flush) {  // S <- a(1:j) S + sum_k (a(k+1:j) dt_k x_k[r]) B_k: exact FP32 FMAs
-        for (int k = 0; k < records; ++k) {
-          float b_reg[Tile::kChunksPerLane][Tile::kVec];
-          Tile::slice(sm.b[k], b_reg);
-          #pragma unroll
-          for (int i = 0; i < Tile::kPasses; ++i) {
-            const float w = sm.x[k][Tile::row(i)];
-            #pragma unroll
-            for (int c = 0; c < Tile::kChunksPerLane; ++c)
-              #pragma unroll
-              for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w, b_reg[c][e], s[i][c][e]);
-          }
-        }
-      }
-      #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i) {
-        const int r = Tile::row(i);
-        float acc = 0.f;
+        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * (flush ? total : 1.f);
+    if (flush) {  // S <- a(1:j) S + sum_k (a(k+1:j) dt_k x_k[r]) B_k: exact FP32 FMAs
+      for (int k = 0; k < records; ++k) {
+        float b_reg[Tile::kChunksPerLane][Tile::kVec];
+        Tile::slice(sm.b[k], b_reg);
         #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
-        float y = group_sum<Tile::kLanesPerRow>(acc) * (flush ? 1.f : total) + sm.extra[r];
-        if (flush) {
+        for (int i = 0; i < Tile::kPasses; ++i) {
+          const float w = sm.x[k][Tile::row(i)];
           #pragma unroll
           for (int c = 0; c < Tile::kChunksPerLane; ++c)
-            store_chunk<state_t, SR>(rows + int64_t(r) * N + Tile::col(c), s[i][c], p.seed,
-                                     (uint64_t(slot) << 32) | epoch, (uint64_t(head) * P + row0 + r) * N + Tile::col(c));
-        }
-        if (Tile::row_leader()) {
-          if constexpr (HAS_Z) y *= sm.z[0][r] / (1.f + expf(-sm.z[0][r]));
-          out[r] = from_float<act_t>(y);
+            #pragma unroll
+            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w, b_reg[c][e], s[i][c][e]);
         }
       }
+    }
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i) {
+      const int r = Tile::row(i);
+      float acc = 0.f;
+      #pragma unroll
+      for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
+      float y = group_sum<Tile::kLanesPerRow>(acc) * (flush ? 1.f : total) + sm.extra[r];
+      if (flush) {
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          store_chunk<state_t, SR>(rows + int64_t(r) * N + Tile::col(c), s[i][c], p.seed,
+                                   (uint64_t(slot) << 32) | epoch, (uint64_t(head) * P + row0 + r) * N + Tile::col(c));
+      }
+      if (Tile::row_leader()) {
+        if constexpr (HAS_Z) y *= sm.z[0][r] / (1.f + expf(-sm.z[0][r]));
+        out[r] = from_float<act_t>(y);
+      }
+    }
 
-      if constexpr (REPLAY) {
-        if (!flush) {  // append this token's record at ring row `held` (exact: act -> float -> act)
-          act_t* rx = p.rec_x + ((int64_t(slot) * p.num_heads + head) * CAP + held) * P + row0;
-          for (int r = threadIdx.x; r < ROWS; r += kThreads) rx[r] = from_float<act_t>(sm.x[held][r]);
-          if (split == 0) {
-            if (threadIdx.x == 0) p.rec_dt[(int64_t(slot) * p.num_heads + head) * CAP + held] = sm.dt[held];
-            act_t* rb = p.rec_b + ((int64_t(slot) * num_groups + group) * CAP + held) * N;
-            if (head % HPG == 0)
-              for (int k = threadIdx.x; k < N; k += kThreads) rb[k] = from_float<act_t>(sm.b[held][k]);
-          }
+    if constexpr (REPLAY) {
+      if (!flush) {  // append this token's record at ring row `held` (exact: act -> float -> act)
+        act_t* rx = p.rec_x + ((int64_t(slot) * p.num_heads + head) * CAP + held) * P + row0;
+        for (int r = threadIdx.x; r < ROWS; r += kThreads) rx[r] = from_float<act_t>(sm.x[held][r]);
+        if (split == 0) {
+          if (threadIdx.x == 0) p.rec_dt[(int64_t(slot) * p.num_heads + head) * CAP + held] = sm.dt[held];
+          act_t* rb = p.rec_b + ((int64_t(slot) * num_groups + group) * CAP + held) * N;
+          if (head % HPG == 0)
+            for (int k = threadIdx.x; k < N; k += kThreads) rb[k] = from_float<act_t>(sm.b[held][k]);
         }
-        advance_cursor(cursor, p.num_heads * kSplits, flush, records);
       }
-      }
-  };
-
-  static __device__ __forceinline__ void run(const Params<act_t, state_t>& p, Smem& sm, int total_items) {
-    run_pipelined<Work>(p, sm, total_items);
+      advance_cursor(cursor, p.num_heads * kSplits, flush, records);
+    }
   }
 };
 
 template <class K, typename act_t, typename state_t>
-__global__ void __launch_bounds__(K::kThreads, 512 / K::kThreads) decode_kernel(const Params<act_t, state_t> p, int total_items) {
+__global__ void __launch_bounds__(K::kThreads) decode_kernel(const Params<act_t, state_t> p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  K::run(p, *reinterpret_cast<typename K::Smem*>(smem_raw), total_items);
+  K::run(p, *reinterpret_cast<typename K::Smem*>(smem_raw));
 }
 
 template <class K, typename act_t, typename state_t>
@@ -259,15 +231,8 @@ cudaError_t launch(const Params<act_t, state_t>& p, int batch, cudaStream_t stre
       raised = true;
     }
   }
-  const int total_items = batch * p.num_heads * K::kSplits;
-  int ctas = total_items;
-  if (p.persistent) {
-    int max_ctas = 0;
-    cudaError_t err = persistent_grid(kernel, K::kThreads, K::kSmemBytes, &max_ctas);
-    if (err != cudaSuccess) return err;
-    ctas = total_items < max_ctas ? total_items : max_ctas;
-  }
-  kernel<<<ctas, K::kThreads, K::kSmemBytes, stream>>>(p, total_items);
+  dim3 grid(p.num_heads * K::kSplits, batch);
+  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p);
   return cudaGetLastError();
 }
 
