@@ -6,8 +6,11 @@ import os
 
 import torch
 
-# Enough CTAs to cover every SM several times before splitting a head's rows further.
-TARGET_CTAS_PER_SM = 8
+# Enough CTAs to cover every SM twice before splitting a head's rows further (H200 sweeps,
+# benchmarks/results: larger row tiles win whenever the grid already fills the chip).
+TARGET_CTAS_PER_SM = 2
+# 4-warp tiles beat 8-warp tiles of twice the rows in the H200 sweeps (nano4b, batch 256).
+PREFERRED_WARPS = 4
 
 
 def rows_tilings(
@@ -64,10 +67,11 @@ def choose_rows_per_cta(
         if device.type == "cuda"
         else 132
     )
-    for r in options:
+    preferred = [r for r, w in tilings if w == PREFERRED_WARPS] or options
+    for r in preferred:
         if batch * num_heads * (rows // r) >= TARGET_CTAS_PER_SM * sms:
             return r
-    return options[-1]
+    return preferred[-1]
 
 
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
