@@ -448,9 +448,11 @@ def test_validate_step_checks_the_state_pool():
 def test_rows_per_cta_override(monkeypatch):
     spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
     cpu = torch.device("cpu")
-    options = [r for r, _ in gdn_tilings(128, 128, "f32")]
-    assert ops.choose_rows_per_cta(spec, 256, 32, cpu) == options[0]  # plenty of CTAs: whole heads
-    assert ops.choose_rows_per_cta(spec, 1, 32, cpu) == options[-1]  # one sequence: split rows
+    tilings = gdn_tilings(128, 128, "f32")
+    options = [r for r, _ in tilings]
+    four_warp = [r for r, w in tilings if w == 4]  # the heuristic prefers 4-warp tiles
+    assert ops.choose_rows_per_cta(spec, 256, 32, cpu) == four_warp[0]  # plenty of CTAs: big tiles
+    assert ops.choose_rows_per_cta(spec, 1, 32, cpu) == four_warp[-1]  # one sequence: split rows
     monkeypatch.setenv(ops.ROWS_ENV, str(options[1]))
     assert ops.choose_rows_per_cta(spec, 256, 32, cpu) == options[1]
     monkeypatch.setenv(ops.ROWS_ENV, "24")
