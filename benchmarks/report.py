@@ -32,11 +32,22 @@ def load_fi(path: Path | None) -> dict[tuple[str, int], dict[str, float]]:
     return out
 
 
+OURS = ("conventional", "nonflush", "flush", "amortized", "cycle")
+
+
 def table(rows: list[dict], fi: dict, family: str) -> str:
     by_cfg: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in rows:
         if "@rows" not in r["kernel"]:
             by_cfg[(r["shape"], r["state"], r["window"], r["batch"])][r["kernel"]] = r
+    # Peers measured by the same benchmark (e.g. fla for GDN) become columns too.
+    same_run = sorted(
+        {r["kernel"] for r in rows if "@rows" not in r["kernel"] and r["kernel"] not in OURS}
+    )
+    for (shape, _state, _window, batch), k in by_cfg.items():
+        for name in same_run:
+            if name in k:
+                fi.setdefault((shape, batch), {})[name] = k[name]["us"]
     peer_cols = sorted({k for v in fi.values() for k in v})
     head = [
         "shape",
@@ -146,7 +157,7 @@ def main(argv=None) -> int:
     for family in ("mamba2", "gdn"):
         rows = load_rows(args.run_dir, family)
         if rows:
-            parts.append(table(rows, fi if family == "mamba2" else {}, family))
+            parts.append(table(rows, dict(fi) if family == "mamba2" else {}, family))
             plot(rows, fi if family == "mamba2" else {}, args.out / f"{family}_speedup.png", family)
     (args.out / "tables.md").write_text("\n".join(parts))
     print("\n".join(parts))
