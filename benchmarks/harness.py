@@ -106,7 +106,9 @@ def environment() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        "git_commit": sh("git rev-parse HEAD") or "unknown",
+        # A snapshot without .git (as sent to a device) carries its commit in the environment.
+        "git_commit": sh("git rev-parse --verify -q HEAD")
+        or os.environ.get("REPLAYSSM_GIT_COMMIT", "unknown"),
         "git_dirty": bool(sh("git status --porcelain --untracked-files=no")),
         "nvidia_smi": sh(
             "nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader"
