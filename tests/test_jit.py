@@ -121,3 +121,29 @@ def test_stale_aot_module_is_not_used(jit_cache, tmp_path, monkeypatch):
     (folder / "manifest.json").write_text(json.dumps({"uri": spec.uri, "digest": "old"}))
     monkeypatch.setenv("REPLAYSSM_AOT_DIR", str(tmp_path / "aot"))
     assert build.find_prebuilt(spec) is None
+
+
+def test_aot_cli_takes_a_list_of_specs(capsys):
+    from replayssm_jit.jit.aot import main as aot_main
+
+    spec = "mamba2:headdim=64,dstate=128,heads_per_group=16,window=8,state_dtype=bf16,flags=d+dt_softplus"
+    assert (
+        aot_main(
+            [
+                "--spec",
+                spec,
+                "--spec",
+                "gdn:head_k_dim=64,head_v_dim=64,value_heads_per_key_head=2",
+                "--list",
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.split() == [
+        "mamba2_p64_n128_hpg16_L8_T1_act-bf16_state-bf16_d_dt_softplus",
+        "gdn_k64_v64_vph2_L16_T1_act-bf16_state-f32_gates_in_kernel_qk_l2norm",
+    ]
+    with pytest.raises(SystemExit):
+        aot_main(["--spec", "mamba3:headdim=1", "--list"])
+    with pytest.raises(SystemExit):
+        aot_main(["--spec", "mamba2:headdim", "--list"])

@@ -1,4 +1,4 @@
-"""Ahead-of-time builds: `python -m replayssm_jit.aot --out DIR [--preset NAME ...]`.
+"""Ahead-of-time builds: `python -m replayssm_jit.aot --out DIR [--preset NAME ...] [--spec SPEC ...]`.
 
 DIR gets one folder per specialization (<uri>/<uri>.so and manifest.json). Point
 REPLAYSSM_AOT_DIR at DIR, or package DIR/.. as `replayssm_jit_cache` (modules under
@@ -131,6 +131,32 @@ def build_aot(
     return built
 
 
+SPEC_CONSTRUCTORS = {"mamba2": mamba2_spec, "gdn": gdn_spec}
+
+
+def parse_spec(text: str) -> KernelSpec:
+    """A spec from the command line: FAMILY:key=value,... with flags joined by '+', e.g.
+    mamba2:headdim=64,dstate=128,heads_per_group=16,window=16,state_dtype=bf16,flags=d+dt_softplus"""
+    family, _, rest = text.partition(":")
+    if family not in SPEC_CONSTRUCTORS:
+        raise ValueError(
+            f"--spec: expected FAMILY:key=value,... with FAMILY in {sorted(SPEC_CONSTRUCTORS)}, got {text!r}"
+        )
+    kwargs: dict[str, object] = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--spec: expected key=value, got {item!r} in {text!r}")
+        if key == "flags":
+            kwargs[key] = tuple(filter(None, value.split("+")))
+        else:
+            kwargs[key] = int(value) if value.isdigit() else value
+    try:
+        return SPEC_CONSTRUCTORS[family](**kwargs)
+    except TypeError as exc:
+        raise ValueError(f"--spec: {exc}") from exc
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m replayssm_jit.aot", description=__doc__.splitlines()[0]
@@ -145,9 +171,21 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="parallel builds (default REPLAYSSM_MAX_JOBS or CPUs)",
     )
+    parser.add_argument(
+        "--spec",
+        action="append",
+        default=[],
+        help="one specialization, FAMILY:key=value,... (flags joined by '+'); repeatable",
+    )
     parser.add_argument("--list", action="store_true", help="print the URIs and exit")
     args = parser.parse_args(argv)
-    specs = preset_specs(args.preset or ["models"])
+    try:
+        chosen = [parse_spec(text) for text in args.spec]
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.preset or not chosen:
+        chosen += preset_specs(args.preset or ["models"])
+    specs = list({spec.uri: spec for spec in chosen}.values())
     if args.list:
         print("\n".join(s.uri for s in specs))
         return 0
