@@ -102,10 +102,8 @@ def validate_step(
     return batch
 
 
-def launch_conventional(
-    module,
+def binding_inputs(
     *,
-    state,
     q,
     k,
     v,
@@ -119,56 +117,10 @@ def launch_conventional(
     scale,
     seed,
     rows,
-    flags=0,
+    flags,
 ):
-    module.conventional_step(
-        state,
-        q,
-        k,
-        v,
-        gate_a,
-        gate_b,
-        A_log,
-        dt_bias,
-        out,
-        slot_indices,
-        pad_slot_id,
-        scale,
-        seed,
-        rows,
-        flags,
-    )
-
-
-def launch_replay(
-    module,
-    *,
-    state,
-    rec_u,
-    rec_k,
-    rec_g,
-    cursors,
-    q,
-    k,
-    v,
-    gate_a,
-    gate_b,
-    A_log,
-    dt_bias,
-    out,
-    slot_indices,
-    pad_slot_id,
-    scale,
-    seed,
-    rows,
-    flags=0,
-):
-    module.replay_step(
-        state,
-        rec_u,
-        rec_k,
-        rec_g,
-        cursors,
+    """The module's arguments after `state` (and, for replay_step, the rings and cursors)."""
+    return (
         q,
         k,
         v,

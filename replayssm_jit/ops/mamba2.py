@@ -100,85 +100,8 @@ def validate_step(
     return batch
 
 
-def launch_conventional(
-    module,
-    *,
-    state,
-    x,
-    dt,
-    A,
-    B,
-    C,
-    D,
-    z,
-    dt_bias,
-    out,
-    slot_indices,
-    pad_slot_id,
-    seed,
-    rows,
-    flags=0,
+def binding_inputs(
+    *, x, dt, A, B, C, D, z, dt_bias, out, slot_indices, pad_slot_id, seed, rows, flags
 ):
-    module.conventional_step(
-        state,
-        x,
-        z,
-        dt,
-        A,
-        D,
-        dt_bias,
-        B,
-        C,
-        out,
-        slot_indices,
-        pad_slot_id,
-        seed,
-        rows,
-        flags,
-    )
-
-
-def launch_replay(
-    module,
-    *,
-    state,
-    rec_x,
-    rec_b,
-    rec_dt,
-    cursors,
-    x,
-    dt,
-    A,
-    B,
-    C,
-    D,
-    z,
-    dt_bias,
-    out,
-    slot_indices,
-    pad_slot_id,
-    seed,
-    rows,
-    flags=0,
-):
-    module.replay_step(
-        state,
-        rec_x,
-        rec_b,
-        rec_dt,
-        cursors,
-        x,
-        z,
-        dt,
-        A,
-        D,
-        dt_bias,
-        B,
-        C,
-        out,
-        slot_indices,
-        pad_slot_id,
-        seed,
-        rows,
-        flags,
-    )
+    """The module's arguments after `state` (and, for replay_step, the rings and cursors)."""
+    return (x, z, dt, A, D, dt_bias, B, C, out, slot_indices, pad_slot_id, seed, rows, flags)

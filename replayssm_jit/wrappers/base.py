@@ -84,5 +84,14 @@ class DecodeWrapper:
             lead.shape[:1] + self._out_row_shape(), dtype=c.act_dtype, device=lead.device
         )
 
+    def _launch(self, inputs: tuple) -> None:
+        """Every module binds conventional_step(state, *inputs) and
+        replay_step(state, *rings (in the cache's order), cursors, *inputs)."""
+        c = self.cache
+        if self.mode == "replay":
+            self._module.replay_step(c.state, *c.rings.values(), c.cursors, *inputs)
+        else:
+            self._module.conventional_step(c.state, *inputs)
+
     def _out_row_shape(self) -> tuple[int, ...]:
         raise NotImplementedError

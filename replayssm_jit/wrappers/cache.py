@@ -16,6 +16,8 @@ CURSOR_WORDS = 4
 class SlotCache:
     """State pool [num_slots, *state_shape] plus named rings [num_slots, *ring_shape].
 
+    The rings' order is the order the kernels take them in (see DecodeWrapper._launch).
+
     `pad_slot_id` in [0, num_slots) is reserved (vLLM uses 0) and never handed out.
     """
 

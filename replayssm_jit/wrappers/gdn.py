@@ -168,21 +168,9 @@ class GDNDecodeWrapper(DecodeWrapper):
             state=c.state, q=q, k=k, v=v, gate_a=gate_a, gate_b=gate_b,
             A_log=A_log, dt_bias=dt_bias, out=out,
         )  # fmt: skip
-        common = dict(
-            state=c.state, q=q, k=k, v=v, gate_a=gate_a, gate_b=gate_b, A_log=A_log,
-            dt_bias=dt_bias, out=out, slot_indices=slot_indices, pad_slot_id=c.pad_slot_id,
-            scale=self.scale, seed=self.seed, rows=self.rows_per_cta,
-            flags=self.launch_flags,
-        )  # fmt: skip
-        if self.mode == "replay":
-            ops.launch_replay(
-                self._module,
-                rec_u=c.rings["u"],
-                rec_k=c.rings["k"],
-                rec_g=c.rings["g"],
-                cursors=c.cursors,
-                **common,
-            )
-        else:
-            ops.launch_conventional(self._module, **common)
+        self._launch(ops.binding_inputs(
+            q=q, k=k, v=v, gate_a=gate_a, gate_b=gate_b, A_log=A_log, dt_bias=dt_bias, out=out,
+            slot_indices=slot_indices, pad_slot_id=c.pad_slot_id, scale=self.scale, seed=self.seed,
+            rows=self.rows_per_cta, flags=self.launch_flags,
+        ))  # fmt: skip
         return out

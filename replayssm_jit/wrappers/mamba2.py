@@ -142,20 +142,8 @@ class Mamba2DecodeWrapper(DecodeWrapper):
             spec, ops.dims_of(spec, c.num_heads),
             state=c.state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out,
         )  # fmt: skip
-        common = dict(
-            state=c.state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out,
-            slot_indices=slot_indices, pad_slot_id=c.pad_slot_id, seed=self.seed, rows=self.rows_per_cta,
-            flags=self.launch_flags,
-        )  # fmt: skip
-        if self.mode == "replay":
-            ops.launch_replay(
-                self._module,
-                rec_x=c.rings["x"],
-                rec_b=c.rings["B"],
-                rec_dt=c.rings["dt"],
-                cursors=c.cursors,
-                **common,
-            )
-        else:
-            ops.launch_conventional(self._module, **common)
+        self._launch(ops.binding_inputs(
+            x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out, slot_indices=slot_indices,
+            pad_slot_id=c.pad_slot_id, seed=self.seed, rows=self.rows_per_cta, flags=self.launch_flags,
+        ))  # fmt: skip
         return out
