@@ -5,7 +5,8 @@
 #                (FlashInfer peers) anchor_bench.py --precompile .device/fi_aot, anchors copied into .device/
 # On the device: bash benchmarks/h200_run.sh [tests|bench|bench-mamba2|bench-gdn|gdn|peers|all]...
 #   tests: every gpu-marked test; bench: both benchmarks; gdn: the GDN GPU tests + bench_gdn.
-#   Extra arguments: PYTEST_ARGS, BENCH_ARGS (bench_mamba2), GDN_BENCH_ARGS (bench_gdn), PEER_ARGS.
+#   Extra arguments: PYTEST_ARGS, BENCH_ARGS (bench_mamba2), GDN_BENCH_ARGS (bench_gdn), PEER_ARGS;
+#   select tests with PYTEST_ADDOPTS (pytest splits it with shell quoting): PYTEST_ADDOPTS="-k '256 or pad'".
 set -uo pipefail
 what=${*:-all}
 DEV=${DEVICE_DIR:-$PWD/.device}   # the carried bundle: prelude, prebuilt modules, peer scripts
