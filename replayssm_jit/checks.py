@@ -88,10 +88,16 @@ def check_cuda(name: str, device: torch.device) -> None:
 
 
 def check_slot_indices(
-    slot_indices: torch.Tensor, batch: int, num_slots: int, pad_slot_id: int, device: torch.device
+    slot_indices: torch.Tensor,
+    batch: int,
+    num_slots: int,
+    pad_slot_id: int,
+    device: torch.device,
+    *,
+    read_values: bool = True,
 ) -> None:
-    """Shape/dtype always; values (range, duplicates) only outside CUDA-graph capture, since
-    reading them from the device needs a sync."""
+    """Shape, dtype, device and contiguity always; values (range, duplicates) only when
+    `read_values` and outside CUDA-graph capture, since reading them from the device syncs."""
     check_tensor(
         "slot_indices",
         slot_indices,
@@ -100,7 +106,7 @@ def check_slot_indices(
         device=device,
         contiguous=True,
     )
-    if slot_indices.is_cuda and torch.cuda.is_current_stream_capturing():
+    if not read_values or (slot_indices.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
     values = slot_indices.tolist()
     real = [v for v in values if v != pad_slot_id]

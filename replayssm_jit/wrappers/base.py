@@ -18,16 +18,24 @@ class DecodeWrapper:
 
     mode="replay": ReplaySSM (non-flush steps read the checkpoint and append a record; every
     L-th step of a slot flushes). mode="conventional": read, update and write the state.
-    With use_cuda_graph=True, run() writes into a fixed output buffer and skips the host-side
-    check of slot values (reading them would sync), so a step can be captured in a CUDA graph.
+    With use_cuda_graph=True, run() writes into a fixed output buffer and does not read slot
+    values on the host (that would sync), so a step can be captured in a CUDA graph.
+    check_slot_values=False skips that read in eager mode too: out-of-range or repeated slot ids
+    are then the caller's responsibility (shape, dtype and device are always checked).
     """
 
     def __init__(
-        self, cache: SlotCache, *, mode: str = "replay", use_cuda_graph: bool = False
+        self,
+        cache: SlotCache,
+        *,
+        mode: str = "replay",
+        use_cuda_graph: bool = False,
+        check_slot_values: bool = True,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
         self.cache, self.mode, self.use_cuda_graph = cache, mode, use_cuda_graph
+        self.check_slot_values = check_slot_values and not use_cuda_graph
         self.spec: KernelSpec | None = None
         self.batch_size = 0
         self.rows_per_cta = 0
@@ -68,14 +76,10 @@ class DecodeWrapper:
                 f"batch: expected {self.batch_size} rows as planned, got shape {list(lead.shape)}"
             )
         c = self.cache
-        if (
-            self.use_cuda_graph
-            and slot_indices.dtype == torch.int32
-            and tuple(slot_indices.shape) == (self.batch_size,)
-        ):
-            pass  # values are not read under graph mode: that would sync
-        else:
-            check_slot_indices(slot_indices, self.batch_size, c.num_slots, c.pad_slot_id, c.device)
+        check_slot_indices(
+            slot_indices, self.batch_size, c.num_slots, c.pad_slot_id, c.device,
+            read_values=self.check_slot_values,
+        )  # fmt: skip
         if out is not None:
             return out
         if self._out is not None:
