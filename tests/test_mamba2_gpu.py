@@ -203,65 +203,34 @@ def test_cuda_graph_capture_and_replay():
     slots = cache.allocate(batch)
     gen = torch.Generator(device="cuda").manual_seed(3)
     inputs = Inputs(H, P, N, G, torch.bfloat16, gen, has_z=False)
-    tok = inputs.token(batch)
+    tok = inputs.token(batch)  # static buffers: refilled in place before every replay
     w = Mamba2DecodeWrapper(cache, use_cuda_graph=True)
     w.plan(batch)
     ref_pool = torch.zeros((16, H, P, N), dtype=torch.float64, device="cuda")
+
+    def ours():
+        return w.run(tok["x"], tok["dt"], inputs.A, tok["B"], tok["C"], slots,
+                     D=inputs.D, dt_bias=inputs.dt_bias)  # fmt: skip
+
+    def reference():
+        return mamba2_step_pool(ref_pool, slots, tok["x"], tok["dt"], inputs.A, tok["B"], tok["C"],
+                                D=inputs.D, dt_bias=inputs.dt_bias, dt_softplus=True)  # fmt: skip
+
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):  # warm-up outside capture (loads the module)
-        w.run(
-            tok["x"],
-            tok["dt"],
-            inputs.A,
-            tok["B"],
-            tok["C"],
-            slots,
-            D=inputs.D,
-            dt_bias=inputs.dt_bias,
-        )
+        ours()
     torch.cuda.synchronize()
-    mamba2_step_pool(
-        ref_pool,
-        slots,
-        tok["x"],
-        tok["dt"],
-        inputs.A,
-        tok["B"],
-        tok["C"],
-        D=inputs.D,
-        dt_bias=inputs.dt_bias,
-        dt_softplus=True,
-    )
+    reference()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = w.run(
-            tok["x"],
-            tok["dt"],
-            inputs.A,
-            tok["B"],
-            tok["C"],
-            slots,
-            D=inputs.D,
-            dt_bias=inputs.dt_bias,
-        )
+        out = ours()
     for _ in range(2 * window + 1):
         new = inputs.token(batch)
         for k in tok:
             tok[k].copy_(new[k])
         out.fill_(float("nan"))
         graph.replay()
-        y_ref = mamba2_step_pool(
-            ref_pool,
-            slots,
-            tok["x"],
-            tok["dt"],
-            inputs.A,
-            tok["B"],
-            tok["C"],
-            D=inputs.D,
-            dt_bias=inputs.dt_bias,
-            dt_softplus=True,
-        )
+        y_ref = reference()
         torch.cuda.synchronize()
         assert rel_err(out, y_ref) < 1e-2
 

@@ -49,21 +49,24 @@ class DecodeWrapper:
         """Replay window of the kernels this wrapper runs (1 in conventional mode)."""
         return self.cache.window if self.mode == "replay" else 1
 
-    def _load(
-        self,
-        spec: KernelSpec,
-        batch_size: int,
-        rows_per_cta: int,
-        out_shape: tuple[int, ...],
-        seed: int,
-    ):
+    @staticmethod
+    def _check_batch_size(batch_size: object) -> None:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+
+    def _load(self, spec: KernelSpec, batch_size: int, rows_per_cta: int, seed: int) -> None:
+        """Load the planned module and fix the launch; graph mode also gets its output buffer."""
         self._module = load_module(spec)
         self.spec, self.batch_size, self.rows_per_cta = spec, batch_size, rows_per_cta
         self.launch_flags = tiling.launch_flags()
         self.seed = int(seed) & (2**63 - 1)
         self._out = None
         if self.use_cuda_graph:
-            self._out = torch.empty(out_shape, dtype=self.cache.act_dtype, device=self.cache.device)
+            self._out = torch.empty(
+                (batch_size, *self._out_row_shape()),
+                dtype=self.cache.act_dtype,
+                device=self.cache.device,
+            )
 
     def _begin_run(
         self, lead: torch.Tensor, slot_indices: torch.Tensor, out: torch.Tensor | None

@@ -104,8 +104,7 @@ class GDNDecodeWrapper(DecodeWrapper):
         stochastic_rounding: round bf16/fp16 checkpoints stochastically at flush; the noise is
             a hash of (seed, slot, element, flush count), so the same seed gives the same bits.
         """
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
-            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        self._check_batch_size(batch_size)
         c = self.cache
         if scale is None:
             scale = c.head_k_dim**-0.5
@@ -131,7 +130,7 @@ class GDNDecodeWrapper(DecodeWrapper):
             flags=tuple(name for name, on in flags.items() if on),
         )
         rows = ops.choose_rows_per_cta(spec, batch_size, c.num_v_heads, c.device)
-        self._load(spec, batch_size, rows, (batch_size, c.num_v_heads, c.head_v_dim), seed)
+        self._load(spec, batch_size, rows, seed)
         self.scale = float(scale)
         return spec
 

@@ -89,8 +89,7 @@ class Mamba2DecodeWrapper(DecodeWrapper):
         stochastic_rounding: round bf16/fp16 checkpoints stochastically at flush; the noise is
         a hash of (seed, slot, element, flush count), so the same seed gives the same bits.
         """
-        if not isinstance(batch_size, int) or batch_size <= 0:
-            raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+        self._check_batch_size(batch_size)
         c = self.cache
         flags = {
             "d": has_D,
@@ -110,7 +109,7 @@ class Mamba2DecodeWrapper(DecodeWrapper):
             flags=tuple(name for name, on in flags.items() if on),
         )
         rows = ops.choose_rows_per_cta(spec, batch_size, c.num_heads, c.device)
-        self._load(spec, batch_size, rows, (batch_size, c.num_heads, c.headdim), seed)
+        self._load(spec, batch_size, rows, seed)
         return spec
 
     def _out_row_shape(self) -> tuple[int, ...]:
