@@ -248,8 +248,31 @@ def gdn_spec(
     )
 
 
+# Streaming ReplaySSM kernel: one stage holds an item's checkpoint rows, so they stay small
+# enough for two CTAs per SM with two stages each.
+STREAM_MAX_STATE_BYTES = 48 * 1024
+STREAM_MAX_OPTIONS = 3
+
+
+def stream_rows(spec: KernelSpec) -> list[int]:
+    """Row tiles (largest first) compiled for the streaming ReplaySSM kernel; [] when the shape
+    cannot move as whole 16-byte bulk copies."""
+    row_dim, col_dim = STATE_DIMS[spec.family]
+    rows, cols = spec.dim(row_dim), spec.dim(col_dim)
+    act, state = DTYPE_BYTES[spec.act_dtype], DTYPE_BYTES[spec.state_dtype]
+    options = []
+    for split in (1, 2, 4, 8):
+        per = rows // split
+        if rows % split or per * act % 16 or cols * act % 16 or per * cols * state % 16:
+            continue
+        if per % 4 or per * cols * state > STREAM_MAX_STATE_BYTES:  # u records are fp32 rows
+            continue
+        options.append(per)
+    return options[:STREAM_MAX_OPTIONS]
+
+
 def _tiling_context(spec: KernelSpec) -> dict:
-    return {"tilings": spec_tilings(spec)}
+    return {"tilings": spec_tilings(spec), "stream_rows": stream_rows(spec)}
 
 
 _FAMILY_CONTEXT = {"mamba2": _tiling_context, "gdn": _tiling_context}

@@ -34,9 +34,10 @@ from replayssm_jit.checks import (
     check_tensor,
 )
 from replayssm_jit.ops import tiling
-from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, spec_tilings
+from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, spec_tilings, stream_rows
 
 ROWS_ENV = "REPLAYSSM_GDN_ROWS_PER_CTA"
+STREAM_ROWS_ENV = "REPLAYSSM_GDN_STREAM_ROWS"
 
 
 def choose_rows_per_cta(
@@ -46,6 +47,17 @@ def choose_rows_per_cta(
     return tiling.choose_rows_per_cta(
         spec_tilings(spec), spec.dim("v"), batch, num_v_heads, device, ROWS_ENV
     )
+
+
+def choose_launch(
+    spec: KernelSpec, batch: int, num_v_heads: int, device: torch.device, *, replay: bool
+) -> tuple[int, int]:
+    """(rows, flags) for this batch: ReplaySSM on the streaming kernel where the shape and device
+    allow (tile override: REPLAYSSM_GDN_STREAM_ROWS), else the per-item kernel."""
+    return tiling.choose_launch(
+        spec_tilings(spec), stream_rows(spec), spec.dim("v"), batch, num_v_heads, device,
+        replay=replay, rows_env=ROWS_ENV, stream_rows_env=STREAM_ROWS_ENV,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,10 @@ from replayssm_jit.checks import (
     check_tensor,
 )
 from replayssm_jit.ops import tiling
-from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, spec_tilings
+from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, spec_tilings, stream_rows
 
 ROWS_ENV = "REPLAYSSM_MAMBA2_ROWS_PER_CTA"
+STREAM_ROWS_ENV = "REPLAYSSM_MAMBA2_STREAM_ROWS"
 
 
 def choose_rows_per_cta(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> int:
@@ -37,6 +38,17 @@ def choose_rows_per_cta(spec: KernelSpec, batch: int, num_heads: int, device: to
     return tiling.choose_rows_per_cta(
         spec_tilings(spec), spec.dim("p"), batch, num_heads, device, ROWS_ENV
     )
+
+
+def choose_launch(
+    spec: KernelSpec, batch: int, num_heads: int, device: torch.device, *, replay: bool
+) -> tuple[int, int]:
+    """(rows, flags) for this batch: ReplaySSM on the streaming kernel where the shape and device
+    allow (tile override: REPLAYSSM_MAMBA2_STREAM_ROWS), else the per-item kernel."""
+    return tiling.choose_launch(
+        spec_tilings(spec), stream_rows(spec), spec.dim("p"), batch, num_heads, device,
+        replay=replay, rows_env=ROWS_ENV, stream_rows_env=STREAM_ROWS_ENV,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -74,14 +74,77 @@ def choose_rows_per_cta(
     return preferred[-1]
 
 
+def choose_stream_rows(
+    options: list[int], rows: int, batch: int, num_heads: int, device: torch.device, env_var: str
+) -> int:
+    """Row tile of the streaming kernel: the largest that still gives every CTA of the
+    persistent grid an item; `env_var` overrides with a compiled tile."""
+    forced = os.environ.get(env_var)
+    if forced:
+        if not forced.isdigit() or int(forced) not in options:
+            raise ValueError(f"{env_var}: expected one of {options}, got {forced!r}")
+        return int(forced)
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 132
+    )
+    for r in options:
+        if batch * num_heads * (rows // r) >= TARGET_CTAS_PER_SM * sms:
+            return r
+    return options[-1]
+
+
+# Bits of the modules' `flags` argument (templates/common/launch.cuh).
+FLAG_SPECULATIVE_RECORDS = 1
+FLAG_STREAM = 2
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
+REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
+REPLAY_KERNELS = ("stream", "per-item")
 
 
-def launch_flags() -> int:
-    """Kernel launch flags. Bit 0: issue ring loads before the cursor is read (one dependent
-    round trip less for a few % more ring bytes; measured faster at every batch on the H200).
-    REPLAYSSM_SPECULATIVE_RECORDS=0 turns it off."""
+def use_stream_kernel(stream_options: list[int], device: torch.device) -> bool:
+    """Run the ReplaySSM step on the persistent streaming kernel (bulk copies, sm_90+) when the
+    shape allows it; REPLAYSSM_REPLAY_KERNEL=per-item|stream overrides."""
+    forced = os.environ.get(REPLAY_KERNEL_ENV)
+    if forced and forced not in REPLAY_KERNELS:
+        raise ValueError(f"{REPLAY_KERNEL_ENV}: expected one of {REPLAY_KERNELS}, got {forced!r}")
+    if forced == "per-item":
+        return False
+    hopper = device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
+    if forced == "stream" and not (stream_options and hopper):
+        why = "an sm_90+ device" if stream_options else "16-byte row tiles (see spec.stream_rows)"
+        raise ValueError(f"{REPLAY_KERNEL_ENV}: 'stream' needs {why}, got {device} and this shape")
+    return bool(stream_options) and hopper
+
+
+def launch_flags(*, stream: bool = False) -> int:
+    """Kernel launch flags. Speculative ring loads: issue them before the cursor is read (one
+    dependent round trip less for a few % more ring bytes; measured faster at every batch on
+    the H200); REPLAYSSM_SPECULATIVE_RECORDS=0 turns it off. Stream: the ReplaySSM step runs on
+    the streaming kernel."""
     forced = os.environ.get(SPECULATIVE_ENV)
     if forced and forced not in ("0", "1"):
         raise ValueError(f"{SPECULATIVE_ENV}: expected '0' or '1', got {forced!r}")
-    return 0 if forced == "0" else 1
+    flags = 0 if forced == "0" else FLAG_SPECULATIVE_RECORDS
+    return flags | (FLAG_STREAM if stream else 0)
+
+
+def choose_launch(
+    tilings: list[tuple[int, int]],
+    stream_options: list[int],
+    rows: int,
+    batch: int,
+    num_heads: int,
+    device: torch.device,
+    *,
+    replay: bool,
+    rows_env: str,
+    stream_rows_env: str,
+) -> tuple[int, int]:
+    """(rows, flags) for a module's step: the streaming kernel's tile for ReplaySSM where it
+    applies, else the per-item kernel's."""
+    if replay and use_stream_kernel(stream_options, device):
+        tile = choose_stream_rows(stream_options, rows, batch, num_heads, device, stream_rows_env)
+        return tile, launch_flags(stream=True)
+    return choose_rows_per_cta(tilings, rows, batch, num_heads, device, rows_env), launch_flags()

@@ -54,11 +54,18 @@ class DecodeWrapper:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
 
-    def _load(self, spec: KernelSpec, batch_size: int, rows_per_cta: int, seed: int) -> None:
+    @property
+    def kernel(self) -> str:
+        """Which kernel run() launches: "stream" (persistent ReplaySSM) or "per-item"."""
+        return "stream" if self.launch_flags & tiling.FLAG_STREAM else "per-item"
+
+    def _load(
+        self, spec: KernelSpec, batch_size: int, rows_per_cta: int, flags: int, seed: int
+    ) -> None:
         """Load the planned module and fix the launch; graph mode also gets its output buffer."""
         self._module = load_module(spec)
         self.spec, self.batch_size, self.rows_per_cta = spec, batch_size, rows_per_cta
-        self.launch_flags = tiling.launch_flags()
+        self.launch_flags = flags
         self.seed = int(seed) & (2**63 - 1)
         self._out = None
         if self.use_cuda_graph:

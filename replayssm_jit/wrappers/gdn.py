@@ -129,8 +129,10 @@ class GDNDecodeWrapper(DecodeWrapper):
             state_dtype=c.state.dtype,
             flags=tuple(name for name, on in flags.items() if on),
         )
-        rows = ops.choose_rows_per_cta(spec, batch_size, c.num_v_heads, c.device)
-        self._load(spec, batch_size, rows, seed)
+        rows, flags = ops.choose_launch(
+            spec, batch_size, c.num_v_heads, c.device, replay=self.mode == "replay"
+        )
+        self._load(spec, batch_size, rows, flags, seed)
         self.scale = float(scale)
         return spec
 

@@ -108,8 +108,10 @@ class Mamba2DecodeWrapper(DecodeWrapper):
             state_dtype=c.state.dtype,
             flags=tuple(name for name, on in flags.items() if on),
         )
-        rows = ops.choose_rows_per_cta(spec, batch_size, c.num_heads, c.device)
-        self._load(spec, batch_size, rows, seed)
+        rows, flags = ops.choose_launch(
+            spec, batch_size, c.num_heads, c.device, replay=self.mode == "replay"
+        )
+        self._load(spec, batch_size, rows, flags, seed)
         return spec
 
     def _out_row_shape(self) -> tuple[int, ...]:

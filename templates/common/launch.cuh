@@ -11,10 +11,9 @@ inline cudaStream_t current_stream(const tvm::ffi::TensorView& t) {
   return static_cast<cudaStream_t>(TVMFFIEnvGetStream(t.device().device_type, t.device().device_id));
 }
 
-inline void check_launch(const char* what) {
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) TVM_FFI_THROW(RuntimeError) << what << ": " << cudaGetErrorString(err);
-}
+// Bits of the bindings' `flags` argument (replayssm_jit/ops/tiling.py sets them).
+constexpr int64_t kFlagSpeculativeRecords = 1;  // issue ring loads before the cursor is read
+constexpr int64_t kFlagStream = 2;              // ReplaySSM step on the persistent streaming kernel
 
 template <typename T> inline T* ptr(const tvm::ffi::TensorView& t) { return static_cast<T*>(t.data_ptr()); }
 template <typename T> inline T* optional_ptr(const tvm::ffi::Optional<tvm::ffi::TensorView>& t) {

@@ -167,4 +167,30 @@ __device__ __forceinline__ void store_chunk(state_t* dst, const float (&v)[VEC],
   out.store(dst);
 }
 
+// Grid of (heads x row splits, batch) CTAs, one per item, for a kernel struct Kern with Params,
+// Smem, kThreads, kSplits and run(params, smem).
+template <class Kern>
+__global__ void __launch_bounds__(Kern::kThreads) per_item_kernel(const typename Kern::Params p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Kern::run(p, *reinterpret_cast<typename Kern::Smem*>(smem_raw));
+}
+
+template <class Kern>
+cudaError_t launch_per_item(const typename Kern::Params& p, int batch, int num_heads, cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  auto kernel = per_item_kernel<Kern>;
+  if (Kern::kSmemBytes > 48 * 1024) {
+    static bool raised = false;  // once per instantiation
+    if (!raised) {
+      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             int(Kern::kSmemBytes));
+      if (err != cudaSuccess) return err;
+      raised = true;
+    }
+  }
+  dim3 grid(num_heads * Kern::kSplits, batch);
+  kernel<<<grid, Kern::kThreads, Kern::kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
 }  // namespace replayssm

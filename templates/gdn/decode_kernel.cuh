@@ -51,6 +51,7 @@ struct Params {
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
           bool REPLAY, bool L2NORM, bool GATES_IN_KERNEL, bool SR>
 struct Kernel {
+  using Params = gdn::Params<act_t, state_t>;
   using Tile = RowTiling<state_t, K, ROWS, WARPS>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = V / ROWS;
@@ -71,7 +72,7 @@ struct Kernel {
 
   static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
-  static __device__ __forceinline__ void run(const Params<act_t, state_t>& p, Smem& sm) {
+  static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
     const int split = blockIdx.x % kSplits, vhead = blockIdx.x / kSplits, row = blockIdx.y;
     const int khead = vhead / VPH, num_k_heads = p.num_v_heads / VPH;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -255,24 +256,5 @@ struct Kernel {
     }
   }
 };
-
-template <class Kern, typename act_t, typename state_t>
-__global__ void __launch_bounds__(Kern::kThreads) decode_kernel(const Params<act_t, state_t> p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  Kern::run(p, *reinterpret_cast<typename Kern::Smem*>(smem_raw));
-}
-
-template <class Kern, typename act_t, typename state_t>
-cudaError_t launch(const Params<act_t, state_t>& p, int batch, cudaStream_t stream) {
-  if (batch == 0) return cudaSuccess;
-  auto kernel = decode_kernel<Kern, act_t, state_t>;
-  if (Kern::kSmemBytes > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Kern::kSmemBytes));
-    if (err != cudaSuccess) return err;
-  }
-  dim3 grid(p.num_v_heads * Kern::kSplits, batch);
-  kernel<<<grid, Kern::kThreads, Kern::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
-}
 
 }  // namespace replayssm::gdn

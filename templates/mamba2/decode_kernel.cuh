@@ -49,6 +49,7 @@ struct Params {
 template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
           bool REPLAY, bool HAS_D, bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR>
 struct Kernel {
+  using Params = mamba2::Params<act_t, state_t>;
   using Tile = RowTiling<state_t, N, ROWS, WARPS>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = P / ROWS;
@@ -66,7 +67,7 @@ struct Kernel {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
-  static __device__ __forceinline__ void run(const Params<act_t, state_t>& p, Smem& sm) {
+  static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
     const int split = blockIdx.x % kSplits, head = blockIdx.x / kSplits, row = blockIdx.y;
     const int group = head / HPG, num_groups = p.num_heads / HPG;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -211,29 +212,5 @@ struct Kernel {
     }
   }
 };
-
-template <class K, typename act_t, typename state_t>
-__global__ void __launch_bounds__(K::kThreads) decode_kernel(const Params<act_t, state_t> p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  K::run(p, *reinterpret_cast<typename K::Smem*>(smem_raw));
-}
-
-template <class K, typename act_t, typename state_t>
-cudaError_t launch(const Params<act_t, state_t>& p, int batch, cudaStream_t stream) {
-  if (batch == 0) return cudaSuccess;
-  auto kernel = decode_kernel<K, act_t, state_t>;
-  if (K::kSmemBytes > 48 * 1024) {
-    static bool raised = false;  // once per instantiation
-    if (!raised) {
-      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(K::kSmemBytes));
-      if (err != cudaSuccess) return err;
-      raised = true;
-    }
-  }
-  dim3 grid(p.num_heads * K::kSplits, batch);
-  kernel<<<grid, K::kThreads, K::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
-}
 
 }  // namespace replayssm::mamba2

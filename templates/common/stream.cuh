@@ -1,0 +1,132 @@
+// Persistent, warp-specialised driver for the streaming ReplaySSM step (sm_90).
+//
+// Work items are (batch row, head, row split), handed out round-robin over a grid sized to
+// the SMs. A producer warp fills a ring of shared-memory stages with bulk copies (checkpoint
+// rows, held records, this token's inputs) as far ahead as the ring allows; the consumer
+// warps replay each item from shared memory. The checkpoint reads of later items so overlap
+// the record arithmetic of earlier ones, which the one-CTA-per-item kernels cannot do.
+//
+// A family F provides Params, Stage, Meta, Scratch, kStages, kConsumerWarps, items_per_row(p) and
+//   produce(params, item, stage, meta, full): one producer warp; ends with every lane arriving
+//     on `full` through pipe::arrive_after_words, and lane 0 with one more arrival
+//     (pipe::arrive_expect_bytes or pipe::arrive);
+//   consume(params, item, stage, meta, scratch, empty): the consumer warps; each warp arrives on
+//     `empty` once it no longer reads the stage.
+#pragma once
+#include "common/dtype.cuh"
+#include "common/pipeline.cuh"
+
+namespace replayssm {
+
+template <class F>
+struct StreamSmem {
+  typename F::Stage stage[F::kStages];
+  typename F::Meta meta[F::kStages];
+  uint64_t full[F::kStages];
+  uint64_t empty[F::kStages];
+  typename F::Scratch scratch;
+};
+
+template <class F>
+__global__ void __launch_bounds__(F::kConsumerWarps * 32 + 32)
+    stream_kernel(const typename F::Params p, int num_items) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // bulk copies need sm_90; the Python side never picks this kernel below it
+#else
+  extern __shared__ __align__(128) unsigned char stream_smem[];
+  auto& sm = *reinterpret_cast<StreamSmem<F>*>(stream_smem);
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < F::kStages; ++s) {
+      pipe::barrier_init(&sm.full[s], 32 + 1);  // every producer lane's words, plus lane 0's bytes
+      pipe::barrier_init(&sm.empty[s], F::kConsumerWarps);
+    }
+    pipe::fence_barrier_init();
+  }
+  __syncthreads();
+
+  pipe::Ring<F::kStages> ring;
+  if (warp == F::kConsumerWarps) {
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x, ring.next()) {
+      pipe::wait(&sm.empty[ring.stage], ring.parity ^ 1u);  // the first use of a stage passes at once
+      F::produce(p, item, sm.stage[ring.stage], sm.meta[ring.stage], &sm.full[ring.stage]);
+    }
+  } else {
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x, ring.next()) {
+      pipe::wait(&sm.full[ring.stage], ring.parity);
+      F::consume(p, item, sm.stage[ring.stage], sm.meta[ring.stage], sm.scratch, &sm.empty[ring.stage]);
+    }
+  }
+#endif
+}
+
+// Consumer view of a stage's [ROWS, COLS] state rows: each lane reads 16-byte chunks of one
+// row, kLanesPerRow lanes a row; warps interleave by kRowsPerPass. Rows past ROWS (last pass)
+// compute with zeros and must not be written.
+template <typename state_t, int COLS, int ROWS, int WARPS>
+struct StageRows {
+  static constexpr int kVec = 16 / sizeof(state_t);
+  static constexpr int kLanesPerRow = (COLS / kVec) < 32 ? (COLS / kVec) : 32;
+  static constexpr int kChunks = COLS / (kVec * kLanesPerRow);
+  static constexpr int kRowsPerPass = 32 / kLanesPerRow;
+  static constexpr int kPasses = (ROWS + WARPS * kRowsPerPass - 1) / (WARPS * kRowsPerPass);
+  static_assert(COLS % kVec == 0 && (kLanesPerRow & (kLanesPerRow - 1)) == 0, "state rows must tile 16-byte chunks");
+
+  static __device__ __forceinline__ int row(int pass) {
+    return (pass * WARPS + threadIdx.x / 32) * kRowsPerPass + (threadIdx.x % 32) / kLanesPerRow;
+  }
+  static __device__ __forceinline__ int col(int chunk) {
+    return (chunk * kLanesPerRow + (threadIdx.x % 32) % kLanesPerRow) * kVec;
+  }
+  static __device__ __forceinline__ int lane_in_row() { return (threadIdx.x % 32) % kLanesPerRow; }
+  static __device__ __forceinline__ bool row_leader() { return lane_in_row() == 0; }
+  // This lane's chunks of row r as floats (zeros past ROWS).
+  static __device__ __forceinline__ void load(const state_t* rows, int r, float (&out)[kChunks][kVec]) {
+    #pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      Vec16<state_t> v;
+      if (r < ROWS) v.load(rows + r * COLS + col(c));
+      #pragma unroll
+      for (int e = 0; e < kVec; ++e) out[c][e] = r < ROWS ? v.get(e) : 0.f;
+    }
+  }
+  // This lane's chunks of a length-COLS vector of T in shared memory, as floats.
+  template <typename T>
+  static __device__ __forceinline__ void slice(const T* v, float (&out)[kChunks][kVec]) {
+    #pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+      #pragma unroll
+      for (int e = 0; e < kVec; ++e) out[c][e] = to_float(v[col(c) + e]);
+  }
+};
+
+// Each consumer warp's release of a stage it has finished reading.
+__device__ __forceinline__ void release_stage(uint64_t* empty) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) pipe::arrive(empty);
+}
+
+template <class F>
+cudaError_t launch_stream(const typename F::Params& p, int batch, int ctas_per_sm_cap, cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  auto kernel = stream_kernel<F>;
+  constexpr int kThreads = F::kConsumerWarps * 32 + 32;
+  constexpr size_t kSmem = sizeof(StreamSmem<F>);
+  static int ctas = 0;  // per instantiation: CTAs that fit on the device's SMs
+  if (ctas == 0) {
+    int device = 0, sms = 0, per_sm = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem));
+    if (err == cudaSuccess) err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kSmem);
+    if (err != cudaSuccess) return err;
+    if (per_sm < 1) return cudaErrorInvalidConfiguration;
+    ctas = sms * (per_sm < ctas_per_sm_cap ? per_sm : ctas_per_sm_cap);
+  }
+  const int num_items = batch * F::items_per_row(p);
+  const int grid = num_items < ctas ? num_items : ctas;
+  kernel<<<grid, kThreads, kSmem, stream>>>(p, num_items);
+  return cudaGetLastError();
+}
+
+}  // namespace replayssm

@@ -1,0 +1,257 @@
+// Gated DeltaNet ReplaySSM step on the persistent streaming driver (common/stream.cuh), sm_90.
+// Same math, records and cursor protocol as decode_kernel.cuh; an item is ROWS value rows of one
+// (batch row, value head), staged whole in shared memory by bulk copies.
+#pragma once
+#include "common/replay.cuh"
+#include "common/stream.cuh"
+#include "gdn/decode_kernel.cuh"
+
+namespace replayssm::gdn {
+
+template <int K, int V, int VPH, int L, int CAP, int ROWS, int CWARPS, typename act_t, typename state_t, bool L2NORM,
+          bool GATES_IN_KERNEL, bool SR>
+struct Stream {
+  using Params = gdn::Params<act_t, state_t>;
+  using Rows = StageRows<state_t, K, ROWS, CWARPS>;
+  static constexpr int kConsumerWarps = CWARPS;
+  static constexpr int kConsumers = CWARPS * 32;
+  static constexpr int kSplits = V / ROWS;
+  static constexpr int kSA = sizeof(act_t), kSS = sizeof(state_t);
+  static_assert(V % ROWS == 0, "head_v_dim must split into row tiles");
+  static_assert((ROWS * K * kSS) % 16 == 0 && (ROWS * kSA) % 16 == 0 && (K * kSA) % 16 == 0 && ROWS % 4 == 0,
+                "bulk copies move whole 16-byte units");
+
+  struct alignas(128) Stage {
+    state_t s[ROWS * K];  // checkpoint rows
+    float u[CAP][ROWS];   // held u records (this item's rows)
+    act_t k[CAP][K];      // held raw k records, this token's k at row `held`
+    act_t q[K];
+    act_t v[ROWS];
+    float g[CAP];         // held log-decays, this token's gate input at row `held`
+  };
+  struct Meta {
+    int slot, held;  // held < 0: padded row
+    uint32_t epoch;
+    float gate_b, A_log, dt_bias;
+  };
+  struct Scratch {
+    float g[CAP], decay[CAP], kk[CAP], kq[CAP], k2[CAP];
+    float pred[CAP], osum[CAP], fold[CAP];  // per-record coefficients of u_i
+    float total, beta, q2;
+  };
+  static constexpr int kStages =
+      (110 * 1024) / sizeof(Stage) < 2 ? 2 : ((110 * 1024) / sizeof(Stage) > 4 ? 4 : (110 * 1024) / sizeof(Stage));
+
+  static __device__ __forceinline__ int items_per_row(const Params& p) { return p.num_v_heads * kSplits; }
+  static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+  struct Item {
+    int split, vhead, row, khead;
+    __device__ __forceinline__ Item(int item, int num_v_heads)
+        : split(item % kSplits), vhead((item / kSplits) % num_v_heads), row(item / kSplits / num_v_heads),
+          khead(vhead / VPH) {}
+  };
+
+  static __device__ __forceinline__ void produce(const Params& p, int item, Stage& st, Meta& meta, uint64_t* full) {
+    const Item it(item, p.num_v_heads);
+    const int lane = threadIdx.x % 32, row0 = it.split * ROWS, num_k_heads = p.num_v_heads / VPH;
+    const int slot = p.slot_indices[it.row];
+    if (slot == p.pad_slot_id) {
+      if (lane == 0) {
+        meta.slot = slot;
+        meta.held = -1;
+        pipe::arrive(full);
+      }
+      pipe::arrive_after_words(full);
+      return;
+    }
+    const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
+    const int held = cursor[0];
+    if (lane == 0) {
+      meta.slot = slot;
+      meta.held = held;
+      meta.epoch = SR ? uint32_t(cursor[1]) : 0u;
+      const uint32_t bytes = ROWS * K * kSS + (held + 1) * K * kSA + held * ROWS * 4 + K * kSA + ROWS * kSA;
+      pipe::arrive_expect_bytes(full, bytes);
+    }
+    __syncwarp();
+    const int64_t vhead_rec = int64_t(slot) * p.num_v_heads + it.vhead;
+    if (lane == 0)
+      pipe::bulk_copy(st.s, p.state + int64_t(slot) * p.state_slot_stride + (int64_t(it.vhead) * V + row0) * K,
+                      ROWS * K * kSS, full);
+    const float* rec_u = p.rec_u + vhead_rec * CAP * V + row0;
+    if constexpr (ROWS == V) {
+      if (lane == 1 && held > 0) pipe::bulk_copy(st.u, rec_u, held * V * 4, full);
+    } else {
+      for (int i = lane; i < held; i += 32) pipe::bulk_copy(st.u[i], rec_u + i * V, ROWS * 4, full);
+    }
+    if (lane == 2 && held > 0)
+      pipe::bulk_copy(st.k, p.rec_k + (int64_t(slot) * num_k_heads + it.khead) * CAP * K, held * K * kSA, full);
+    if (lane == 3) pipe::bulk_copy(st.q, p.q + int64_t(it.row) * p.q_stride_b + int64_t(it.khead) * p.q_stride_h,
+                                   K * kSA, full);
+    if (lane == 4) pipe::bulk_copy(st.k[held], p.k + int64_t(it.row) * p.k_stride_b + int64_t(it.khead) * p.k_stride_h,
+                                   K * kSA, full);
+    if (lane == 5)
+      pipe::bulk_copy(st.v, p.v + int64_t(it.row) * p.v_stride_b + int64_t(it.vhead) * p.v_stride_h + row0,
+                      ROWS * kSA, full);
+    for (int i = lane; i < held; i += 32) pipe::copy_word(&st.g[i], p.rec_g + vhead_rec * CAP + i);
+    if (lane == 31)
+      pipe::copy_word(&st.g[held], p.gate_a + int64_t(it.row) * p.ga_stride_b + int64_t(it.vhead) * p.ga_stride_h);
+    if (lane == 30)
+      pipe::copy_word(&meta.gate_b, p.gate_b + int64_t(it.row) * p.gb_stride_b + int64_t(it.vhead) * p.gb_stride_h);
+    if constexpr (GATES_IN_KERNEL) {
+      if (lane == 29) pipe::copy_word(&meta.A_log, p.A_log + it.vhead);
+      if (lane == 28) pipe::copy_word(&meta.dt_bias, p.dt_bias + it.vhead);
+    }
+    pipe::arrive_after_words(full);
+  }
+
+  static __device__ __forceinline__ void consume(const Params& p, int item, const Stage& st, const Meta& meta,
+                                                 Scratch& sc, uint64_t* empty) {
+    const Item it(item, p.num_v_heads);
+    const int t = threadIdx.x, warp = t / 32, lane = t % 32, row0 = it.split * ROWS;
+    const int held = meta.held, slot = meta.slot;
+    act_t* out = p.out + (int64_t(it.row) * p.num_v_heads + it.vhead) * V + row0;
+    if (held < 0) {  // padded row: zero output, touch nothing else
+      for (int r = t; r < ROWS; r += kConsumers) out[r] = from_float<act_t>(0.f);
+      release_stage(empty);
+      return;
+    }
+    const int records = held + 1;
+    const bool flush = records >= L;
+
+    // Gates and suffix decays (warp 0); k_i . k_j, k_i . q, |k_i|^2 and |q|^2 (a warp per record).
+    if (warp == 0) {
+      for (int i = lane; i < records; i += 32) {
+        float g = st.g[i];
+        if (i == held && GATES_IN_KERNEL) g = -expf(meta.A_log) * softplus(g + meta.dt_bias);
+        sc.g[i] = g;
+      }
+      __syncwarp();
+      const float total = suffix_decays(sc.g, sc.decay, records);
+      if (lane == 0) {
+        sc.total = total;
+        sc.beta = GATES_IN_KERNEL ? 1.f / (1.f + expf(-meta.gate_b)) : meta.gate_b;
+      }
+    }
+    for (int i = warp; i <= records; i += CWARPS) {
+      const act_t* a = i < records ? st.k[i] : st.q;
+      float kk = 0.f, kq = 0.f, aa = 0.f;
+      for (int c = lane; c < K; c += 32) {
+        const float ac = to_float(a[c]);
+        kk = fmaf(ac, to_float(st.k[held][c]), kk);
+        kq = fmaf(ac, to_float(st.q[c]), kq);
+        aa = fmaf(ac, ac, aa);
+      }
+      kk = group_sum<32>(kk);
+      kq = group_sum<32>(kq);
+      aa = group_sum<32>(aa);
+      if (lane == 0) {
+        if (i < records) {
+          sc.kk[i] = kk;
+          sc.kq[i] = kq;
+          sc.k2[i] = aa;
+        } else {
+          sc.q2 = aa;
+        }
+      }
+    }
+    pipe::sync_threads(1, kConsumers);
+    const float rk_j = L2NORM ? rsqrtf(sc.k2[held] + kNormEps) : 1.f;
+    const float rq = (L2NORM ? rsqrtf(sc.q2 + kNormEps) : 1.f) * p.scale;
+    for (int i = t; i < held; i += kConsumers) {  // coefficients of the held u_i
+      const float rk_i = L2NORM ? rsqrtf(sc.k2[i] + kNormEps) : 1.f;
+      sc.pred[i] = sc.decay[i] * sc.kk[i] * rk_i * rk_j;
+      sc.osum[i] = sc.decay[i] * sc.kq[i] * rk_i * rq;
+      sc.fold[i] = sc.decay[i] * rk_i;
+    }
+    pipe::sync_threads(1, kConsumers);
+
+    const float total = sc.total, beta = sc.beta;
+    const float coef_q_cur = sc.kq[held] * rk_j * rq;  // dec_j = 1
+    float q[Rows::kChunks][Rows::kVec], kj[Rows::kChunks][Rows::kVec];
+    Rows::slice(st.q, q);
+    Rows::slice(st.k[held], kj);
+    state_t* state_rows = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(it.vhead) * V + row0) * K;
+    float* u_out = p.rec_u + ((int64_t(slot) * p.num_v_heads + it.vhead) * CAP + held) * V + row0;
+    #pragma unroll 2
+    for (int pass = 0; pass < Rows::kPasses; ++pass) {
+      const int r = Rows::row(pass);
+      const bool valid = r < ROWS;
+      float s[Rows::kChunks][Rows::kVec];
+      Rows::load(st.s, r, s);
+      // alpha S_{j-1} k^_j and the held part of o_j, from one read of the checkpoint row
+      float sk = 0.f, sq = 0.f;
+      #pragma unroll
+      for (int c = 0; c < Rows::kChunks; ++c)
+        #pragma unroll
+        for (int e = 0; e < Rows::kVec; ++e) {
+          sk = fmaf(s[c][e], kj[c][e], sk);
+          sq = fmaf(s[c][e], q[c][e], sq);
+        }
+      sk *= total * rk_j;
+      sq *= total * rq;
+      if (valid)
+        for (int i = Rows::lane_in_row(); i < held; i += Rows::kLanesPerRow) {
+          const float u = st.u[i][r];
+          sk = fmaf(sc.pred[i], u, sk);
+          sq = fmaf(sc.osum[i], u, sq);
+        }
+      sk = group_sum<Rows::kLanesPerRow>(sk);
+      sq = group_sum<Rows::kLanesPerRow>(sq);
+      const float u_j = beta * ((valid ? to_float(st.v[r]) : 0.f) - sk);
+      float o = sq + coef_q_cur * u_j;
+      if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs; o = S . q^
+        #pragma unroll
+        for (int c = 0; c < Rows::kChunks; ++c)
+          #pragma unroll
+          for (int e = 0; e < Rows::kVec; ++e) s[c][e] *= total;
+        for (int m = 0; m < records; ++m) {
+          const float w = !valid ? 0.f : m == held ? rk_j * u_j : sc.fold[m] * st.u[m][r];
+          float km[Rows::kChunks][Rows::kVec];
+          Rows::slice(st.k[m], km);
+          #pragma unroll
+          for (int c = 0; c < Rows::kChunks; ++c)
+            #pragma unroll
+            for (int e = 0; e < Rows::kVec; ++e) s[c][e] = fmaf(w, km[c][e], s[c][e]);
+        }
+        float acc = 0.f;
+        #pragma unroll
+        for (int c = 0; c < Rows::kChunks; ++c) {
+          #pragma unroll
+          for (int e = 0; e < Rows::kVec; ++e) acc = fmaf(s[c][e], q[c][e], acc);
+          if (valid)
+            store_chunk<state_t, SR>(state_rows + int64_t(r) * K + Rows::col(c), s[c], p.seed,
+                                     (uint64_t(slot) << 32) | meta.epoch,
+                                     (uint64_t(it.vhead) * V + row0 + r) * K + Rows::col(c));
+        }
+        o = group_sum<Rows::kLanesPerRow>(acc) * rq;
+      }
+      if (valid && Rows::row_leader()) {
+        out[r] = from_float<act_t>(o);
+        if (!flush) u_out[r] = u_j;
+      }
+    }
+
+    if (!flush && it.split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`
+      if (t == 0) p.rec_g[(int64_t(slot) * p.num_v_heads + it.vhead) * CAP + held] = sc.g[held];
+      if (it.vhead % VPH == 0) {
+        act_t* k_out = p.rec_k + ((int64_t(slot) * (p.num_v_heads / VPH) + it.khead) * CAP + held) * K;
+        for (int c = t; c < K; c += kConsumers) k_out[c] = st.k[held][c];
+      }
+    }
+    release_stage(empty);
+    pipe::sync_threads(1, kConsumers);  // scratch is reused by the next item
+    if (t == 0) {
+      __threadfence();
+      int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
+      if (atomicAdd(cursor + 2, 1) == items_per_row(p) - 1) {
+        cursor[0] = flush ? 0 : records;
+        if (flush) cursor[1] += 1;
+        cursor[2] = 0;
+      }
+    }
+  }
+};
+
+}  // namespace replayssm::gdn
