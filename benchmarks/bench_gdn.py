@@ -26,6 +26,7 @@ from harness import (
     DTYPES,
     REPLAY_KERNELS,
     decode_timings,
+    launch_variants,
     num_sets,
     replay_traffic,
     result_rows,
@@ -37,8 +38,8 @@ from harness import (
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
 from replayssm_jit.models import get_model
-from replayssm_jit.ops.gdn import ROWS_ENV
-from replayssm_jit.spec import gdn_tilings
+from replayssm_jit.ops.gdn import ROWS_ENV, STREAM_ROWS_ENV
+from replayssm_jit.spec import gdn_spec, gdn_tilings, stream_rows
 
 ACT = torch.bfloat16
 
@@ -132,16 +133,32 @@ def bench_config(shape, batch, window, state_name, args, kernels=(*REPLAY_KERNEL
             res["fla"] = t
             traffic["fla"] = traffic["conventional"]  # read h0, write a new final state (fp32)
     return result_rows(
-        dict(shape=shape, batch=batch, window=window, state=state_name),
+        dict(
+            shape=shape, batch=batch, window=window, state=state_name, replay_kernel=replay.kernel
+        ),
         res,
         traffic,
         {"conventional": conv.rows_per_cta, "replay": replay.rows_per_cta, "fla": None},
     )
 
 
-def tilings(cfg):
+def variants(cfg):
     model = get_model(cfg[0])
-    return [r for r, _ in gdn_tilings(model.d_v, model.d_k, cfg[3])]
+    spec_tiles = [r for r, _ in gdn_tilings(model.d_v, model.d_k, cfg[3])]
+    return launch_variants(
+        ROWS_ENV,
+        STREAM_ROWS_ENV,
+        spec_tiles,
+        stream_rows(
+            gdn_spec(
+                head_k_dim=model.d_k,
+                head_v_dim=model.d_v,
+                value_heads_per_key_head=model.value_heads // model.key_heads,
+                window=cfg[2],
+                state_dtype=cfg[3],
+            )
+        ),
+    )
 
 
 def main(argv=None):
@@ -151,7 +168,7 @@ def main(argv=None):
         "--fla-state-v-first", action="store_true", help="run fla on [B, HV, V, K] states"
     )
     args = p.parse_args(argv)
-    return run_sweep(args, "gdn", bench_config, tilings, ROWS_ENV)
+    return run_sweep(args, "gdn", bench_config, variants)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from harness import (
     DTYPES,
     REPLAY_KERNELS,
     decode_timings,
+    launch_variants,
     num_sets,
     replay_traffic,
     result_rows,
@@ -30,8 +31,8 @@ from harness import (
 
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
 from replayssm_jit.models import get_model
-from replayssm_jit.ops.mamba2 import ROWS_ENV
-from replayssm_jit.spec import mamba2_tilings
+from replayssm_jit.ops.mamba2 import ROWS_ENV, STREAM_ROWS_ENV
+from replayssm_jit.spec import mamba2_spec, mamba2_tilings, stream_rows
 
 
 def bytes_per_step(H, P, N, G, batch, window, state_size, act_size=2):
@@ -79,21 +80,37 @@ def bench_config(shape, batch, window, state_name, args, kernels=REPLAY_KERNELS)
     res = decode_timings(cache, window, step, conv, replay, sets, args, kernels)
     assert torch.isfinite(out.float()).all(), "non-finite output"
     return result_rows(
-        dict(shape=shape, batch=batch, window=window, state=state_name),
+        dict(
+            shape=shape, batch=batch, window=window, state=state_name, replay_kernel=replay.kernel
+        ),
         res,
         bytes_per_step(H, P, N, G, batch, window, esize),
         {"conventional": conv.rows_per_cta, "replay": replay.rows_per_cta},
     )
 
 
-def tilings(cfg):
+def variants(cfg):
     model = get_model(cfg[0])
-    return [r for r, _ in mamba2_tilings(model.d_v, model.d_k, cfg[3])]
+    spec_tiles = [r for r, _ in mamba2_tilings(model.d_v, model.d_k, cfg[3])]
+    return launch_variants(
+        ROWS_ENV,
+        STREAM_ROWS_ENV,
+        spec_tiles,
+        stream_rows(
+            mamba2_spec(
+                headdim=model.d_v,
+                dstate=model.d_k,
+                heads_per_group=model.value_heads // model.key_heads,
+                window=cfg[2],
+                state_dtype=cfg[3],
+            )
+        ),
+    )
 
 
 def main(argv=None):
     args = sweep_parser(__doc__.splitlines()[0], "super120b,nano4b").parse_args(argv)
-    return run_sweep(args, "mamba2", bench_config, tilings, ROWS_ENV)
+    return run_sweep(args, "mamba2", bench_config, variants)
 
 
 if __name__ == "__main__":

@@ -174,10 +174,9 @@ def run_sweep(
     args,
     name: str,
     bench: Callable[..., list[dict]],
-    tilings: Callable[[tuple], list[int]],
-    env_var: str,
+    variants: Callable[[tuple], list[tuple[str, dict[str, str], tuple[str, ...]]]],
 ) -> int:
-    """Measure the copy ceiling, then every config and tiling sweep; write `name`.json after each."""
+    """Measure the copy ceiling, then every config and variant sweep; write `name`.json after each."""
     payload = {
         "environment": environment(),
         "command": " ".join(sys.argv),
@@ -187,7 +186,7 @@ def run_sweep(
     print(f"copy ceiling measured: {payload['copy']['tbps']:.2f} TB/s", flush=True)
     jobs = [(cfg, lambda cfg=cfg: bench(*cfg, args)) for cfg in sweep_configs(args)]
     jobs += [
-        (cfg, lambda cfg=cfg: sweep_tilings(bench, cfg, args, tilings(cfg), env_var))
+        (cfg, lambda cfg=cfg: sweep_variants(bench, cfg, args, variants(cfg)))
         for cfg in tiling_sweep_configs(args)
     ]
     for cfg, job in jobs:
@@ -200,16 +199,39 @@ def run_sweep(
     return 0
 
 
-def sweep_tilings(bench, cfg, args, tilings: Sequence[int], env_var: str) -> list[dict]:
-    """The conventional step and one ReplaySSM cycle at every compiled row tiling."""
+def launch_variants(
+    rows_env: str, stream_rows_env: str, tilings: Sequence[int], stream_tiles: Sequence[int]
+) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
+    """(label, environment, kernels) per launch choice: every per-item row tile (conventional
+    and a ReplaySSM cycle), then every streaming-kernel tile (a ReplaySSM cycle)."""
+    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
+
+    out = [
+        (f"rows{r}", {rows_env: str(r), REPLAY_KERNEL_ENV: "per-item"}, ("conventional", "cycle"))
+        for r in tilings
+    ]
+    out += [
+        (f"stream{r}", {stream_rows_env: str(r), REPLAY_KERNEL_ENV: "stream"}, ("cycle",))
+        for r in stream_tiles
+    ]
+    return out
+
+
+def sweep_variants(bench, cfg, args, variants) -> list[dict]:
+    """Time `bench` at cfg once per launch variant (environment overrides set meanwhile)."""
     rows = []
-    for tiling in tilings:
-        os.environ[env_var] = str(tiling)
+    for label, env, kernels in variants:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         try:
-            for r in bench(*cfg, args, kernels=("conventional", "cycle")):
-                rows.append({**r, "kernel": f"{r['kernel']}@rows{tiling}"})
+            for r in bench(*cfg, args, kernels=kernels):
+                rows.append({**r, "kernel": f"{r['kernel']}@{label}"})
         finally:
-            del os.environ[env_var]
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     return rows
 
 
@@ -246,7 +268,9 @@ def decode_timings(
     held = L - 1. amortized: ((L - 1) nonflush + flush) / L.
     """
     kw = dict(reps=args.reps, rounds=args.rounds)
-    res = {"conventional": time_graph([step(conv, s) for s in sets], **kw)}
+    res = {}
+    if "conventional" in kernels:
+        res["conventional"] = time_graph([step(conv, s) for s in sets], **kw)
     if window > 1 and "cycle" in kernels:
         cache.cursors.zero_()
         res["cycle"] = time_graph([step(replay, s) for _ in range(window) for s in sets], **kw)

@@ -154,3 +154,12 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(params=["stream", "per-item"])
+def replay_kernel(request, monkeypatch):
+    """Run the test once per ReplaySSM kernel (REPLAYSSM_REPLAY_KERNEL)."""
+    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
+
+    monkeypatch.setenv(REPLAY_KERNEL_ENV, request.param)
+    return request.param

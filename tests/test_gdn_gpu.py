@@ -13,9 +13,10 @@ import torch
 from gpu_schedule import rel_err
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
-from replayssm_jit.ops.gdn import ROWS_ENV
+from replayssm_jit.ops.gdn import ROWS_ENV, STREAM_ROWS_ENV
+from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
 from replayssm_jit.reference import gdn_gates, gdn_step_pool
-from replayssm_jit.spec import DTYPE_NAMES, gdn_tilings
+from replayssm_jit.spec import DTYPE_NAMES, gdn_spec, gdn_tilings, stream_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -132,7 +133,7 @@ def fp32_steps(batch, window):
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 7, 64, 256])
 @pytest.mark.parametrize("window", [1, 4, 16, 32])
-def test_replay_fp32_matches_reference(shape, batch, window):
+def test_replay_fp32_matches_reference(shape, batch, window, replay_kernel):
     r = run_schedule(shape, batch, window, steps=fp32_steps(batch, window))
     assert r.min_flushes >= 3, r
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
@@ -190,11 +191,30 @@ def test_every_row_tiling(act, state, out_bound, state_bound, monkeypatch):
     _, _, K, V = SHAPES["qwen4b"]
     tilings = [rows for rows, _ in gdn_tilings(V, K, DTYPE_NAMES[state])]
     assert len(tilings) > 1
+    monkeypatch.setenv(REPLAY_KERNEL_ENV, "per-item")
     for rows in tilings:
         monkeypatch.setenv(ROWS_ENV, str(rows))
         r = run_schedule("qwen4b", 7, 4, act=act, state=state, steps=24)
         print(f"\nrows_per_cta={rows} state={state}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
         assert r.out_err < out_bound and r.state_err < state_bound, (rows, r)
+
+
+@pytest.mark.parametrize("shape", ["qwen4b", "k64"])
+def test_every_stream_tile(shape, monkeypatch):
+    """Each streaming-kernel row tile, forced through REPLAYSSM_GDN_STREAM_ROWS (L = 4, two
+    value heads per key head so the k-record append is shared)."""
+    H, HV, K, V = SHAPES[shape]
+    spec = gdn_spec(
+        head_k_dim=K, head_v_dim=V, value_heads_per_key_head=HV // H, window=4, act_dtype="f32"
+    )
+    tiles = stream_rows(spec)
+    assert tiles, spec.uri
+    monkeypatch.setenv(REPLAY_KERNEL_ENV, "stream")
+    for rows in tiles:
+        monkeypatch.setenv(STREAM_ROWS_ENV, str(rows))
+        r = run_schedule(shape, 7, 4, steps=24)
+        print(f"\nstream rows={rows}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
+        assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
 
 
 def sr_run(seed):

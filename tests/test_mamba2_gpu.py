@@ -10,7 +10,10 @@ import torch
 from gpu_schedule import rel_err
 
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
+from replayssm_jit.ops.mamba2 import STREAM_ROWS_ENV
+from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
 from replayssm_jit.reference import mamba2_step_pool
+from replayssm_jit.spec import mamba2_spec, stream_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -121,11 +124,37 @@ def run_schedule(shape, batch, window, *, has_z=False, **kwargs) -> gpu_schedule
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 7, 64, 256])
 @pytest.mark.parametrize("window", [1, 4, 16, 32])
-def test_replay_fp32_matches_reference(shape, batch, window):
+def test_replay_fp32_matches_reference(shape, batch, window, replay_kernel):
     r = run_schedule(
         shape, batch, window, steps=256 if batch <= 64 else 3 * window + 8, has_z=shape == "odd"
     )
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+
+
+def test_replay_defaults_to_stream_kernel_on_hopper(monkeypatch):
+    monkeypatch.delenv(REPLAY_KERNEL_ENV, raising=False)
+    fam = Mamba2("super120b")
+    cache = fam.cache(
+        4, window=16, state_dtype=torch.float32, act_dtype=torch.bfloat16, pad_slot_id=-1
+    )
+    w = fam.wrapper(cache, mode="replay", batch=4, sr=False, seed=0)
+    expected = "stream" if torch.cuda.get_device_capability() >= (9, 0) else "per-item"
+    assert w.kernel == expected
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_stream_tile(shape, monkeypatch):
+    """Each streaming-kernel row tile, forced through REPLAYSSM_MAMBA2_STREAM_ROWS (L = 4)."""
+    H, P, N, G = SHAPES[shape]
+    spec = mamba2_spec(headdim=P, dstate=N, heads_per_group=H // G, window=4, act_dtype="f32")
+    tiles = stream_rows(spec)
+    assert tiles, spec.uri
+    monkeypatch.setenv(REPLAY_KERNEL_ENV, "stream")
+    for rows in tiles:
+        monkeypatch.setenv(STREAM_ROWS_ENV, str(rows))
+        r = run_schedule(shape, 7, 4, steps=24, has_z=shape == "odd")
+        print(f"\nstream rows={rows}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
+        assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

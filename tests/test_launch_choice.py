@@ -1,0 +1,93 @@
+"""Launch choice on the CPU: streaming-kernel tiles, kernel selection, flags and overrides."""
+
+import pytest
+import torch
+
+from replayssm_jit.ops import gdn as gdn_ops
+from replayssm_jit.ops import mamba2 as mamba2_ops
+from replayssm_jit.ops import tiling
+from replayssm_jit.spec import gdn_spec, mamba2_spec, stream_rows
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for var in (
+        tiling.REPLAY_KERNEL_ENV,
+        tiling.SPECULATIVE_ENV,
+        mamba2_ops.STREAM_ROWS_ENV,
+        mamba2_ops.ROWS_ENV,
+        gdn_ops.STREAM_ROWS_ENV,
+    ):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_stream_rows_are_whole_bulk_copies():
+    super120b = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    assert stream_rows(super120b) == [64, 32, 16]
+    # bf16 x rows of 20 are 40 bytes: not a whole number of 16-byte units
+    assert stream_rows(mamba2_spec(headdim=80, dstate=128, heads_per_group=8)) == [80, 40]
+    assert stream_rows(mamba2_spec(headdim=80, dstate=128, heads_per_group=8, act_dtype="f32")) == [
+        80,
+        40,
+        20,
+    ]
+    # a 128 x 128 fp32 head (64 KiB) is too large for one stage: split in two at most
+    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    assert stream_rows(qwen) == [64, 32, 16]
+    for spec in (super120b, qwen):
+        cols = spec.dim("n") if spec.family == "mamba2" else spec.dim("k")
+        for r in stream_rows(spec):
+            assert r * cols * 4 <= 48 * 1024 and r % 4 == 0
+    # headdim 24 in bf16: 48-byte rows; halves of 12 are 24 bytes (no)
+    assert stream_rows(mamba2_spec(headdim=24, dstate=64, heads_per_group=2)) == [24]
+
+
+def test_replay_uses_stream_kernel_by_default():
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    rows, flags = mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=True)
+    assert flags & tiling.FLAG_STREAM and rows == 64
+    assert flags & tiling.FLAG_SPECULATIVE_RECORDS
+    # one sequence: smaller tiles so that the persistent grid has work for every CTA
+    rows, _ = mamba2_ops.choose_launch(spec, 1, 128, CPU, replay=True)
+    assert rows == 16
+    # the conventional step never uses it
+    rows, flags = mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=False)
+    assert not flags & tiling.FLAG_STREAM
+
+
+def test_replay_kernel_override(monkeypatch):
+    spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "per-item")
+    rows, flags = gdn_ops.choose_launch(spec, 256, 32, CPU, replay=True)
+    assert not flags & tiling.FLAG_STREAM
+    assert rows in [r for r, _ in gdn_ops.spec_tilings(spec)]
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "fast")
+    with pytest.raises(ValueError, match=r"REPLAYSSM_REPLAY_KERNEL: expected one of .*'fast'"):
+        gdn_ops.choose_launch(spec, 256, 32, CPU, replay=True)
+
+
+def test_stream_forced_where_the_shape_cannot_stream(monkeypatch):
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "stream")
+    with pytest.raises(ValueError, match="'stream' needs 16-byte row tiles"):
+        tiling.use_stream_kernel([], CPU)
+
+
+def test_stream_rows_override(monkeypatch):
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    monkeypatch.setenv(mamba2_ops.STREAM_ROWS_ENV, "32")
+    assert mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=True)[0] == 32
+    monkeypatch.setenv(mamba2_ops.STREAM_ROWS_ENV, "48")
+    with pytest.raises(
+        ValueError, match=r"REPLAYSSM_MAMBA2_STREAM_ROWS: expected one of \[64, 32, 16\], got '48'"
+    ):
+        mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=True)
+
+
+def test_speculative_flag_override(monkeypatch):
+    monkeypatch.setenv(tiling.SPECULATIVE_ENV, "0")
+    assert tiling.launch_flags(stream=True) == tiling.FLAG_STREAM
+    monkeypatch.setenv(tiling.SPECULATIVE_ENV, "yes")
+    with pytest.raises(ValueError, match="REPLAYSSM_SPECULATIVE_RECORDS"):
+        tiling.launch_flags()
