@@ -254,6 +254,18 @@ STREAM_MAX_STATE_BYTES = 48 * 1024
 STREAM_MAX_OPTIONS = 3
 
 
+STREAM_MAX_STAGE_BYTES = 100 * 1024  # two stages must fit one CTA's shared memory
+
+
+def _stream_stage_bytes(spec: KernelSpec, rows: int) -> int:
+    """Upper bound on one stage of the streaming kernel (templates/*/stream_kernel.cuh)."""
+    cols = spec.dim(STATE_DIMS[spec.family][1])
+    act, state = DTYPE_BYTES[spec.act_dtype], DTYPE_BYTES[spec.state_dtype]
+    record_row = 4 if spec.family == "gdn" else act  # GDN u records are fp32
+    ring = spec.capacity * (rows * record_row + cols * act + 4)
+    return rows * cols * state + ring + 2 * (rows + cols) * act + 256
+
+
 def stream_rows(spec: KernelSpec) -> list[int]:
     """Row tiles (largest first) compiled for the streaming ReplaySSM kernel; [] when the shape
     cannot move as whole 16-byte bulk copies."""
@@ -266,6 +278,8 @@ def stream_rows(spec: KernelSpec) -> list[int]:
         if rows % split or per * act % 16 or cols * act % 16 or per * cols * state % 16:
             continue
         if per % 4 or per * cols * state > STREAM_MAX_STATE_BYTES:  # u records are fp32 rows
+            continue
+        if _stream_stage_bytes(spec, per) > STREAM_MAX_STAGE_BYTES:
             continue
         options.append(per)
     return options[:STREAM_MAX_OPTIONS]

@@ -91,3 +91,13 @@ def test_speculative_flag_override(monkeypatch):
     monkeypatch.setenv(tiling.SPECULATIVE_ENV, "yes")
     with pytest.raises(ValueError, match="REPLAYSSM_SPECULATIVE_RECORDS"):
         tiling.launch_flags()
+
+
+def test_stream_rows_leave_out_stages_that_do_not_fit():
+    # L = 256: a 272-row ring of B records alone is 68 KiB in bf16
+    wide = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=256, drafts=16)
+    assert stream_rows(wide) == [16, 8]
+    huge = gdn_spec(
+        head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=256, drafts=16
+    )
+    assert all(r < 64 for r in stream_rows(huge))

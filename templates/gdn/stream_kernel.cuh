@@ -42,7 +42,7 @@ struct Stream {
   static constexpr int kStages =
       (110 * 1024) / sizeof(Stage) < 2 ? 2 : ((110 * 1024) / sizeof(Stage) > 4 ? 4 : (110 * 1024) / sizeof(Stage));
 
-  static __device__ __forceinline__ int items_per_row(const Params& p) { return p.num_v_heads * kSplits; }
+  static __host__ __device__ __forceinline__ int items_per_row(const Params& p) { return p.num_v_heads * kSplits; }
   static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
   struct Item {

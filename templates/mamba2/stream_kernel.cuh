@@ -42,7 +42,7 @@ struct Stream {
   static constexpr int kStages =
       (110 * 1024) / sizeof(Stage) < 2 ? 2 : ((110 * 1024) / sizeof(Stage) > 4 ? 4 : (110 * 1024) / sizeof(Stage));
 
-  static __device__ __forceinline__ int items_per_row(const Params& p) { return p.num_heads * kSplits; }
+  static __host__ __device__ __forceinline__ int items_per_row(const Params& p) { return p.num_heads * kSplits; }
 
   struct Item {
     int split, head, row, group;
