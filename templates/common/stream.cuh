@@ -6,15 +6,17 @@
 // warps replay each item from shared memory. The checkpoint reads of later items so overlap
 // the record arithmetic of earlier ones, which the one-CTA-per-item kernels cannot do.
 //
-// A family F provides Params, Stage, Meta, Scratch, kStages, kConsumerWarps, items_per_row(p) and
-//   produce(params, item, stage, meta, full): one producer warp; ends with every lane arriving
-//     on `full` through pipe::arrive_after_words, and lane 0 with one more arrival
-//     (pipe::arrive_expect_bytes or pipe::arrive);
+// A family F provides Params, Stage, Meta (with slot, held, epoch), Scratch, kStages,
+// kConsumerWarps, items_per_row(p) and
+//   produce(params, item, slot, held, stage, meta, full): one producer warp, for a real slot
+//     (the driver fills meta's slot, held and epoch); ends with every lane arriving on `full`
+//     through pipe::arrive_after_words, and lane 0 with pipe::arrive_expect_bytes;
 //   consume(params, item, stage, meta, scratch, empty): the consumer warps; each warp arrives on
 //     `empty` once it no longer reads the stage.
 #pragma once
 #include "common/dtype.cuh"
 #include "common/pipeline.cuh"
+#include "common/replay.cuh"
 
 namespace replayssm {
 
@@ -47,9 +49,41 @@ __global__ void __launch_bounds__(F::kConsumerWarps * 32 + 32)
 
   pipe::Ring<F::kStages> ring;
   if (warp == F::kConsumerWarps) {
-    for (int item = blockIdx.x; item < num_items; item += gridDim.x, ring.next()) {
-      pipe::wait(&sm.empty[ring.stage], ring.parity ^ 1u);  // the first use of a stage passes at once
-      F::produce(p, item, sm.stage[ring.stage], sm.meta[ring.stage], &sm.full[ring.stage]);
+    // Slot ids and cursors of the next 32 items are read together (lane j: item j), so the
+    // dependent loads cost one round trip per 32 items instead of two per item. Safe: a row's
+    // cursor only advances after every item of the row has been consumed.
+    const int lane = threadIdx.x % 32;
+    for (int first = blockIdx.x; first < num_items; first += 32 * gridDim.x) {
+      const int mine = first + lane * gridDim.x;
+      int slot = p.pad_slot_id, held = -1, epoch = 0;
+      if (mine < num_items) {
+        slot = p.slot_indices[mine / F::items_per_row(p)];
+        if (slot != p.pad_slot_id) {
+          const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
+          held = cursor[0];
+          epoch = cursor[1];
+        }
+      }
+      const int count = min(32, (num_items - first + int(gridDim.x) - 1) / int(gridDim.x));
+      for (int j = 0; j < count; ++j, ring.next()) {
+        const int item_slot = __shfl_sync(0xffffffffu, slot, j);
+        const int item_held = __shfl_sync(0xffffffffu, held, j);
+        const int item_epoch = __shfl_sync(0xffffffffu, epoch, j);
+        auto& meta = sm.meta[ring.stage];
+        uint64_t* full = &sm.full[ring.stage];
+        pipe::wait(&sm.empty[ring.stage], ring.parity ^ 1u);  // the first use of a stage passes at once
+        if (lane == 0) {
+          meta.slot = item_slot;
+          meta.held = item_slot == p.pad_slot_id ? -1 : item_held;
+          meta.epoch = uint32_t(item_epoch);
+        }
+        if (item_slot == p.pad_slot_id) {  // nothing to copy: the consumers write zeros
+          if (lane == 0) pipe::arrive(full);
+          pipe::arrive_after_words(full);
+        } else {
+          F::produce(p, first + j * gridDim.x, item_slot, item_held, sm.stage[ring.stage], meta, full);
+        }
+      }
     }
   } else {
     for (int item = blockIdx.x; item < num_items; item += gridDim.x, ring.next()) {
@@ -80,6 +114,16 @@ struct StageRows {
   }
   static __device__ __forceinline__ int lane_in_row() { return (threadIdx.x % 32) % kLanesPerRow; }
   static __device__ __forceinline__ bool row_leader() { return lane_in_row() == 0; }
+  // Per-row work spread one row per lane: lane l owns the warp's row of pass l / kRowsPerPass
+  // (ROWS or more: none), and owner_lane(pass) is the lane that owns this lane's row of `pass`.
+  static_assert(kPasses * kRowsPerPass <= 32, "a warp's rows must fit one per lane");
+  static __device__ __forceinline__ int own_row() {
+    const int lane = threadIdx.x % 32, pass = lane / kRowsPerPass;
+    return pass < kPasses ? (pass * WARPS + threadIdx.x / 32) * kRowsPerPass + lane % kRowsPerPass : ROWS;
+  }
+  static __device__ __forceinline__ int owner_lane(int pass) {
+    return pass * kRowsPerPass + (threadIdx.x % 32) / kLanesPerRow;
+  }
   // This lane's chunks of row r as floats (zeros past ROWS).
   static __device__ __forceinline__ void load(const state_t* rows, int r, float (&out)[kChunks][kVec]) {
     #pragma unroll

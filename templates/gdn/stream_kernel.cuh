@@ -52,25 +52,11 @@ struct Stream {
           khead(vhead / VPH) {}
   };
 
-  static __device__ __forceinline__ void produce(const Params& p, int item, Stage& st, Meta& meta, uint64_t* full) {
+  static __device__ __forceinline__ void produce(const Params& p, int item, int slot, int held, Stage& st, Meta& meta,
+                                                 uint64_t* full) {
     const Item it(item, p.num_v_heads);
     const int lane = threadIdx.x % 32, row0 = it.split * ROWS, num_k_heads = p.num_v_heads / VPH;
-    const int slot = p.slot_indices[it.row];
-    if (slot == p.pad_slot_id) {
-      if (lane == 0) {
-        meta.slot = slot;
-        meta.held = -1;
-        pipe::arrive(full);
-      }
-      pipe::arrive_after_words(full);
-      return;
-    }
-    const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
-    const int held = cursor[0];
     if (lane == 0) {
-      meta.slot = slot;
-      meta.held = held;
-      meta.epoch = SR ? uint32_t(cursor[1]) : 0u;
       const uint32_t bytes = ROWS * K * kSS + (held + 1) * K * kSA + held * ROWS * 4 + K * kSA + ROWS * kSA;
       pipe::arrive_expect_bytes(full, bytes);
     }
@@ -119,6 +105,11 @@ struct Stream {
     }
     const int records = held + 1;
     const bool flush = records >= L;
+
+    // Checkpoint rows into registers first (every pass at once, for ILP).
+    float s[Rows::kPasses][Rows::kChunks][Rows::kVec];
+    #pragma unroll
+    for (int pass = 0; pass < Rows::kPasses; ++pass) Rows::load(st.s, Rows::row(pass), s[pass]);
 
     // Gates and suffix decays (warp 0); k_i . k_j, k_i . q, |k_i|^2 and |q|^2 (a warp per record).
     if (warp == 0) {
@@ -172,75 +163,99 @@ struct Stream {
     float q[Rows::kChunks][Rows::kVec], kj[Rows::kChunks][Rows::kVec];
     Rows::slice(st.q, q);
     Rows::slice(st.k[held], kj);
-    state_t* state_rows = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(it.vhead) * V + row0) * K;
-    float* u_out = p.rec_u + ((int64_t(slot) * p.num_v_heads + it.vhead) * CAP + held) * V + row0;
-    #pragma unroll 2
+    // Lane l owns one row of this warp for the record sums (no bank conflicts on u records).
+    const int mine = Rows::own_row();
+    float pred = 0.f, osum = 0.f, v_mine = 0.f;
+    if (mine < ROWS) {
+      for (int i = 0; i < held; ++i) {
+        const float u = st.u[i][mine];
+        pred = fmaf(sc.pred[i], u, pred);
+        osum = fmaf(sc.osum[i], u, osum);
+      }
+      v_mine = to_float(st.v[mine]);
+    }
+    // alpha S_{j-1} k^_j = total S_c k^_j + pred, u_j = beta (v - that), o_j = total S_c q^ + osum + (k^_j . q^) u_j
+    float u_j[Rows::kPasses], o[Rows::kPasses];
+    #pragma unroll
     for (int pass = 0; pass < Rows::kPasses; ++pass) {
-      const int r = Rows::row(pass);
-      const bool valid = r < ROWS;
-      float s[Rows::kChunks][Rows::kVec];
-      Rows::load(st.s, r, s);
-      // alpha S_{j-1} k^_j and the held part of o_j, from one read of the checkpoint row
       float sk = 0.f, sq = 0.f;
       #pragma unroll
       for (int c = 0; c < Rows::kChunks; ++c)
         #pragma unroll
         for (int e = 0; e < Rows::kVec; ++e) {
-          sk = fmaf(s[c][e], kj[c][e], sk);
-          sq = fmaf(s[c][e], q[c][e], sq);
+          sk = fmaf(s[pass][c][e], kj[c][e], sk);
+          sq = fmaf(s[pass][c][e], q[c][e], sq);
         }
-      sk *= total * rk_j;
-      sq *= total * rq;
-      if (valid)
-        for (int i = Rows::lane_in_row(); i < held; i += Rows::kLanesPerRow) {
-          const float u = st.u[i][r];
-          sk = fmaf(sc.pred[i], u, sk);
-          sq = fmaf(sc.osum[i], u, sq);
-        }
-      sk = group_sum<Rows::kLanesPerRow>(sk);
-      sq = group_sum<Rows::kLanesPerRow>(sq);
-      const float u_j = beta * ((valid ? to_float(st.v[r]) : 0.f) - sk);
-      float o = sq + coef_q_cur * u_j;
-      if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs; o = S . q^
+      const int owner = Rows::owner_lane(pass);
+      sk = group_sum<Rows::kLanesPerRow>(sk) * (total * rk_j) + __shfl_sync(0xffffffffu, pred, owner);
+      sq = group_sum<Rows::kLanesPerRow>(sq) * (total * rq) + __shfl_sync(0xffffffffu, osum, owner);
+      u_j[pass] = beta * (__shfl_sync(0xffffffffu, v_mine, owner) - sk);
+      o[pass] = sq + coef_q_cur * u_j[pass];
+    }
+    if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs; o = S . q^
+      #pragma unroll
+      for (int pass = 0; pass < Rows::kPasses; ++pass)
         #pragma unroll
         for (int c = 0; c < Rows::kChunks; ++c)
           #pragma unroll
-          for (int e = 0; e < Rows::kVec; ++e) s[c][e] *= total;
-        for (int m = 0; m < records; ++m) {
-          const float w = !valid ? 0.f : m == held ? rk_j * u_j : sc.fold[m] * st.u[m][r];
-          float km[Rows::kChunks][Rows::kVec];
-          Rows::slice(st.k[m], km);
+          for (int e = 0; e < Rows::kVec; ++e) s[pass][c][e] *= total;
+      for (int m = 0; m < held; ++m) {
+        const float fold = sc.fold[m];
+        float km[Rows::kChunks][Rows::kVec];
+        Rows::slice(st.k[m], km);
+        #pragma unroll
+        for (int pass = 0; pass < Rows::kPasses; ++pass) {
+          const int r = Rows::row(pass);
+          const float w = r < ROWS ? fold * st.u[m][r] : 0.f;
           #pragma unroll
           for (int c = 0; c < Rows::kChunks; ++c)
             #pragma unroll
-            for (int e = 0; e < Rows::kVec; ++e) s[c][e] = fmaf(w, km[c][e], s[c][e]);
+            for (int e = 0; e < Rows::kVec; ++e) s[pass][c][e] = fmaf(w, km[c][e], s[pass][c][e]);
         }
+      }
+      #pragma unroll
+      for (int pass = 0; pass < Rows::kPasses; ++pass) {
+        const float w = rk_j * u_j[pass];
         float acc = 0.f;
         #pragma unroll
-        for (int c = 0; c < Rows::kChunks; ++c) {
+        for (int c = 0; c < Rows::kChunks; ++c)
           #pragma unroll
-          for (int e = 0; e < Rows::kVec; ++e) acc = fmaf(s[c][e], q[c][e], acc);
-          if (valid)
-            store_chunk<state_t, SR>(state_rows + int64_t(r) * K + Rows::col(c), s[c], p.seed,
-                                     (uint64_t(slot) << 32) | meta.epoch,
+          for (int e = 0; e < Rows::kVec; ++e) {
+            s[pass][c][e] = fmaf(w, kj[c][e], s[pass][c][e]);
+            acc = fmaf(s[pass][c][e], q[c][e], acc);
+          }
+        o[pass] = acc;
+      }
+    }
+    release_stage(empty);
+    float* u_out = p.rec_u + ((int64_t(slot) * p.num_v_heads + it.vhead) * CAP + held) * V + row0;
+    #pragma unroll
+    for (int pass = 0; pass < Rows::kPasses; ++pass) {
+      const int r = Rows::row(pass);
+      if (flush) {
+        o[pass] = group_sum<Rows::kLanesPerRow>(o[pass]) * rq;
+        if (r < ROWS) {
+          state_t* dst = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(it.vhead) * V + row0 + r) * K;
+          #pragma unroll
+          for (int c = 0; c < Rows::kChunks; ++c)
+            store_chunk<state_t, SR>(dst + Rows::col(c), s[pass][c], p.seed, (uint64_t(slot) << 32) | meta.epoch,
                                      (uint64_t(it.vhead) * V + row0 + r) * K + Rows::col(c));
         }
-        o = group_sum<Rows::kLanesPerRow>(acc) * rq;
       }
-      if (valid && Rows::row_leader()) {
-        out[r] = from_float<act_t>(o);
-        if (!flush) u_out[r] = u_j;
+      if (r < ROWS && Rows::row_leader()) {
+        out[r] = from_float<act_t>(o[pass]);
+        if (!flush) u_out[r] = u_j[pass];
       }
     }
 
     if (!flush && it.split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`
       if (t == 0) p.rec_g[(int64_t(slot) * p.num_v_heads + it.vhead) * CAP + held] = sc.g[held];
       if (it.vhead % VPH == 0) {
+        const act_t* k_in = p.k + int64_t(it.row) * p.k_stride_b + int64_t(it.khead) * p.k_stride_h;
         act_t* k_out = p.rec_k + ((int64_t(slot) * (p.num_v_heads / VPH) + it.khead) * CAP + held) * K;
-        for (int c = t; c < K; c += kConsumers) k_out[c] = st.k[held][c];
+        for (int c = t; c < K; c += kConsumers) k_out[c] = k_in[c];
       }
     }
-    release_stage(empty);
     pipe::sync_threads(1, kConsumers);  // scratch is reused by the next item
     if (t == 0) {
       __threadfence();

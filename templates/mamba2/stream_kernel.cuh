@@ -51,25 +51,11 @@ struct Stream {
           group(head / HPG) {}
   };
 
-  static __device__ __forceinline__ void produce(const Params& p, int item, Stage& st, Meta& meta, uint64_t* full) {
+  static __device__ __forceinline__ void produce(const Params& p, int item, int slot, int held, Stage& st, Meta& meta,
+                                                 uint64_t* full) {
     const Item it(item, p.num_heads);
     const int lane = threadIdx.x % 32, row0 = it.split * ROWS, num_groups = p.num_heads / HPG;
-    const int slot = p.slot_indices[it.row];
-    if (slot == p.pad_slot_id) {
-      if (lane == 0) {
-        meta.slot = slot;
-        meta.held = -1;
-        pipe::arrive(full);
-      }
-      pipe::arrive_after_words(full);
-      return;
-    }
-    const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
-    const int held = cursor[0];
     if (lane == 0) {
-      meta.slot = slot;
-      meta.held = held;
-      meta.epoch = SR ? uint32_t(cursor[1]) : 0u;
       const uint32_t bytes = ROWS * N * kSS + (held + 1) * (ROWS + N) * kSA + N * kSA + (HAS_Z ? ROWS * kSA : 0);
       pipe::arrive_expect_bytes(full, bytes);
     }
@@ -120,6 +106,11 @@ struct Stream {
     const int records = held + 1;
     const bool flush = records >= L;
 
+    // Checkpoint rows into registers first (every pass at once, for ILP).
+    float s[Rows::kPasses][Rows::kChunks][Rows::kVec];
+    #pragma unroll
+    for (int pass = 0; pass < Rows::kPasses; ++pass) Rows::load(st.s, Rows::row(pass), s[pass]);
+
     // dt (this token's after bias and softplus), log-decays, suffix decays; B_i . C per record.
     if (warp == 0) {
       for (int i = lane; i < records; i += 32) {
@@ -146,51 +137,60 @@ struct Stream {
     const float total = sc.total, D = HAS_D ? meta.D : 0.f;
     float q[Rows::kChunks][Rows::kVec];
     Rows::slice(st.c, q);
-    state_t* state_rows = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(it.head) * P + row0) * N;
-    #pragma unroll 2
-    for (int pass = 0; pass < Rows::kPasses; ++pass) {
-      const int r = Rows::row(pass);
-      const bool valid = r < ROWS;
-      float s[Rows::kChunks][Rows::kVec];
-      Rows::load(st.s, r, s);
-      float acc = 0.f;
-      if (!flush) {  // y = a(1:j) (S_c . C) + sum_i a(i+1:j) dt_i (B_i . C) x_i
+    // Lane l owns row own_row(l) of this warp for the record sums: consecutive lanes read
+    // consecutive x entries of one record (no bank conflicts).
+    const int mine = Rows::own_row();
+    float extra = 0.f;  // non-flush: sum_i a(i+1:j) dt_i (B_i . C) x_i[mine]; both: + D x_j[mine]
+    if (mine < ROWS) {
+      if (!flush)
+        for (int i = 0; i < records; ++i)
+          extra = fmaf(sc.decay[i] * sc.dt[i] * sc.dot[i], to_float(st.x[i][mine]), extra);
+      extra = fmaf(D, to_float(st.x[held][mine]), extra);
+    }
+    float acc[Rows::kPasses];
+    if (flush) {  // S <- a(1:j) S + sum_i (a(i+1:j) dt_i x_i[r]) B_i: exact FP32 FMAs
+      #pragma unroll
+      for (int pass = 0; pass < Rows::kPasses; ++pass)
         #pragma unroll
         for (int c = 0; c < Rows::kChunks; ++c)
           #pragma unroll
-          for (int e = 0; e < Rows::kVec; ++e) acc = fmaf(s[c][e], q[c][e], acc);
-        acc *= total;
-        if (valid)
-          for (int i = Rows::lane_in_row(); i < records; i += Rows::kLanesPerRow)
-            acc = fmaf(sc.decay[i] * sc.dt[i] * sc.dot[i], to_float(st.x[i][r]), acc);
-      } else {  // S <- a(1:j) S + sum_i (a(i+1:j) dt_i x_i[r]) B_i: exact FP32 FMAs; y = S . C
+          for (int e = 0; e < Rows::kVec; ++e) s[pass][c][e] *= total;
+      for (int i = 0; i < records; ++i) {
+        const float coef = sc.decay[i] * sc.dt[i];
+        float b[Rows::kChunks][Rows::kVec];
+        Rows::slice(st.b[i], b);
         #pragma unroll
-        for (int c = 0; c < Rows::kChunks; ++c)
-          #pragma unroll
-          for (int e = 0; e < Rows::kVec; ++e) s[c][e] *= total;
-        for (int i = 0; i < records; ++i) {
-          const float w = valid ? sc.decay[i] * sc.dt[i] * to_float(st.x[i][r]) : 0.f;
-          float b[Rows::kChunks][Rows::kVec];
-          Rows::slice(st.b[i], b);
+        for (int pass = 0; pass < Rows::kPasses; ++pass) {
+          const int r = Rows::row(pass);
+          const float w = r < ROWS ? coef * to_float(st.x[i][r]) : 0.f;
           #pragma unroll
           for (int c = 0; c < Rows::kChunks; ++c)
             #pragma unroll
-            for (int e = 0; e < Rows::kVec; ++e) s[c][e] = fmaf(w, b[c][e], s[c][e]);
-        }
-        #pragma unroll
-        for (int c = 0; c < Rows::kChunks; ++c) {
-          #pragma unroll
-          for (int e = 0; e < Rows::kVec; ++e) acc = fmaf(s[c][e], q[c][e], acc);
-          if (valid)
-            store_chunk<state_t, SR>(state_rows + int64_t(r) * N + Rows::col(c), s[c], p.seed,
-                                     (uint64_t(slot) << 32) | meta.epoch,
-                                     (uint64_t(it.head) * P + row0 + r) * N + Rows::col(c));
+            for (int e = 0; e < Rows::kVec; ++e) s[pass][c][e] = fmaf(w, b[c][e], s[pass][c][e]);
         }
       }
-      float y = group_sum<Rows::kLanesPerRow>(acc);
-      if (valid && Rows::row_leader()) {
-        const float xr = to_float(st.x[held][r]);
-        y = fmaf(D, xr, y);
+    }
+    #pragma unroll
+    for (int pass = 0; pass < Rows::kPasses; ++pass) {
+      float a = 0.f;
+      #pragma unroll
+      for (int c = 0; c < Rows::kChunks; ++c)
+        #pragma unroll
+        for (int e = 0; e < Rows::kVec; ++e) a = fmaf(s[pass][c][e], q[c][e], a);
+      acc[pass] = flush ? a : a * total;
+    }
+    #pragma unroll
+    for (int pass = 0; pass < Rows::kPasses; ++pass) {
+      const int r = Rows::row(pass);
+      float y = group_sum<Rows::kLanesPerRow>(acc[pass]) + __shfl_sync(0xffffffffu, extra, Rows::owner_lane(pass));
+      if (flush && r < ROWS) {
+        state_t* dst = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(it.head) * P + row0 + r) * N;
+        #pragma unroll
+        for (int c = 0; c < Rows::kChunks; ++c)
+          store_chunk<state_t, SR>(dst + Rows::col(c), s[pass][c], p.seed, (uint64_t(slot) << 32) | meta.epoch,
+                                   (uint64_t(it.head) * P + row0 + r) * N + Rows::col(c));
+      }
+      if (r < ROWS && Rows::row_leader()) {
         if constexpr (HAS_Z) {
           const float zr = to_float(st.z[r]);
           y *= zr / (1.f + expf(-zr));
@@ -199,19 +199,22 @@ struct Stream {
       }
     }
 
-    if (!flush) {  // append this token's record at ring row `held` (exact copies)
+    release_stage(empty);
+
+    if (!flush) {  // append this token's record at ring row `held` (exact copies of the inputs)
       const int64_t head_rec = int64_t(slot) * p.num_heads + it.head;
+      const act_t* x_in = p.x + int64_t(it.row) * p.x_stride_b + int64_t(it.head) * p.x_stride_h + row0;
       act_t* rx = p.rec_x + (head_rec * CAP + held) * P + row0;
-      for (int r = t; r < ROWS; r += kConsumers) rx[r] = st.x[held][r];
+      for (int r = t; r < ROWS; r += kConsumers) rx[r] = x_in[r];
       if (it.split == 0) {
         if (t == 0) p.rec_dt[head_rec * CAP + held] = sc.dt[held];
         if (it.head % HPG == 0) {
+          const act_t* b_in = p.B + int64_t(it.row) * p.b_stride_b + int64_t(it.group) * p.b_stride_g;
           act_t* rb = p.rec_b + ((int64_t(slot) * (p.num_heads / HPG) + it.group) * CAP + held) * N;
-          for (int k = t; k < N; k += kConsumers) rb[k] = st.b[held][k];
+          for (int k = t; k < N; k += kConsumers) rb[k] = b_in[k];
         }
       }
     }
-    release_stage(empty);
     pipe::sync_threads(1, kConsumers);  // scratch is reused by the next item
     if (t == 0) {
       __threadfence();
