@@ -11,14 +11,47 @@
 //   produce(params, item, slot, held, stage, meta, full): one producer warp, for a real slot
 //     (the driver fills meta's slot, held and epoch); ends with every lane arriving on `full`
 //     through pipe::arrive_after_words, and lane 0 with pipe::arrive_expect_bytes;
-//   consume(params, item, stage, meta, scratch, empty): the consumer warps; each warp arrives on
-//     `empty` once it no longer reads the stage.
+//   consume(params, item, stage, meta, scratch, empty, arrival): the consumer warps; each warp
+//     arrives on `empty` once it no longer reads the stage (or meta), and thread 0 starts the
+//     item's cursor arrival.
 #pragma once
 #include "common/dtype.cuh"
 #include "common/pipeline.cuh"
 #include "common/replay.cuh"
 
 namespace replayssm {
+
+// An item's arrival on its slot's cursor (word 2 counts arrivals; the last of a row advances
+// words 0 and 1). The atomic's result is only looked at when the next item arrives (or the CTA
+// ends), so its round trip overlaps that item's work instead of stalling the consumers. No
+// fence: this launch never reads a cursor again once its whole row has arrived.
+struct CursorArrival {
+  int32_t* cursor = nullptr;
+  int arrived = 0, count = 0, records = 0;
+  bool flush = false;
+  __device__ __forceinline__ void finish() {
+    if (cursor != nullptr && arrived == count - 1) {
+      cursor[0] = flush ? 0 : records;
+      if (flush) cursor[1] += 1;
+      cursor[2] = 0;
+    }
+    cursor = nullptr;
+  }
+  __device__ __forceinline__ void start(int32_t* slot_cursor, int items_per_row, bool flushed, int new_records) {
+    finish();
+    cursor = slot_cursor;
+    count = items_per_row;
+    flush = flushed;
+    records = new_records;
+    arrived = atomicAdd(slot_cursor + 2, 1);
+  }
+};
+
+// Stages per CTA: as many as ~108 KiB holds (two CTAs per SM), at least 2, at most 8.
+constexpr int stream_stages(size_t stage_bytes) {
+  const size_t n = (108 * 1024) / stage_bytes;
+  return n < 2 ? 2 : (n > 8 ? 8 : int(n));
+}
 
 template <class F>
 struct StreamSmem {
@@ -30,7 +63,7 @@ struct StreamSmem {
 };
 
 template <class F>
-__global__ void __launch_bounds__(F::kConsumerWarps * 32 + 32)
+__global__ void __launch_bounds__(F::kConsumerWarps * 32 + 32, 2)  // two CTAs per SM
     stream_kernel(const typename F::Params p, int num_items) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
   __trap();  // bulk copies need sm_90; the Python side never picks this kernel below it
@@ -86,10 +119,12 @@ __global__ void __launch_bounds__(F::kConsumerWarps * 32 + 32)
       }
     }
   } else {
+    CursorArrival arrival;
     for (int item = blockIdx.x; item < num_items; item += gridDim.x, ring.next()) {
       pipe::wait(&sm.full[ring.stage], ring.parity);
-      F::consume(p, item, sm.stage[ring.stage], sm.meta[ring.stage], sm.scratch, &sm.empty[ring.stage]);
+      F::consume(p, item, sm.stage[ring.stage], sm.meta[ring.stage], sm.scratch, &sm.empty[ring.stage], arrival);
     }
+    arrival.finish();
   }
 #endif
 }

@@ -39,8 +39,7 @@ struct Stream {
     float pred[CAP], osum[CAP], fold[CAP];  // per-record coefficients of u_i
     float total, beta, q2;
   };
-  static constexpr int kStages =
-      (110 * 1024) / sizeof(Stage) < 2 ? 2 : ((110 * 1024) / sizeof(Stage) > 4 ? 4 : (110 * 1024) / sizeof(Stage));
+  static constexpr int kStages = stream_stages(sizeof(Stage));
 
   static __host__ __device__ __forceinline__ int items_per_row(const Params& p) { return p.num_v_heads * kSplits; }
   static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
@@ -93,7 +92,7 @@ struct Stream {
   }
 
   static __device__ __forceinline__ void consume(const Params& p, int item, const Stage& st, const Meta& meta,
-                                                 Scratch& sc, uint64_t* empty) {
+                                                 Scratch& sc, uint64_t* empty, CursorArrival& arrival) {
     const Item it(item, p.num_v_heads);
     const int t = threadIdx.x, warp = t / 32, lane = t % 32, row0 = it.split * ROWS;
     const int held = meta.held, slot = meta.slot;
@@ -174,6 +173,8 @@ struct Stream {
       }
       v_mine = to_float(st.v[mine]);
     }
+    const uint32_t epoch = meta.epoch;
+    if (!flush) release_stage(empty);  // the rest runs from registers (a flush still reads k, u)
     // alpha S_{j-1} k^_j = total S_c k^_j + pred, u_j = beta (v - that), o_j = total S_c q^ + osum + (k^_j . q^) u_j
     float u_j[Rows::kPasses], o[Rows::kPasses];
     #pragma unroll
@@ -227,7 +228,7 @@ struct Stream {
         o[pass] = acc;
       }
     }
-    release_stage(empty);
+    if (flush) release_stage(empty);
     float* u_out = p.rec_u + ((int64_t(slot) * p.num_v_heads + it.vhead) * CAP + held) * V + row0;
     #pragma unroll
     for (int pass = 0; pass < Rows::kPasses; ++pass) {
@@ -238,7 +239,7 @@ struct Stream {
           state_t* dst = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(it.vhead) * V + row0 + r) * K;
           #pragma unroll
           for (int c = 0; c < Rows::kChunks; ++c)
-            store_chunk<state_t, SR>(dst + Rows::col(c), s[pass][c], p.seed, (uint64_t(slot) << 32) | meta.epoch,
+            store_chunk<state_t, SR>(dst + Rows::col(c), s[pass][c], p.seed, (uint64_t(slot) << 32) | epoch,
                                      (uint64_t(it.vhead) * V + row0 + r) * K + Rows::col(c));
         }
       }
@@ -257,15 +258,7 @@ struct Stream {
       }
     }
     pipe::sync_threads(1, kConsumers);  // scratch is reused by the next item
-    if (t == 0) {
-      __threadfence();
-      int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
-      if (atomicAdd(cursor + 2, 1) == items_per_row(p) - 1) {
-        cursor[0] = flush ? 0 : records;
-        if (flush) cursor[1] += 1;
-        cursor[2] = 0;
-      }
-    }
+    if (t == 0) arrival.start(p.cursors + int64_t(slot) * kCursorWords, items_per_row(p), flush, records);
   }
 };
 

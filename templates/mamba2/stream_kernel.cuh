@@ -38,9 +38,7 @@ struct Stream {
     float dt[CAP], log_decay[CAP], decay[CAP], dot[CAP];
     float total;
   };
-  // Two CTAs per SM, as many stages each as ~110 KiB allows (2..4).
-  static constexpr int kStages =
-      (110 * 1024) / sizeof(Stage) < 2 ? 2 : ((110 * 1024) / sizeof(Stage) > 4 ? 4 : (110 * 1024) / sizeof(Stage));
+  static constexpr int kStages = stream_stages(sizeof(Stage));
 
   static __host__ __device__ __forceinline__ int items_per_row(const Params& p) { return p.num_heads * kSplits; }
 
@@ -93,7 +91,7 @@ struct Stream {
   }
 
   static __device__ __forceinline__ void consume(const Params& p, int item, const Stage& st, const Meta& meta,
-                                                 Scratch& sc, uint64_t* empty) {
+                                                 Scratch& sc, uint64_t* empty, CursorArrival& arrival) {
     const Item it(item, p.num_heads);
     const int t = threadIdx.x, warp = t / 32, lane = t % 32, row0 = it.split * ROWS;
     const int held = meta.held, slot = meta.slot;
@@ -147,6 +145,9 @@ struct Stream {
           extra = fmaf(sc.decay[i] * sc.dt[i] * sc.dot[i], to_float(st.x[i][mine]), extra);
       extra = fmaf(D, to_float(st.x[held][mine]), extra);
     }
+    const float z_mine = HAS_Z && mine < ROWS ? to_float(st.z[mine]) : 0.f;
+    const uint32_t epoch = meta.epoch;
+    if (!flush) release_stage(empty);  // the rest runs from registers (a flush still reads B, x)
     float acc[Rows::kPasses];
     if (flush) {  // S <- a(1:j) S + sum_i (a(i+1:j) dt_i x_i[r]) B_i: exact FP32 FMAs
       #pragma unroll
@@ -182,24 +183,23 @@ struct Stream {
     #pragma unroll
     for (int pass = 0; pass < Rows::kPasses; ++pass) {
       const int r = Rows::row(pass);
-      float y = group_sum<Rows::kLanesPerRow>(acc[pass]) + __shfl_sync(0xffffffffu, extra, Rows::owner_lane(pass));
+      const int owner = Rows::owner_lane(pass);
+      float y = group_sum<Rows::kLanesPerRow>(acc[pass]) + __shfl_sync(0xffffffffu, extra, owner);
+      const float zr = __shfl_sync(0xffffffffu, z_mine, owner);
       if (flush && r < ROWS) {
         state_t* dst = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(it.head) * P + row0 + r) * N;
         #pragma unroll
         for (int c = 0; c < Rows::kChunks; ++c)
-          store_chunk<state_t, SR>(dst + Rows::col(c), s[pass][c], p.seed, (uint64_t(slot) << 32) | meta.epoch,
+          store_chunk<state_t, SR>(dst + Rows::col(c), s[pass][c], p.seed, (uint64_t(slot) << 32) | epoch,
                                    (uint64_t(it.head) * P + row0 + r) * N + Rows::col(c));
       }
       if (r < ROWS && Rows::row_leader()) {
-        if constexpr (HAS_Z) {
-          const float zr = to_float(st.z[r]);
-          y *= zr / (1.f + expf(-zr));
-        }
+        if constexpr (HAS_Z) y *= zr / (1.f + expf(-zr));
         out[r] = from_float<act_t>(y);
       }
     }
 
-    release_stage(empty);
+    if (flush) release_stage(empty);
 
     if (!flush) {  // append this token's record at ring row `held` (exact copies of the inputs)
       const int64_t head_rec = int64_t(slot) * p.num_heads + it.head;
@@ -216,15 +216,7 @@ struct Stream {
       }
     }
     pipe::sync_threads(1, kConsumers);  // scratch is reused by the next item
-    if (t == 0) {
-      __threadfence();
-      int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
-      if (atomicAdd(cursor + 2, 1) == items_per_row(p) - 1) {
-        cursor[0] = flush ? 0 : records;
-        if (flush) cursor[1] += 1;
-        cursor[2] = 0;
-      }
-    }
+    if (t == 0) arrival.start(p.cursors + int64_t(slot) * kCursorWords, items_per_row(p), flush, records);
   }
 };
 
