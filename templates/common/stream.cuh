@@ -11,9 +11,10 @@
 //   produce(params, item, slot, held, stage, meta, full): one producer warp, for a real slot
 //     (the driver fills meta's slot, held and epoch); ends with every lane arriving on `full`
 //     through pipe::arrive_after_words, and lane 0 with pipe::arrive_expect_bytes;
-//   consume(params, item, stage, meta, scratch, empty, arrival): the consumer warps; each warp
-//     arrives on `empty` once it no longer reads the stage (or meta), and thread 0 starts the
-//     item's cursor arrival.
+//   consume(params, item, stage, meta, scratch, empty, arrival): the consumer warps, with one
+//     barrier (id 1) after writing scratch and none at the end (scratch alternates between
+//     items); each warp arrives on `empty` once it no longer reads the stage (or meta), and
+//     thread 0 starts the item's cursor arrival.
 #pragma once
 #include "common/dtype.cuh"
 #include "common/pipeline.cuh"
@@ -59,7 +60,8 @@ struct StreamSmem {
   typename F::Meta meta[F::kStages];
   uint64_t full[F::kStages];
   uint64_t empty[F::kStages];
-  typename F::Scratch scratch;
+  typename F::Scratch scratch[2];  // alternate items: a fast warp may start the next item's
+                                   // scratch while a slow one still reads this item's
 };
 
 template <class F>
@@ -120,9 +122,11 @@ __global__ void __launch_bounds__(F::kConsumerWarps * 32 + 32, 2)  // two CTAs p
     }
   } else {
     CursorArrival arrival;
-    for (int item = blockIdx.x; item < num_items; item += gridDim.x, ring.next()) {
+    int which = 0;
+    for (int item = blockIdx.x; item < num_items; item += gridDim.x, ring.next(), which ^= 1) {
       pipe::wait(&sm.full[ring.stage], ring.parity);
-      F::consume(p, item, sm.stage[ring.stage], sm.meta[ring.stage], sm.scratch, &sm.empty[ring.stage], arrival);
+      F::consume(p, item, sm.stage[ring.stage], sm.meta[ring.stage], sm.scratch[which], &sm.empty[ring.stage],
+                 arrival);
     }
     arrival.finish();
   }

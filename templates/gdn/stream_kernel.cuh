@@ -166,6 +166,7 @@ struct Stream {
     const int mine = Rows::own_row();
     float pred = 0.f, osum = 0.f, v_mine = 0.f;
     if (mine < ROWS) {
+      #pragma unroll 4
       for (int i = 0; i < held; ++i) {
         const float u = st.u[i][mine];
         pred = fmaf(sc.pred[i], u, pred);
@@ -174,7 +175,16 @@ struct Stream {
       v_mine = to_float(st.v[mine]);
     }
     const uint32_t epoch = meta.epoch;
-    if (!flush) release_stage(empty);  // the rest runs from registers (a flush still reads k, u)
+    if (!flush) {
+      if (it.split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`
+        if (t == 0) p.rec_g[(int64_t(slot) * p.num_v_heads + it.vhead) * CAP + held] = sc.g[held];
+        if (it.vhead % VPH == 0) {
+          act_t* k_out = p.rec_k + ((int64_t(slot) * (p.num_v_heads / VPH) + it.khead) * CAP + held) * K;
+          for (int c = t; c < K; c += kConsumers) k_out[c] = st.k[held][c];
+        }
+      }
+      release_stage(empty);  // the rest runs from registers (a flush still reads k, u)
+    }
     // alpha S_{j-1} k^_j = total S_c k^_j + pred, u_j = beta (v - that), o_j = total S_c q^ + osum + (k^_j . q^) u_j
     float u_j[Rows::kPasses], o[Rows::kPasses];
     #pragma unroll
@@ -249,15 +259,6 @@ struct Stream {
       }
     }
 
-    if (!flush && it.split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`
-      if (t == 0) p.rec_g[(int64_t(slot) * p.num_v_heads + it.vhead) * CAP + held] = sc.g[held];
-      if (it.vhead % VPH == 0) {
-        const act_t* k_in = p.k + int64_t(it.row) * p.k_stride_b + int64_t(it.khead) * p.k_stride_h;
-        act_t* k_out = p.rec_k + ((int64_t(slot) * (p.num_v_heads / VPH) + it.khead) * CAP + held) * K;
-        for (int c = t; c < K; c += kConsumers) k_out[c] = k_in[c];
-      }
-    }
-    pipe::sync_threads(1, kConsumers);  // scratch is reused by the next item
     if (t == 0) arrival.start(p.cursors + int64_t(slot) * kCursorWords, items_per_row(p), flush, records);
   }
 };

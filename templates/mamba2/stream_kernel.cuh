@@ -140,14 +140,28 @@ struct Stream {
     const int mine = Rows::own_row();
     float extra = 0.f;  // non-flush: sum_i a(i+1:j) dt_i (B_i . C) x_i[mine]; both: + D x_j[mine]
     if (mine < ROWS) {
-      if (!flush)
+      if (!flush) {
+        #pragma unroll 4
         for (int i = 0; i < records; ++i)
           extra = fmaf(sc.decay[i] * sc.dt[i] * sc.dot[i], to_float(st.x[i][mine]), extra);
+      }
       extra = fmaf(D, to_float(st.x[held][mine]), extra);
     }
     const float z_mine = HAS_Z && mine < ROWS ? to_float(st.z[mine]) : 0.f;
     const uint32_t epoch = meta.epoch;
-    if (!flush) release_stage(empty);  // the rest runs from registers (a flush still reads B, x)
+    if (!flush) {  // append this token's record at ring row `held` (exact copies, from the stage)
+      const int64_t head_rec = int64_t(slot) * p.num_heads + it.head;
+      act_t* rx = p.rec_x + (head_rec * CAP + held) * P + row0;
+      for (int r = t; r < ROWS; r += kConsumers) rx[r] = st.x[held][r];
+      if (it.split == 0) {
+        if (t == 0) p.rec_dt[head_rec * CAP + held] = sc.dt[held];
+        if (it.head % HPG == 0) {
+          act_t* rb = p.rec_b + ((int64_t(slot) * (p.num_heads / HPG) + it.group) * CAP + held) * N;
+          for (int k = t; k < N; k += kConsumers) rb[k] = st.b[held][k];
+        }
+      }
+      release_stage(empty);  // the rest runs from registers (a flush still reads B, x)
+    }
     float acc[Rows::kPasses];
     if (flush) {  // S <- a(1:j) S + sum_i (a(i+1:j) dt_i x_i[r]) B_i: exact FP32 FMAs
       #pragma unroll
@@ -201,21 +215,6 @@ struct Stream {
 
     if (flush) release_stage(empty);
 
-    if (!flush) {  // append this token's record at ring row `held` (exact copies of the inputs)
-      const int64_t head_rec = int64_t(slot) * p.num_heads + it.head;
-      const act_t* x_in = p.x + int64_t(it.row) * p.x_stride_b + int64_t(it.head) * p.x_stride_h + row0;
-      act_t* rx = p.rec_x + (head_rec * CAP + held) * P + row0;
-      for (int r = t; r < ROWS; r += kConsumers) rx[r] = x_in[r];
-      if (it.split == 0) {
-        if (t == 0) p.rec_dt[head_rec * CAP + held] = sc.dt[held];
-        if (it.head % HPG == 0) {
-          const act_t* b_in = p.B + int64_t(it.row) * p.b_stride_b + int64_t(it.group) * p.b_stride_g;
-          act_t* rb = p.rec_b + ((int64_t(slot) * (p.num_heads / HPG) + it.group) * CAP + held) * N;
-          for (int k = t; k < N; k += kConsumers) rb[k] = b_in[k];
-        }
-      }
-    }
-    pipe::sync_threads(1, kConsumers);  // scratch is reused by the next item
     if (t == 0) arrival.start(p.cursors + int64_t(slot) * kCursorWords, items_per_row(p), flush, records);
   }
 };
