@@ -44,17 +44,30 @@ def test_stream_rows_are_whole_bulk_copies():
     assert stream_rows(mamba2_spec(headdim=24, dstate=64, heads_per_group=2)) == [24]
 
 
-def test_replay_uses_stream_kernel_by_default():
+def test_replay_kernel_heuristic():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
     rows, flags = mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=True)
     assert flags & tiling.FLAG_STREAM and rows == 64
     assert flags & tiling.FLAG_SPECULATIVE_RECORDS
-    # one sequence: smaller tiles so that the persistent grid has work for every CTA
-    rows, _ = mamba2_ops.choose_launch(spec, 1, 128, CPU, replay=True)
-    assert rows == 16
-    # the conventional step never uses it
-    rows, flags = mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=False)
+    # batch 8: 1024 (row, head) pairs, still streaming, whole heads per item
+    assert mamba2_ops.choose_launch(spec, 8, 128, CPU, replay=True) == (64, flags)
+    # one sequence (128 pairs on 132 SMs): the per-item kernel
+    rows, flags = mamba2_ops.choose_launch(spec, 1, 128, CPU, replay=True)
     assert not flags & tiling.FLAG_STREAM
+    # the conventional step never streams; GDN streams only when asked to
+    assert not mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_STREAM
+    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    assert not gdn_ops.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & tiling.FLAG_STREAM
+
+
+def test_replay_kernel_forced_stream(monkeypatch):
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "stream")
+    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    rows, flags = gdn_ops.choose_launch(qwen, 256, 32, CPU, replay=True)
+    assert flags & tiling.FLAG_STREAM and rows == 64
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    # forced at batch 1: the smallest tile, so that more CTAs get work
+    assert mamba2_ops.choose_launch(spec, 1, 128, CPU, replay=True)[0] == 16
 
 
 def test_replay_kernel_override(monkeypatch):

@@ -38,6 +38,9 @@ from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, spec_tilings, stream_ro
 
 ROWS_ENV = "REPLAYSSM_GDN_ROWS_PER_CTA"
 STREAM_ROWS_ENV = "REPLAYSSM_GDN_STREAM_ROWS"
+# H200 (benchmarks/results/2026-11-29-h200-stream): the per-item kernel is faster for GDN at
+# every batch measured, so the streaming one runs only when REPLAYSSM_REPLAY_KERNEL=stream.
+STREAM_MIN_PAIRS_PER_SM = None
 
 
 def choose_rows_per_cta(
@@ -52,11 +55,12 @@ def choose_rows_per_cta(
 def choose_launch(
     spec: KernelSpec, batch: int, num_v_heads: int, device: torch.device, *, replay: bool
 ) -> tuple[int, int]:
-    """(rows, flags) for this batch: ReplaySSM on the streaming kernel where the shape and device
-    allow (tile override: REPLAYSSM_GDN_STREAM_ROWS), else the per-item kernel."""
+    """(rows, flags) for this batch: the per-item kernel, or the streaming kernel when
+    REPLAYSSM_REPLAY_KERNEL=stream (tile override: REPLAYSSM_GDN_STREAM_ROWS)."""
     return tiling.choose_launch(
         spec_tilings(spec), stream_rows(spec), spec.dim("v"), batch, num_v_heads, device,
         replay=replay, rows_env=ROWS_ENV, stream_rows_env=STREAM_ROWS_ENV,
+        stream_min_pairs_per_sm=STREAM_MIN_PAIRS_PER_SM,
     )  # fmt: skip
 
 

@@ -31,6 +31,9 @@ from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, spec_tilings, stream_ro
 
 ROWS_ENV = "REPLAYSSM_MAMBA2_ROWS_PER_CTA"
 STREAM_ROWS_ENV = "REPLAYSSM_MAMBA2_STREAM_ROWS"
+# H200, FP32 state, L = 16 (benchmarks/results/2026-11-29-h200-stream): the streaming kernel
+# wins from batch 8 (1024 (row, head) pairs) up and loses at batch 1 (128 pairs).
+STREAM_MIN_PAIRS_PER_SM = 2
 
 
 def choose_rows_per_cta(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> int:
@@ -43,11 +46,13 @@ def choose_rows_per_cta(spec: KernelSpec, batch: int, num_heads: int, device: to
 def choose_launch(
     spec: KernelSpec, batch: int, num_heads: int, device: torch.device, *, replay: bool
 ) -> tuple[int, int]:
-    """(rows, flags) for this batch: ReplaySSM on the streaming kernel where the shape and device
-    allow (tile override: REPLAYSSM_MAMBA2_STREAM_ROWS), else the per-item kernel."""
+    """(rows, flags) for this batch: ReplaySSM on the streaming kernel from STREAM_MIN_PAIRS_PER_SM
+    (batch row, head) pairs per SM where the shape and device allow (tile override:
+    REPLAYSSM_MAMBA2_STREAM_ROWS), else the per-item kernel."""
     return tiling.choose_launch(
         spec_tilings(spec), stream_rows(spec), spec.dim("p"), batch, num_heads, device,
         replay=replay, rows_env=ROWS_ENV, stream_rows_env=STREAM_ROWS_ENV,
+        stream_min_pairs_per_sm=STREAM_MIN_PAIRS_PER_SM,
     )  # fmt: skip
 
 

@@ -103,9 +103,12 @@ REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
 REPLAY_KERNELS = ("stream", "per-item")
 
 
-def use_stream_kernel(stream_options: list[int], device: torch.device) -> bool:
+def use_stream_kernel(
+    stream_options: list[int], device: torch.device, *, preferred: bool = True
+) -> bool:
     """Run the ReplaySSM step on the persistent streaming kernel (bulk copies, sm_90+) when the
-    shape allows it; REPLAYSSM_REPLAY_KERNEL=per-item|stream overrides."""
+    shape allows it and the family's heuristic `preferred` it; REPLAYSSM_REPLAY_KERNEL=
+    per-item|stream overrides the heuristic."""
     forced = os.environ.get(REPLAY_KERNEL_ENV)
     if forced and forced not in REPLAY_KERNELS:
         raise ValueError(f"{REPLAY_KERNEL_ENV}: expected one of {REPLAY_KERNELS}, got {forced!r}")
@@ -115,7 +118,9 @@ def use_stream_kernel(stream_options: list[int], device: torch.device) -> bool:
     if forced == "stream" and not (stream_options and hopper):
         why = "an sm_90+ device" if stream_options else "16-byte row tiles (see spec.stream_rows)"
         raise ValueError(f"{REPLAY_KERNEL_ENV}: 'stream' needs {why}, got {device} and this shape")
-    return bool(stream_options) and hopper
+    if forced == "stream":
+        return True
+    return bool(stream_options) and hopper and preferred
 
 
 def launch_flags(*, stream: bool = False) -> int:
@@ -141,10 +146,20 @@ def choose_launch(
     replay: bool,
     rows_env: str,
     stream_rows_env: str,
+    stream_min_pairs_per_sm: float | None,
 ) -> tuple[int, int]:
     """(rows, flags) for a module's step: the streaming kernel's tile for ReplaySSM where it
-    applies, else the per-item kernel's."""
-    if replay and use_stream_kernel(stream_options, device):
+    applies and the batch has at least `stream_min_pairs_per_sm` (batch row, head) pairs per SM
+    (None: only when forced), else the per-item kernel's."""
+    sms = (
+        torch.cuda.get_device_properties(device).multi_processor_count
+        if device.type == "cuda"
+        else 132
+    )
+    preferred = (
+        stream_min_pairs_per_sm is not None and batch * num_heads >= stream_min_pairs_per_sm * sms
+    )
+    if replay and use_stream_kernel(stream_options, device, preferred=preferred):
         tile = choose_stream_rows(stream_options, rows, batch, num_heads, device, stream_rows_env)
         return tile, launch_flags(stream=True)
     return choose_rows_per_cta(tilings, rows, batch, num_heads, device, rows_env), launch_flags()
