@@ -106,10 +106,14 @@ def environment() -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
-        # A snapshot without .git (as sent to a device) carries its commit in the environment.
-        "git_commit": sh("git rev-parse --verify -q HEAD")
-        or os.environ.get("REPLAYSSM_GIT_COMMIT", "unknown"),
-        "git_dirty": bool(sh("git status --porcelain --untracked-files=no")),
+        # A snapshot sent to a device names its commit in the environment; that wins over any
+        # git checkout around it (the device's copy of the tree may carry a stale .git).
+        "git_commit": os.environ.get("REPLAYSSM_GIT_COMMIT")
+        or sh("git rev-parse --verify -q HEAD")
+        or "unknown",
+        "git_dirty": False
+        if os.environ.get("REPLAYSSM_GIT_COMMIT")
+        else bool(sh("git status --porcelain --untracked-files=no")),
         "nvidia_smi": sh(
             "nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader"
         ),

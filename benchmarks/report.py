@@ -38,11 +38,11 @@ OURS = ("conventional", "nonflush", "flush", "amortized", "cycle")
 def table(rows: list[dict], fi: dict, family: str) -> str:
     by_cfg: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in rows:
-        if "@rows" not in r["kernel"]:
+        if "@" not in r["kernel"]:
             by_cfg[(r["shape"], r["state"], r["window"], r["batch"])][r["kernel"]] = r
     # Peers measured by the same benchmark (e.g. fla for GDN) become columns too.
     same_run = sorted(
-        {r["kernel"] for r in rows if "@rows" not in r["kernel"] and r["kernel"] not in OURS}
+        {r["kernel"] for r in rows if "@" not in r["kernel"] and r["kernel"] not in OURS}
     )
     for (shape, _state, _window, batch), k in by_cfg.items():
         for name in same_run:
@@ -102,6 +102,25 @@ def table(rows: list[dict], fi: dict, family: str) -> str:
     return f"### {family}\n\n" + "\n".join(lines) + "\n"
 
 
+def variants_table(rows: list[dict], family: str) -> str:
+    """Launch variants (kernel@variant rows: per-item row tiles, streaming tiles) per config."""
+    by_cfg: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        if "@" in r["kernel"]:
+            by_cfg[(r["shape"], r["state"], r["window"], r["batch"])][r["kernel"]] = r["us"]
+    if not by_cfg:
+        return ""
+    lines = [
+        f"### {family}: launch variants (µs; conventional@X is the conventional step at tile X,"
+        " cycle@X one ReplaySSM step amortized over a measured L-cycle)",
+        "",
+    ]
+    for (shape, state, window, batch), ks in by_cfg.items():
+        cells = ", ".join(f"{k} {v:.1f}" for k, v in ks.items())
+        lines.append(f"- {shape} {state} L={window} batch {batch}: {cells}")
+    return "\n".join(lines) + "\n"
+
+
 def plot(rows: list[dict], fi: dict, out: Path, family: str) -> None:
     import matplotlib
 
@@ -158,6 +177,7 @@ def main(argv=None) -> int:
         rows = load_rows(args.run_dir, family)
         if rows:
             parts.append(table(rows, dict(fi) if family == "mamba2" else {}, family))
+            parts.append(variants_table(rows, family))
             plot(rows, fi if family == "mamba2" else {}, args.out / f"{family}_speedup.png", family)
     (args.out / "tables.md").write_text("\n".join(parts))
     print("\n".join(parts))
