@@ -39,7 +39,7 @@ from harness import (
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
 from replayssm_jit.models import get_model
 from replayssm_jit.ops.gdn import ROWS_ENV, STREAM_ROWS_ENV
-from replayssm_jit.spec import gdn_spec, gdn_tilings, stream_rows
+from replayssm_jit.spec import gdn_spec
 
 ACT = torch.bfloat16
 
@@ -143,22 +143,16 @@ def bench_config(shape, batch, window, state_name, args, kernels=(*REPLAY_KERNEL
 
 
 def variants(cfg):
-    model = get_model(cfg[0])
-    spec_tiles = [r for r, _ in gdn_tilings(model.d_v, model.d_k, cfg[3])]
-    return launch_variants(
-        ROWS_ENV,
-        STREAM_ROWS_ENV,
-        spec_tiles,
-        stream_rows(
-            gdn_spec(
-                head_k_dim=model.d_k,
-                head_v_dim=model.d_v,
-                value_heads_per_key_head=model.value_heads // model.key_heads,
-                window=cfg[2],
-                state_dtype=cfg[3],
-            )
-        ),
+    shape, _batch, window, state = cfg
+    model = get_model(shape)
+    spec = gdn_spec(
+        head_k_dim=model.d_k,
+        head_v_dim=model.d_v,
+        value_heads_per_key_head=model.value_heads // model.key_heads,
+        window=window,
+        state_dtype=state,
     )
+    return launch_variants(spec, ROWS_ENV, STREAM_ROWS_ENV)
 
 
 def main(argv=None):

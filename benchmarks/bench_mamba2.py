@@ -32,7 +32,7 @@ from harness import (
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
 from replayssm_jit.models import get_model
 from replayssm_jit.ops.mamba2 import ROWS_ENV, STREAM_ROWS_ENV
-from replayssm_jit.spec import mamba2_spec, mamba2_tilings, stream_rows
+from replayssm_jit.spec import mamba2_spec
 
 
 def bytes_per_step(H, P, N, G, batch, window, state_size, act_size=2):
@@ -90,22 +90,16 @@ def bench_config(shape, batch, window, state_name, args, kernels=REPLAY_KERNELS)
 
 
 def variants(cfg):
-    model = get_model(cfg[0])
-    spec_tiles = [r for r, _ in mamba2_tilings(model.d_v, model.d_k, cfg[3])]
-    return launch_variants(
-        ROWS_ENV,
-        STREAM_ROWS_ENV,
-        spec_tiles,
-        stream_rows(
-            mamba2_spec(
-                headdim=model.d_v,
-                dstate=model.d_k,
-                heads_per_group=model.value_heads // model.key_heads,
-                window=cfg[2],
-                state_dtype=cfg[3],
-            )
-        ),
+    shape, _batch, window, state = cfg
+    model = get_model(shape)
+    spec = mamba2_spec(
+        headdim=model.d_v,
+        dstate=model.d_k,
+        heads_per_group=model.value_heads // model.key_heads,
+        window=window,
+        state_dtype=state,
     )
+    return launch_variants(spec, ROWS_ENV, STREAM_ROWS_ENV)
 
 
 def main(argv=None):

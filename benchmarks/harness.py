@@ -204,12 +204,15 @@ def run_sweep(
 
 
 def launch_variants(
-    rows_env: str, stream_rows_env: str, tilings: Sequence[int], stream_tiles: Sequence[int]
+    spec, rows_env: str, stream_rows_env: str
 ) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
-    """(label, environment, kernels) per launch choice: every per-item row tile (conventional
-    and a ReplaySSM cycle), then every streaming-kernel tile (a ReplaySSM cycle)."""
+    """(label, environment, kernels) per launch choice of `spec`'s module: every per-item row
+    tile (conventional and a ReplaySSM cycle), then every streaming tile (a ReplaySSM cycle)."""
     from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
+    from replayssm_jit.spec import spec_tilings, stream_rows
 
+    tilings = [r for r, _ in spec_tilings(spec)]
+    stream_tiles = stream_rows(spec)
     out = [
         (f"rows{r}", {rows_env: str(r), REPLAY_KERNEL_ENV: "per-item"}, ("conventional", "cycle"))
         for r in tilings

@@ -47,6 +47,29 @@ def rows_tilings(
     return tilings
 
 
+def sm_count(device: torch.device) -> int:
+    """SMs of `device` (an H200's 132 where there is no GPU, e.g. CPU tests of the heuristics)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def _largest_filling_tile(
+    options: list[int], rows: int, batch: int, num_heads: int, device: torch.device, env_var: str
+) -> int:
+    """The largest tile (options largest first) whose items cover every SM TARGET_CTAS_PER_SM
+    times, else the smallest; `env_var` overrides with one of `options`."""
+    forced = os.environ.get(env_var)
+    if forced:
+        if not forced.isdigit() or int(forced) not in options:
+            raise ValueError(f"{env_var}: expected one of {options}, got {forced!r}")
+        return int(forced)
+    for r in options:
+        if batch * num_heads * (rows // r) >= TARGET_CTAS_PER_SM * sm_count(device):
+            return r
+    return options[-1]
+
+
 def choose_rows_per_cta(
     tilings: list[tuple[int, int]],
     rows: int,
@@ -55,23 +78,13 @@ def choose_rows_per_cta(
     device: torch.device,
     env_var: str,
 ) -> int:
-    """Largest row tile that still gives enough CTAs; `env_var` overrides with a compiled tile."""
+    """Largest row tile (of the preferred warp count) that still gives enough CTAs; `env_var`
+    overrides with any compiled tile."""
     options = [r for r, _ in tilings]
-    forced = os.environ.get(env_var)
-    if forced:
-        if not forced.isdigit() or int(forced) not in options:
-            raise ValueError(f"{env_var}: expected one of {options}, got {forced!r}")
-        return int(forced)
-    sms = (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else 132
-    )
+    if os.environ.get(env_var):
+        return _largest_filling_tile(options, rows, batch, num_heads, device, env_var)
     preferred = [r for r, w in tilings if w == PREFERRED_WARPS] or options
-    for r in preferred:
-        if batch * num_heads * (rows // r) >= TARGET_CTAS_PER_SM * sms:
-            return r
-    return preferred[-1]
+    return _largest_filling_tile(preferred, rows, batch, num_heads, device, env_var)
 
 
 def choose_stream_rows(
@@ -79,20 +92,7 @@ def choose_stream_rows(
 ) -> int:
     """Row tile of the streaming kernel: the largest that still gives every CTA of the
     persistent grid an item; `env_var` overrides with a compiled tile."""
-    forced = os.environ.get(env_var)
-    if forced:
-        if not forced.isdigit() or int(forced) not in options:
-            raise ValueError(f"{env_var}: expected one of {options}, got {forced!r}")
-        return int(forced)
-    sms = (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else 132
-    )
-    for r in options:
-        if batch * num_heads * (rows // r) >= TARGET_CTAS_PER_SM * sms:
-            return r
-    return options[-1]
+    return _largest_filling_tile(options, rows, batch, num_heads, device, env_var)
 
 
 # Bits of the modules' `flags` argument (templates/common/launch.cuh).
@@ -151,13 +151,9 @@ def choose_launch(
     """(rows, flags) for a module's step: the streaming kernel's tile for ReplaySSM where it
     applies and the batch has at least `stream_min_pairs_per_sm` (batch row, head) pairs per SM
     (None: only when forced), else the per-item kernel's."""
-    sms = (
-        torch.cuda.get_device_properties(device).multi_processor_count
-        if device.type == "cuda"
-        else 132
-    )
     preferred = (
-        stream_min_pairs_per_sm is not None and batch * num_heads >= stream_min_pairs_per_sm * sms
+        stream_min_pairs_per_sm is not None
+        and batch * num_heads >= stream_min_pairs_per_sm * sm_count(device)
     )
     if replay and use_stream_kernel(stream_options, device, preferred=preferred):
         tile = choose_stream_rows(stream_options, rows, batch, num_heads, device, stream_rows_env)
