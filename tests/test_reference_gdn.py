@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ref_helpers import (
+    F64,
+    batched_pool_vs_replay,
+    full_head_schedule,
+    long_random_schedule,
+    rand,
+    randn,
+    spec_only_schedule,
+)
 
 from replayssm_jit.reference import (
     GDNRecords,
@@ -18,7 +27,6 @@ from replayssm_jit.reference import (
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-F64 = torch.float64
 
 # DESIGN §6 (H key heads, HV value heads); "_r" = few heads, same K, V and HV/H ratio
 SHAPES = {
@@ -29,40 +37,32 @@ SHAPES = {
 }
 
 
-def _rand(gen, *shape, lo=0.0, hi=1.0):
-    return lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=F64)
-
-
-def _randn(gen, *shape):
-    return torch.randn(*shape, generator=gen, dtype=F64)
-
-
 class Family:
     """Parameters, fresh token inputs and the conventional step for one GDN layer."""
 
     def __init__(self, gen, H, HV, K, V, use_qk_l2norm=True, scale=None):
         self.gen, self.H, self.HV, self.K, self.V = gen, H, HV, K, V
-        self.A_log = torch.log(_rand(gen, HV, lo=0.5, hi=1.5))
-        self.dt_bias = _rand(gen, HV, lo=-0.25, hi=0.25)
+        self.A_log = torch.log(rand(gen, HV, lo=0.5, hi=1.5))
+        self.dt_bias = rand(gen, HV, lo=-0.25, hi=0.25)
         self.use_qk_l2norm, self.scale = use_qk_l2norm, scale
 
     def tokens(self, t, batch=None):
         lead = (t,) if batch is None else (batch, t)
         g = self.gen
-        q, k = _randn(g, *lead, self.H, self.K), _randn(g, *lead, self.H, self.K)
+        q, k = randn(g, *lead, self.H, self.K), randn(g, *lead, self.H, self.K)
         if not self.use_qk_l2norm:  # the caller normalises: keeps the state bounded
             q, k = q / q.norm(dim=-1, keepdim=True), k / k.norm(dim=-1, keepdim=True)
         # softplus(a + dt_bias) in [0.01, 0.39], exp(A_log) in [0.5, 1.5] -> alpha in [0.56, 1)
         gate, beta = gdn_gates(
             self.A_log,
-            _rand(g, *lead, self.HV, lo=-4.0, hi=-1.0),
+            rand(g, *lead, self.HV, lo=-4.0, hi=-1.0),
             self.dt_bias,
-            _randn(g, *lead, self.HV),
+            randn(g, *lead, self.HV),
         )
-        return dict(q=q, k=k, v=_randn(g, *lead, self.HV, self.V), g=gate, beta=beta)
+        return dict(q=q, k=k, v=randn(g, *lead, self.HV, self.V), g=gate, beta=beta)
 
     def state(self, *lead):
-        return _randn(self.gen, *lead, self.HV, self.V, self.K) * 0.1
+        return randn(self.gen, *lead, self.HV, self.V, self.K) * 0.1
 
     def conv(self, state, q, k, v, g, beta):
         o, s = gdn_step(
@@ -86,8 +86,8 @@ class Family:
 
 def test_gates_formula():
     gen = torch.Generator().manual_seed(1)
-    A_log, dt_bias = _randn(gen, 4), _randn(gen, 4)
-    a, b = _randn(gen, 3, 4) * 5, _randn(gen, 3, 4)
+    A_log, dt_bias = randn(gen, 4), randn(gen, 4)
+    a, b = randn(gen, 3, 4) * 5, randn(gen, 3, 4)
     g, beta = gdn_gates(A_log.float(), a.float(), dt_bias.float(), b.float())
     assert g.dtype == F64 and beta.dtype == F64
     x = a.float().double() + dt_bias.float().double()
@@ -152,34 +152,13 @@ def test_replay_output_fold_and_verify_functions(assert_rel):
 @pytest.mark.parametrize("L", [1, 4, 16, 64])
 def test_long_random_schedule(L, run_schedule):
     gen = torch.Generator().manual_seed(200 + L)
-    fam = Family(gen, **SHAPES["qwen4b_r"])
-    state = fam.state()
-    seq = fam.sequence(state, L=L)
-    stats = run_schedule(
-        seq, state, fam.conv, fam.tokens, gen, 240, p_flush=min(0.03, 0.5 / L), p_spec=0.6
-    )
-    assert stats["tokens"] >= 200 and stats["window"] > 0 and stats["explicit"] > 0
-    assert stats["chain"] > 0 and stats["tree"] > 0 and stats["accepted"] > 0
-    assert stats["early"] > 0 or L > 4
+    long_random_schedule(Family(gen, **SHAPES["qwen4b_r"]), gen, L, run_schedule)
 
 
 @pytest.mark.parametrize("L", [16, 64])
 def test_spec_only_schedule_reaches_early_flush(L, run_schedule):
     gen = torch.Generator().manual_seed(300 + L)
-    fam = Family(gen, **SHAPES["qwen4b_r"])
-    state = fam.state()
-    stats = run_schedule(
-        fam.sequence(state, L=L),
-        state,
-        fam.conv,
-        fam.tokens,
-        gen,
-        100,
-        p_flush=0.0,
-        p_spec=1.0,
-        p_tree=0.3,
-    )
-    assert stats["early"] > 0 and stats["steps"] == 0
+    spec_only_schedule(Family(gen, **SHAPES["qwen4b_r"]), gen, L, run_schedule)
 
 
 def test_long_random_schedule_qwen122b_ratio_no_l2norm(run_schedule):
@@ -194,11 +173,7 @@ def test_long_random_schedule_qwen122b_ratio_no_l2norm(run_schedule):
 def test_full_head_shapes(shape, run_schedule):
     gen = torch.Generator().manual_seed(11)
     fam = Family(gen, **SHAPES[shape])
-    state = fam.state()
-    stats = run_schedule(
-        fam.sequence(state, L=4, T=3), state, fam.conv, fam.tokens, gen, 10, p_spec=0.4
-    )
-    assert stats["window"] + stats["early"] + stats["explicit"] > 0
+    full_head_schedule(fam, gen, run_schedule)
 
 
 @pytest.mark.parametrize("shape", ["qwen4b", "qwen122b"])
@@ -206,17 +181,7 @@ def test_full_head_shapes_batched_pool_vs_replay(shape, assert_rel):
     """Batch 3 (one padded row) through the pool step vs two per-sequence replays (L = 4)."""
     gen = torch.Generator().manual_seed(12)
     fam = Family(gen, **SHAPES[shape])
-    pool = fam.state(3)
-    seqs = {0: fam.sequence(pool[2], L=4), 2: fam.sequence(pool[0], L=4)}
-    slots = torch.tensor([2, -1, 0])
-    for it in range(6):
-        t = {k: v[:, 0] for k, v in fam.tokens(1, batch=3).items()}
-        out = gdn_step_pool(pool, slots, **t)
-        assert torch.equal(out[1], torch.zeros_like(out[1]))
-        for b, seq in seqs.items():
-            assert_rel(seq.step(**{k: v[b] for k, v in t.items()}), out[b], 1e-12, f"{it} row {b}")
-    assert_rel(seqs[0].materialize(), pool[2], 1e-12, "slot 2")
-    assert_rel(seqs[2].materialize(), pool[0], 1e-12, "slot 0")
+    batched_pool_vs_replay(fam, gdn_step_pool, assert_rel)
 
 
 @pytest.mark.parametrize("pool_dtype", [F64, torch.float32])
@@ -255,7 +220,7 @@ def test_bad_inputs_raise_naming_the_argument():
         with pytest.raises(ValueError, match=f"^{name}: expected shape"):
             gdn_step(state, **{**t, name: bad})
     with pytest.raises(ValueError, match=r"^k: key heads H \(3\) must divide 4"):
-        gdn_step(state, _randn(gen, 2, 3, 16), _randn(gen, 2, 3, 16), t["v"], t["g"], t["beta"])
+        gdn_step(state, randn(gen, 2, 3, 16), randn(gen, 2, 3, 16), t["v"], t["g"], t["beta"])
     with pytest.raises(ValueError, match="^state: expected shape"):
         gdn_step(state[0], **t)
     pool = fam.state(3)

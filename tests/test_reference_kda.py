@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ref_helpers import (
+    F64,
+    batched_pool_vs_replay,
+    full_head_schedule,
+    long_random_schedule,
+    rand,
+    randn,
+    spec_only_schedule,
+)
 
 from replayssm_jit.reference import (
     GDNRecords,
@@ -20,7 +29,6 @@ from replayssm_jit.reference import (
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-F64 = torch.float64
 
 # Kimi-Linear style: 32 heads, K = V = 128 (no GVA); "_gva" adds HV/H = 2 at few heads
 SHAPES = {
@@ -28,14 +36,6 @@ SHAPES = {
     "kimi_r": dict(H=2, HV=2, K=128, V=128),
     "kimi_gva": dict(H=2, HV=4, K=128, V=128),
 }
-
-
-def _rand(gen, *shape, lo=0.0, hi=1.0):
-    return lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=F64)
-
-
-def _randn(gen, *shape):
-    return torch.randn(*shape, generator=gen, dtype=F64)
 
 
 class Family:
@@ -48,15 +48,15 @@ class Family:
         lead = (t,) if batch is None else (batch, t)
         g, H, HV, K, V = self.gen, self.H, self.HV, self.K, self.V
         return dict(
-            q=_randn(g, *lead, H, K),
-            k=_randn(g, *lead, H, K),
-            v=_randn(g, *lead, HV, V),
-            g=torch.log(_rand(g, *lead, HV, K, lo=0.5, hi=1.0)),  # alpha per channel in [0.5, 1)
-            beta=_rand(g, *lead, HV),
+            q=randn(g, *lead, H, K),
+            k=randn(g, *lead, H, K),
+            v=randn(g, *lead, HV, V),
+            g=torch.log(rand(g, *lead, HV, K, lo=0.5, hi=1.0)),  # alpha per channel in [0.5, 1)
+            beta=rand(g, *lead, HV),
         )
 
     def state(self, *lead):
-        return _randn(self.gen, *lead, self.HV, self.V, self.K) * 0.1
+        return randn(self.gen, *lead, self.HV, self.V, self.K) * 0.1
 
     def conv(self, state, q, k, v, g, beta):
         o, s = kda_step(state[None], q[None], k[None], v[None], g[None], beta[None], self.scale)
@@ -139,44 +139,19 @@ def test_replay_output_fold_and_verify_functions(assert_rel):
 @pytest.mark.parametrize("L", [1, 4, 16, 64])
 def test_long_random_schedule(L, run_schedule):
     gen = torch.Generator().manual_seed(500 + L)
-    fam = Family(gen, **SHAPES["kimi_gva"])
-    state = fam.state()
-    seq = fam.sequence(state, L=L)
-    stats = run_schedule(
-        seq, state, fam.conv, fam.tokens, gen, 240, p_flush=min(0.03, 0.5 / L), p_spec=0.6
-    )
-    assert stats["tokens"] >= 200 and stats["window"] > 0 and stats["explicit"] > 0
-    assert stats["chain"] > 0 and stats["tree"] > 0 and stats["accepted"] > 0
-    assert stats["early"] > 0 or L > 4
+    long_random_schedule(Family(gen, **SHAPES["kimi_gva"]), gen, L, run_schedule)
 
 
 @pytest.mark.parametrize("L", [16, 64])
 def test_spec_only_schedule_reaches_early_flush(L, run_schedule):
     gen = torch.Generator().manual_seed(600 + L)
-    fam = Family(gen, **SHAPES["kimi_r"], scale=0.2)
-    state = fam.state()
-    stats = run_schedule(
-        fam.sequence(state, L=L),
-        state,
-        fam.conv,
-        fam.tokens,
-        gen,
-        100,
-        p_flush=0.0,
-        p_spec=1.0,
-        p_tree=0.3,
-    )
-    assert stats["early"] > 0 and stats["steps"] == 0
+    spec_only_schedule(Family(gen, **SHAPES["kimi_r"], scale=0.2), gen, L, run_schedule)
 
 
 def test_full_head_shape(run_schedule):
     gen = torch.Generator().manual_seed(11)
     fam = Family(gen, **SHAPES["kimi"])
-    state = fam.state()
-    stats = run_schedule(
-        fam.sequence(state, L=4, T=3), state, fam.conv, fam.tokens, gen, 10, p_spec=0.4
-    )
-    assert stats["window"] + stats["early"] + stats["explicit"] > 0
+    full_head_schedule(fam, gen, run_schedule)
 
 
 @pytest.mark.parametrize("shape", ["kimi"])
@@ -184,17 +159,7 @@ def test_full_head_shapes_batched_pool_vs_replay(shape, assert_rel):
     """Batch 3 (one padded row) through the pool step vs two per-sequence replays (L = 4)."""
     gen = torch.Generator().manual_seed(12)
     fam = Family(gen, **SHAPES[shape])
-    pool = fam.state(3)
-    seqs = {0: fam.sequence(pool[2], L=4), 2: fam.sequence(pool[0], L=4)}
-    slots = torch.tensor([2, -1, 0])
-    for it in range(6):
-        t = {k: v[:, 0] for k, v in fam.tokens(1, batch=3).items()}
-        out = kda_step_pool(pool, slots, **t)
-        assert torch.equal(out[1], torch.zeros_like(out[1]))
-        for b, seq in seqs.items():
-            assert_rel(seq.step(**{k: v[b] for k, v in t.items()}), out[b], 1e-12, f"{it} row {b}")
-    assert_rel(seqs[0].materialize(), pool[2], 1e-12, "slot 2")
-    assert_rel(seqs[2].materialize(), pool[0], 1e-12, "slot 0")
+    batched_pool_vs_replay(fam, kda_step_pool, assert_rel)
 
 
 @pytest.mark.parametrize("pool_dtype", [F64, torch.bfloat16])

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ref_helpers import (
+    F64,
+    batched_pool_vs_replay,
+    full_head_schedule,
+    long_random_schedule,
+    rand,
+    randn,
+    spec_only_schedule,
+)
 
 from replayssm_jit.reference import (
     Mamba2Records,
@@ -20,7 +29,6 @@ from replayssm_jit.reference import (
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-F64 = torch.float64
 
 # DESIGN §6 (H = value heads, G = groups); "_r" = few heads, same P, N and H/G ratio
 SHAPES = {
@@ -31,37 +39,29 @@ SHAPES = {
 }
 
 
-def _rand(gen, *shape, lo=0.0, hi=1.0):
-    return lo + (hi - lo) * torch.rand(*shape, generator=gen, dtype=F64)
-
-
-def _randn(gen, *shape):
-    return torch.randn(*shape, generator=gen, dtype=F64)
-
-
 class Family:
     """Parameters, fresh token inputs and the conventional step for one Mamba-2 layer."""
 
     def __init__(self, gen, H, P, N, G, dt_softplus=True):
         self.gen, self.H, self.P, self.N, self.G = gen, H, P, N, G
-        self.A = -_rand(gen, H, lo=0.5, hi=1.5)
-        self.D = _randn(gen, H)
-        self.dt_bias = _rand(gen, H, lo=-0.25, hi=0.25)
+        self.A = -rand(gen, H, lo=0.5, hi=1.5)
+        self.D = randn(gen, H)
+        self.dt_bias = rand(gen, H, lo=-0.25, hi=0.25)
         self.dt_softplus = dt_softplus  # softplus(dt + bias) in [0.01, 0.39] -> alpha in [0.56, 1)
 
     def tokens(self, t, batch=None):
         lead = (t,) if batch is None else (batch, t)
         g, H, P, N, G = self.gen, self.H, self.P, self.N, self.G
         return dict(
-            x=_randn(g, *lead, H, P),
-            dt=_rand(g, *lead, H, lo=-4.0, hi=-1.0),
-            B=_randn(g, *lead, G, N) * N**-0.5,
-            C=_randn(g, *lead, G, N) * N**-0.5,
-            z=_randn(g, *lead, H, P),
+            x=randn(g, *lead, H, P),
+            dt=rand(g, *lead, H, lo=-4.0, hi=-1.0),
+            B=randn(g, *lead, G, N) * N**-0.5,
+            C=randn(g, *lead, G, N) * N**-0.5,
+            z=randn(g, *lead, H, P),
         )
 
     def state(self, *lead):
-        return _randn(self.gen, *lead, self.H, self.P, self.N)
+        return randn(self.gen, *lead, self.H, self.P, self.N)
 
     def conv(self, state, x, dt, B, C, z):
         y, s = mamba2_step(
@@ -88,7 +88,7 @@ class Family:
 def test_segment_decays_match_direct_products():
     gen = torch.Generator().manual_seed(1)
     for rest in [(3,), (2, 5)]:  # scalar per head (Mamba-2/GDN), per channel (KDA)
-        la = torch.log(_rand(gen, 7, *rest, lo=0.5, hi=1.0))
+        la = torch.log(rand(gen, 7, *rest, lo=0.5, hi=1.0))
         seg = segment_decays(la)
         assert seg.shape == (8, 8, *rest) and seg.dtype == F64
         alpha = torch.exp(la)
@@ -170,34 +170,13 @@ def test_replay_output_fold_and_verify_functions(assert_rel):
 @pytest.mark.parametrize("L", [1, 4, 16, 64])
 def test_long_random_schedule(L, run_schedule):
     gen = torch.Generator().manual_seed(100 + L)
-    fam = Family(gen, **SHAPES["nano4b_r"])
-    state = fam.state()
-    seq = fam.sequence(state, L=L)
-    stats = run_schedule(
-        seq, state, fam.conv, fam.tokens, gen, 240, p_flush=min(0.03, 0.5 / L), p_spec=0.6
-    )
-    assert stats["tokens"] >= 200 and stats["window"] > 0 and stats["explicit"] > 0
-    assert stats["chain"] > 0 and stats["tree"] > 0 and stats["accepted"] > 0
-    assert stats["early"] > 0 or L > 4
+    long_random_schedule(Family(gen, **SHAPES["nano4b_r"]), gen, L, run_schedule)
 
 
 @pytest.mark.parametrize("L", [16, 64])
 def test_spec_only_schedule_reaches_early_flush(L, run_schedule):
     gen = torch.Generator().manual_seed(400 + L)
-    fam = Family(gen, **SHAPES["nano4b_r"])
-    state = fam.state()
-    stats = run_schedule(
-        fam.sequence(state, L=L),
-        state,
-        fam.conv,
-        fam.tokens,
-        gen,
-        100,
-        p_flush=0.0,
-        p_spec=1.0,
-        p_tree=0.3,
-    )
-    assert stats["early"] > 0 and stats["steps"] == 0
+    spec_only_schedule(Family(gen, **SHAPES["nano4b_r"]), gen, L, run_schedule)
 
 
 def test_long_random_schedule_super120b_ratio(run_schedule):
@@ -212,11 +191,7 @@ def test_long_random_schedule_super120b_ratio(run_schedule):
 def test_full_head_shapes(shape, run_schedule):
     gen = torch.Generator().manual_seed(11)
     fam = Family(gen, **SHAPES[shape])
-    state = fam.state()
-    stats = run_schedule(
-        fam.sequence(state, L=4, T=3), state, fam.conv, fam.tokens, gen, 10, p_spec=0.4
-    )
-    assert stats["window"] + stats["early"] + stats["explicit"] > 0
+    full_head_schedule(fam, gen, run_schedule)
 
 
 @pytest.mark.parametrize("shape", ["nano4b", "super120b"])
@@ -224,19 +199,11 @@ def test_full_head_shapes_batched_pool_vs_replay(shape, assert_rel):
     """Batch 3 (one padded row) through the pool step vs two per-sequence replays (L = 4)."""
     gen = torch.Generator().manual_seed(12)
     fam = Family(gen, **SHAPES[shape])
-    pool = fam.state(3)
-    seqs = {0: fam.sequence(pool[2], L=4), 2: fam.sequence(pool[0], L=4)}
-    slots = torch.tensor([2, -1, 0])
-    for it in range(6):
-        t = {k: v[:, 0] for k, v in fam.tokens(1, batch=3).items()}
-        out = mamba2_step_pool(
-            pool, slots, t["x"], t["dt"], fam.A, t["B"], t["C"], fam.D, t["z"], fam.dt_bias, True
-        )
-        assert torch.equal(out[1], torch.zeros_like(out[1]))
-        for b, seq in seqs.items():
-            assert_rel(seq.step(**{k: v[b] for k, v in t.items()}), out[b], 1e-12, f"{it} row {b}")
-    assert_rel(seqs[0].materialize(), pool[2], 1e-12, "slot 2")
-    assert_rel(seqs[2].materialize(), pool[0], 1e-12, "slot 0")
+
+    def step_pool(pool, slots, x, dt, B, C, z):
+        return mamba2_step_pool(pool, slots, x, dt, fam.A, B, C, fam.D, z, fam.dt_bias, True)
+
+    batched_pool_vs_replay(fam, step_pool, assert_rel)
 
 
 @pytest.mark.parametrize("pool_dtype", [F64, torch.float32])
@@ -299,7 +266,7 @@ def test_bad_inputs_raise_naming_the_argument():
     with pytest.raises(ValueError, match="^dt: expected shape"):
         mamba2_step(state, t["x"], t["dt"][:, :3], fam.A, t["B"], t["C"])
     with pytest.raises(ValueError, match="^B: ngroups G"):
-        mamba2_step(state, t["x"], t["dt"], fam.A, _randn(gen, 2, 3, 16), _randn(gen, 2, 3, 16))
+        mamba2_step(state, t["x"], t["dt"], fam.A, randn(gen, 2, 3, 16), randn(gen, 2, 3, 16))
     with pytest.raises(ValueError, match="^D: expected shape"):
         mamba2_step(state, t["x"], t["dt"], fam.A, t["B"], t["C"], D=fam.D[:2])
     pool = fam.state(3)
