@@ -114,3 +114,21 @@ def test_stream_rows_leave_out_stages_that_do_not_fit():
         head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=256, drafts=16
     )
     assert all(r < 64 for r in stream_rows(huge))
+
+
+def test_lane_values_and_the_bf16_gdn_tile():
+    # fp32 [64, 128] head on 4 warps: 16 passes of one 4-value chunk per lane
+    assert tiling.lane_values(64, 4, 128, 4) == 64
+    # bf16 [128, 128] head on 4 warps: 16 passes of one 8-value chunk: too many values per lane
+    assert tiling.lane_values(128, 4, 128, 2) == 128 > tiling.MAX_LANE_VALUES
+    qwen_bf16 = gdn_spec(
+        head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, state_dtype="bf16"
+    )
+    assert gdn_ops.choose_launch(qwen_bf16, 256, 32, CPU, replay=False)[0] == 64
+    assert gdn_ops.choose_rows_per_cta(qwen_bf16, 256, 32, CPU) == 64
+
+
+def test_bf16_checkpoints_keep_the_per_item_kernel():
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, state_dtype="bf16")
+    rows, flags = mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=True)
+    assert not flags & tiling.FLAG_STREAM and rows == 64

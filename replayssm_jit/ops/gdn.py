@@ -34,7 +34,7 @@ from replayssm_jit.checks import (
     check_tensor,
 )
 from replayssm_jit.ops import tiling
-from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, spec_tilings, stream_rows
+from replayssm_jit.spec import DTYPE_BYTES, TORCH_DTYPES, KernelSpec, spec_tilings, stream_rows
 
 ROWS_ENV = "REPLAYSSM_GDN_ROWS_PER_CTA"
 STREAM_ROWS_ENV = "REPLAYSSM_GDN_STREAM_ROWS"
@@ -48,8 +48,9 @@ def choose_rows_per_cta(
 ) -> int:
     """Row tile (of V) per CTA for this batch; REPLAYSSM_GDN_ROWS_PER_CTA overrides."""
     return tiling.choose_rows_per_cta(
-        spec_tilings(spec), spec.dim("v"), batch, num_v_heads, device, ROWS_ENV
-    )
+        spec_tilings(spec), spec.dim("v"), batch, num_v_heads, device, ROWS_ENV,
+        cols=spec.dim("k"), state_bytes=DTYPE_BYTES[spec.state_dtype],
+    )  # fmt: skip
 
 
 def choose_launch(
@@ -61,6 +62,7 @@ def choose_launch(
         spec_tilings(spec), stream_rows(spec), spec.dim("v"), batch, num_v_heads, device,
         replay=replay, rows_env=ROWS_ENV, stream_rows_env=STREAM_ROWS_ENV,
         stream_min_pairs_per_sm=STREAM_MIN_PAIRS_PER_SM,
+        cols=spec.dim("k"), state_bytes=DTYPE_BYTES[spec.state_dtype],
     )  # fmt: skip
 
 

@@ -27,20 +27,22 @@ from replayssm_jit.checks import (
     check_tensor,
 )
 from replayssm_jit.ops import tiling
-from replayssm_jit.spec import TORCH_DTYPES, KernelSpec, spec_tilings, stream_rows
+from replayssm_jit.spec import DTYPE_BYTES, TORCH_DTYPES, KernelSpec, spec_tilings, stream_rows
 
 ROWS_ENV = "REPLAYSSM_MAMBA2_ROWS_PER_CTA"
 STREAM_ROWS_ENV = "REPLAYSSM_MAMBA2_STREAM_ROWS"
-# H200, FP32 state, L = 16 (benchmarks/results/2026-11-29-h200-stream): the streaming kernel
-# wins from batch 8 (1024 (row, head) pairs) up and loses at batch 1 (128 pairs).
+# H200, L = 16 (benchmarks/results/2026-11-29-h200-stream): with FP32 checkpoints the streaming
+# kernel wins from batch 8 (1024 (row, head) pairs) up and loses at batch 1 (128 pairs); with
+# bf16 checkpoints the per-item kernel wins (337.6 vs 362.6 us at super120b, batch 256).
 STREAM_MIN_PAIRS_PER_SM = 2
 
 
 def choose_rows_per_cta(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> int:
     """Row tile per CTA for this batch; REPLAYSSM_MAMBA2_ROWS_PER_CTA overrides."""
     return tiling.choose_rows_per_cta(
-        spec_tilings(spec), spec.dim("p"), batch, num_heads, device, ROWS_ENV
-    )
+        spec_tilings(spec), spec.dim("p"), batch, num_heads, device, ROWS_ENV,
+        cols=spec.dim("n"), state_bytes=DTYPE_BYTES[spec.state_dtype],
+    )  # fmt: skip
 
 
 def choose_launch(
@@ -52,7 +54,8 @@ def choose_launch(
     return tiling.choose_launch(
         spec_tilings(spec), stream_rows(spec), spec.dim("p"), batch, num_heads, device,
         replay=replay, rows_env=ROWS_ENV, stream_rows_env=STREAM_ROWS_ENV,
-        stream_min_pairs_per_sm=STREAM_MIN_PAIRS_PER_SM,
+        stream_min_pairs_per_sm=STREAM_MIN_PAIRS_PER_SM if spec.state_dtype == "f32" else None,
+        cols=spec.dim("n"), state_bytes=DTYPE_BYTES[spec.state_dtype],
     )  # fmt: skip
 
 

@@ -41,3 +41,15 @@ R=$OUT/run; mkdir -p $R
 PYTEST_ARGS="--durations=5" PYTEST_ADDOPTS="-k 'not replay_fp32_matches_reference and not every_row_tiling and not conventional_fp32_matches'" OUT=$R timeout 300 bash benchmarks/h200_run.sh tests > $R/tests.out 2>&1
 tail -14 $R/tests.out
 cd $OUT && tar czf run.tgz run && rm -rf run
+
+### call K (5ed93fc, kernels as in 1619ea0): launch variants with bf16 checkpoints -> bf16_launch_variants_*.json
+cd "$(dirname "$0")/snap" || exit 1
+export DEVICE_DIR=$PWD/.. PYTHONUNBUFFERED=1 REPLAYSSM_GIT_COMMIT=5ed93fc290352e99de39860551bcf84846bf376e
+R=$OUT/run; mkdir -p $R/m2 $R/gdn
+BENCH_ARGS="--reps 8 --batches none --window-sweep 16 --states bf16 --shapes super120b,nano4b --tiling-sweep super120b:256:16:bf16,nano4b:256:16:bf16,super120b:8:16:bf16" \
+  OUT=$R/m2 timeout 100 bash benchmarks/h200_run.sh bench-mamba2 > $R/m2.out 2>&1
+grep -E "\('(super|nano)" $R/m2.out | cut -c1-600
+GDN_BENCH_ARGS="--reps 8 --no-fla --batches none --window-sweep 16 --states bf16 --shapes qwen4b --tiling-sweep qwen4b:256:16:bf16" \
+  OUT=$R/gdn timeout 60 bash benchmarks/h200_run.sh bench-gdn > $R/gdn.out 2>&1
+grep -E "\('qwen" $R/gdn.out | cut -c1-600
+cd $OUT && tar czf run.tgz run && rm -rf run
