@@ -53,3 +53,11 @@ GDN_BENCH_ARGS="--reps 8 --no-fla --batches none --window-sweep 16 --states bf16
   OUT=$R/gdn timeout 60 bash benchmarks/h200_run.sh bench-gdn > $R/gdn.out 2>&1
 grep -E "\('qwen" $R/gdn.out | cut -c1-600
 cd $OUT && tar czf run.tgz run && rm -rf run
+
+### call J2 (870282a): the same tests on the final heuristics -> pytest-gpu-final-defaults-870282a.log
+cd "$(dirname "$0")/snap" || exit 1
+export DEVICE_DIR=$PWD/.. PYTHONUNBUFFERED=1
+R=$OUT/run; mkdir -p $R
+PYTEST_ARGS="--durations=5" PYTEST_ADDOPTS="-k 'not replay_fp32_matches_reference and not every_row_tiling and not conventional_fp32_matches'" OUT=$R timeout 300 bash benchmarks/h200_run.sh tests > $R/tests.out 2>&1
+tail -14 $R/tests.out
+cd $OUT && tar czf run.tgz run && rm -rf run
