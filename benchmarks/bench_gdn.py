@@ -38,7 +38,6 @@ from harness import (
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
 from replayssm_jit.models import get_model
-from replayssm_jit.ops.gdn import ROWS_ENV, STREAM_ROWS_ENV
 from replayssm_jit.spec import gdn_spec
 
 ACT = torch.bfloat16
@@ -152,7 +151,7 @@ def variants(cfg):
         window=window,
         state_dtype=state,
     )
-    return launch_variants(spec, ROWS_ENV, STREAM_ROWS_ENV)
+    return launch_variants(spec)
 
 
 def main(argv=None):

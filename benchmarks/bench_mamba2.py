@@ -31,7 +31,6 @@ from harness import (
 
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
 from replayssm_jit.models import get_model
-from replayssm_jit.ops.mamba2 import ROWS_ENV, STREAM_ROWS_ENV
 from replayssm_jit.spec import mamba2_spec
 
 
@@ -99,7 +98,7 @@ def variants(cfg):
         window=window,
         state_dtype=state,
     )
-    return launch_variants(spec, ROWS_ENV, STREAM_ROWS_ENV)
+    return launch_variants(spec)
 
 
 def main(argv=None):

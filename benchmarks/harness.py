@@ -203,22 +203,22 @@ def run_sweep(
     return 0
 
 
-def launch_variants(
-    spec, rows_env: str, stream_rows_env: str
-) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
+def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
     """(label, environment, kernels) per launch choice of `spec`'s module: every per-item row
     tile (conventional and a ReplaySSM cycle), then every streaming tile (a ReplaySSM cycle)."""
-    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
+    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV, rows_env, stream_rows_env
     from replayssm_jit.spec import spec_tilings, stream_rows
+
+    rows_var, stream_var = rows_env(spec.family), stream_rows_env(spec.family)
 
     tilings = [r for r, _ in spec_tilings(spec)]
     stream_tiles = stream_rows(spec)
     out = [
-        (f"rows{r}", {rows_env: str(r), REPLAY_KERNEL_ENV: "per-item"}, ("conventional", "cycle"))
+        (f"rows{r}", {rows_var: str(r), REPLAY_KERNEL_ENV: "per-item"}, ("conventional", "cycle"))
         for r in tilings
     ]
     out += [
-        (f"stream{r}", {stream_rows_env: str(r), REPLAY_KERNEL_ENV: "stream"}, ("cycle",))
+        (f"stream{r}", {stream_var: str(r), REPLAY_KERNEL_ENV: "stream"}, ("cycle",))
         for r in stream_tiles
     ]
     return out

@@ -10,8 +10,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from replayssm_jit.ops.tiling import rows_tilings
-
 # Short names used in URIs and templates, and the torch dtypes they map to.
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "f32",
@@ -116,6 +114,40 @@ GDN_FLAGS = frozenset({"qk_l2norm", "gates_in_kernel", "sr"})
 
 # Per family: the dims of one head's state [rows, cols] (cols contiguous), as named in `dims`.
 STATE_DIMS: dict[str, tuple[str, str]] = {"mamba2": ("p", "n"), "gdn": ("v", "k")}
+
+
+def rows_tilings(
+    rows: int,
+    cols: int,
+    state_bytes: int,
+    *,
+    warp_options: tuple[int, ...] = (4, 8, 2, 1),
+    max_passes: int = 16,
+) -> list[tuple[int, int]]:
+    """(rows_per_cta, warps) pairs for a [rows, cols] state per head, largest first.
+
+    A lane holds 16-byte chunks of a state row, so a warp covers 32 / lanes_per_row rows per
+    pass; splitting the rows across CTAs buys parallelism at small batch. `max_passes` bounds
+    the state registers per lane (passes x 16 bytes).
+    """
+    vec = 16 // state_bytes
+    lanes_per_row = min(32, cols // vec)
+    rows_per_pass = 32 // lanes_per_row
+    tilings = []
+    for split in (1, 2, 4, 8):
+        if rows % split:
+            continue
+        per_cta = rows // split
+        for warps in warp_options:
+            per_warp = per_cta // warps if per_cta % warps == 0 else 0
+            if (
+                per_warp
+                and per_warp % rows_per_pass == 0
+                and per_warp // rows_per_pass <= max_passes
+            ):
+                tilings.append((per_cta, warps))
+                break
+    return tilings
 
 
 def state_tilings(rows: int, cols: int, state_dtype: str) -> list[tuple[int, int]]:

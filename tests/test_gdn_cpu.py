@@ -14,9 +14,9 @@ from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper, gdn_spec
 from replayssm_jit.jit import build
 from replayssm_jit.jit.aot import PRESETS, build_aot, preset_specs
 from replayssm_jit.ops import gdn as ops
-from replayssm_jit.ops.tiling import rows_tilings
+from replayssm_jit.ops import tiling
 from replayssm_jit.reference import GDNSequence, gdn_step
-from replayssm_jit.spec import DTYPE_BYTES, gdn_tilings
+from replayssm_jit.spec import DTYPE_BYTES, gdn_tilings, rows_tilings
 from replayssm_jit.wrappers import base
 
 TEMPLATE = build.template_root() / "gdn" / "decode.cu.jinja"
@@ -451,13 +451,17 @@ def test_rows_per_cta_override(monkeypatch):
     tilings = gdn_tilings(128, 128, "f32")
     options = [r for r, _ in tilings]
     four_warp = [r for r, w in tilings if w == 4]  # the heuristic prefers 4-warp tiles
-    assert ops.choose_rows_per_cta(spec, 256, 32, cpu) == four_warp[0]  # plenty of CTAs: big tiles
-    assert ops.choose_rows_per_cta(spec, 1, 32, cpu) == four_warp[-1]  # one sequence: split rows
+    assert (
+        tiling.choose_launch(spec, 256, 32, cpu, replay=False)[0] == four_warp[0]
+    )  # plenty of CTAs: big tiles
+    assert (
+        tiling.choose_launch(spec, 1, 32, cpu, replay=False)[0] == four_warp[-1]
+    )  # one sequence: split rows
     monkeypatch.setenv(ops.ROWS_ENV, str(options[1]))
-    assert ops.choose_rows_per_cta(spec, 256, 32, cpu) == options[1]
+    assert tiling.choose_launch(spec, 256, 32, cpu, replay=False)[0] == options[1]
     monkeypatch.setenv(ops.ROWS_ENV, "24")
     with pytest.raises(ValueError, match=ops.ROWS_ENV):
-        ops.choose_rows_per_cta(spec, 256, 32, cpu)
+        tiling.choose_launch(spec, 256, 32, cpu, replay=False)[0]
 
 
 # --- the float64 reference against HF transformers' Qwen3-Next decode --------------------------

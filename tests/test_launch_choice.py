@@ -6,7 +6,7 @@ import torch
 from replayssm_jit.ops import gdn as gdn_ops
 from replayssm_jit.ops import mamba2 as mamba2_ops
 from replayssm_jit.ops import tiling
-from replayssm_jit.spec import gdn_spec, mamba2_spec, stream_rows
+from replayssm_jit.spec import gdn_spec, mamba2_spec, spec_tilings, stream_rows
 
 CPU = torch.device("cpu")
 
@@ -46,39 +46,39 @@ def test_stream_rows_are_whole_bulk_copies():
 
 def test_replay_kernel_heuristic():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
-    rows, flags = mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=True)
+    rows, flags = tiling.choose_launch(spec, 256, 128, CPU, replay=True)
     assert flags & tiling.FLAG_STREAM and rows == 64
     assert flags & tiling.FLAG_SPECULATIVE_RECORDS
     # batch 8: 1024 (row, head) pairs, still streaming, whole heads per item
-    assert mamba2_ops.choose_launch(spec, 8, 128, CPU, replay=True) == (64, flags)
+    assert tiling.choose_launch(spec, 8, 128, CPU, replay=True) == (64, flags)
     # one sequence (128 pairs on 132 SMs): the per-item kernel
-    rows, flags = mamba2_ops.choose_launch(spec, 1, 128, CPU, replay=True)
+    rows, flags = tiling.choose_launch(spec, 1, 128, CPU, replay=True)
     assert not flags & tiling.FLAG_STREAM
     # the conventional step never streams; GDN streams only when asked to
-    assert not mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_STREAM
+    assert not tiling.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_STREAM
     qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
-    assert not gdn_ops.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & tiling.FLAG_STREAM
+    assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & tiling.FLAG_STREAM
 
 
 def test_replay_kernel_forced_stream(monkeypatch):
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "stream")
     qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
-    rows, flags = gdn_ops.choose_launch(qwen, 256, 32, CPU, replay=True)
+    rows, flags = tiling.choose_launch(qwen, 256, 32, CPU, replay=True)
     assert flags & tiling.FLAG_STREAM and rows == 64
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
     # forced at batch 1: the smallest tile, so that more CTAs get work
-    assert mamba2_ops.choose_launch(spec, 1, 128, CPU, replay=True)[0] == 16
+    assert tiling.choose_launch(spec, 1, 128, CPU, replay=True)[0] == 16
 
 
 def test_replay_kernel_override(monkeypatch):
     spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "per-item")
-    rows, flags = gdn_ops.choose_launch(spec, 256, 32, CPU, replay=True)
+    rows, flags = tiling.choose_launch(spec, 256, 32, CPU, replay=True)
     assert not flags & tiling.FLAG_STREAM
-    assert rows in [r for r, _ in gdn_ops.spec_tilings(spec)]
+    assert rows in [r for r, _ in spec_tilings(spec)]
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=r"REPLAYSSM_REPLAY_KERNEL: expected one of .*'fast'"):
-        gdn_ops.choose_launch(spec, 256, 32, CPU, replay=True)
+        tiling.choose_launch(spec, 256, 32, CPU, replay=True)
 
 
 def test_stream_forced_where_the_shape_cannot_stream(monkeypatch):
@@ -90,12 +90,12 @@ def test_stream_forced_where_the_shape_cannot_stream(monkeypatch):
 def test_stream_rows_override(monkeypatch):
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
     monkeypatch.setenv(mamba2_ops.STREAM_ROWS_ENV, "32")
-    assert mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=True)[0] == 32
+    assert tiling.choose_launch(spec, 256, 128, CPU, replay=True)[0] == 32
     monkeypatch.setenv(mamba2_ops.STREAM_ROWS_ENV, "48")
     with pytest.raises(
         ValueError, match=r"REPLAYSSM_MAMBA2_STREAM_ROWS: expected one of \[64, 32, 16\], got '48'"
     ):
-        mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=True)
+        tiling.choose_launch(spec, 256, 128, CPU, replay=True)
 
 
 def test_speculative_flag_override(monkeypatch):
@@ -124,11 +124,12 @@ def test_lane_values_and_the_bf16_gdn_tile():
     qwen_bf16 = gdn_spec(
         head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, state_dtype="bf16"
     )
-    assert gdn_ops.choose_launch(qwen_bf16, 256, 32, CPU, replay=False)[0] == 64
-    assert gdn_ops.choose_rows_per_cta(qwen_bf16, 256, 32, CPU) == 64
+    # the per-item tile, for the conventional step and for ReplaySSM alike
+    assert tiling.choose_launch(qwen_bf16, 256, 32, CPU, replay=False)[0] == 64
+    assert tiling.choose_launch(qwen_bf16, 256, 32, CPU, replay=True)[0] == 64
 
 
 def test_bf16_checkpoints_keep_the_per_item_kernel():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, state_dtype="bf16")
-    rows, flags = mamba2_ops.choose_launch(spec, 256, 128, CPU, replay=True)
+    rows, flags = tiling.choose_launch(spec, 256, 128, CPU, replay=True)
     assert not flags & tiling.FLAG_STREAM and rows == 64

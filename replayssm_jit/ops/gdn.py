@@ -1,4 +1,4 @@
-"""Gated DeltaNet (GDN) decode ops: validate, pick a launch tiling, launch through the loaded module.
+"""Gated DeltaNet (GDN) decode ops: argument validation (launch choice: ops/tiling.py).
 
 Shapes (H key heads, HV value heads, HV % H == 0 and value head hv reads key head
 hv // (HV // H); K head_k_dim, V head_v_dim; CAP = L + T ring rows):
@@ -34,36 +34,10 @@ from replayssm_jit.checks import (
     check_tensor,
 )
 from replayssm_jit.ops import tiling
-from replayssm_jit.spec import DTYPE_BYTES, TORCH_DTYPES, KernelSpec, spec_tilings, stream_rows
+from replayssm_jit.spec import TORCH_DTYPES, KernelSpec
 
-ROWS_ENV = "REPLAYSSM_GDN_ROWS_PER_CTA"
-STREAM_ROWS_ENV = "REPLAYSSM_GDN_STREAM_ROWS"
-# H200 (benchmarks/results/2026-11-29-h200-stream): the per-item kernel is faster for GDN at
-# every batch measured, so the streaming one runs only when REPLAYSSM_REPLAY_KERNEL=stream.
-STREAM_MIN_PAIRS_PER_SM = None
-
-
-def choose_rows_per_cta(
-    spec: KernelSpec, batch: int, num_v_heads: int, device: torch.device
-) -> int:
-    """Row tile (of V) per CTA for this batch; REPLAYSSM_GDN_ROWS_PER_CTA overrides."""
-    return tiling.choose_rows_per_cta(
-        spec_tilings(spec), spec.dim("v"), batch, num_v_heads, device, ROWS_ENV,
-        cols=spec.dim("k"), state_bytes=DTYPE_BYTES[spec.state_dtype],
-    )  # fmt: skip
-
-
-def choose_launch(
-    spec: KernelSpec, batch: int, num_v_heads: int, device: torch.device, *, replay: bool
-) -> tuple[int, int]:
-    """(rows, flags) for this batch: the per-item kernel, or the streaming kernel when
-    REPLAYSSM_REPLAY_KERNEL=stream (tile override: REPLAYSSM_GDN_STREAM_ROWS)."""
-    return tiling.choose_launch(
-        spec_tilings(spec), stream_rows(spec), spec.dim("v"), batch, num_v_heads, device,
-        replay=replay, rows_env=ROWS_ENV, stream_rows_env=STREAM_ROWS_ENV,
-        stream_min_pairs_per_sm=STREAM_MIN_PAIRS_PER_SM,
-        cols=spec.dim("k"), state_bytes=DTYPE_BYTES[spec.state_dtype],
-    )  # fmt: skip
+ROWS_ENV = tiling.rows_env("gdn")
+STREAM_ROWS_ENV = tiling.stream_rows_env("gdn")
 
 
 @dataclass(frozen=True)
@@ -118,39 +92,3 @@ def validate_step(
         check_aligned_rows(name, t)
     check_cuda("state", device)
     return batch
-
-
-def binding_inputs(
-    *,
-    q,
-    k,
-    v,
-    gate_a,
-    gate_b,
-    A_log,
-    dt_bias,
-    out,
-    slot_indices,
-    pad_slot_id,
-    scale,
-    seed,
-    rows,
-    flags,
-):
-    """The module's arguments after `state` (and, for replay_step, the rings and cursors)."""
-    return (
-        q,
-        k,
-        v,
-        gate_a,
-        gate_b,
-        A_log,
-        dt_bias,
-        out,
-        slot_indices,
-        pad_slot_id,
-        scale,
-        seed,
-        rows,
-        flags,
-    )

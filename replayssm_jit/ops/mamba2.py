@@ -1,4 +1,4 @@
-"""Mamba-2 decode ops: validate, pick a launch tiling, launch through the loaded module.
+"""Mamba-2 decode ops: argument validation (launch choice: ops/tiling.py).
 
 Shapes (tied head dim; G groups, H heads, P headdim, N dstate, CAP = L + T ring rows):
     state       [slots, H, P, N]   checkpoint dtype, (P, N) contiguous per head
@@ -27,36 +27,10 @@ from replayssm_jit.checks import (
     check_tensor,
 )
 from replayssm_jit.ops import tiling
-from replayssm_jit.spec import DTYPE_BYTES, TORCH_DTYPES, KernelSpec, spec_tilings, stream_rows
+from replayssm_jit.spec import TORCH_DTYPES, KernelSpec
 
-ROWS_ENV = "REPLAYSSM_MAMBA2_ROWS_PER_CTA"
-STREAM_ROWS_ENV = "REPLAYSSM_MAMBA2_STREAM_ROWS"
-# H200, L = 16 (benchmarks/results/2026-11-29-h200-stream): with FP32 checkpoints the streaming
-# kernel wins from batch 8 (1024 (row, head) pairs) up and loses at batch 1 (128 pairs); with
-# bf16 checkpoints the per-item kernel wins (337.6 vs 362.6 us at super120b, batch 256).
-STREAM_MIN_PAIRS_PER_SM = 2
-
-
-def choose_rows_per_cta(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> int:
-    """Row tile per CTA for this batch; REPLAYSSM_MAMBA2_ROWS_PER_CTA overrides."""
-    return tiling.choose_rows_per_cta(
-        spec_tilings(spec), spec.dim("p"), batch, num_heads, device, ROWS_ENV,
-        cols=spec.dim("n"), state_bytes=DTYPE_BYTES[spec.state_dtype],
-    )  # fmt: skip
-
-
-def choose_launch(
-    spec: KernelSpec, batch: int, num_heads: int, device: torch.device, *, replay: bool
-) -> tuple[int, int]:
-    """(rows, flags) for this batch: ReplaySSM on the streaming kernel from STREAM_MIN_PAIRS_PER_SM
-    (batch row, head) pairs per SM where the shape and device allow (tile override:
-    REPLAYSSM_MAMBA2_STREAM_ROWS), else the per-item kernel."""
-    return tiling.choose_launch(
-        spec_tilings(spec), stream_rows(spec), spec.dim("p"), batch, num_heads, device,
-        replay=replay, rows_env=ROWS_ENV, stream_rows_env=STREAM_ROWS_ENV,
-        stream_min_pairs_per_sm=STREAM_MIN_PAIRS_PER_SM if spec.state_dtype == "f32" else None,
-        cols=spec.dim("n"), state_bytes=DTYPE_BYTES[spec.state_dtype],
-    )  # fmt: skip
+ROWS_ENV = tiling.rows_env("mamba2")
+STREAM_ROWS_ENV = tiling.stream_rows_env("mamba2")
 
 
 @dataclass(frozen=True)
@@ -118,10 +92,3 @@ def validate_step(
         check_aligned_rows(name, t)
     check_cuda("state", device)
     return batch
-
-
-def binding_inputs(
-    *, x, dt, A, B, C, D, z, dt_bias, out, slot_indices, pad_slot_id, seed, rows, flags
-):
-    """The module's arguments after `state` (and, for replay_step, the rings and cursors)."""
-    return (x, z, dt, A, D, dt_bias, B, C, out, slot_indices, pad_slot_id, seed, rows, flags)

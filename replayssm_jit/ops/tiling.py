@@ -6,45 +6,13 @@ import os
 
 import torch
 
+from replayssm_jit.spec import DTYPE_BYTES, STATE_DIMS, KernelSpec, spec_tilings, stream_rows
+
 # Enough CTAs to cover every SM twice before splitting a head's rows further (H200 sweeps,
 # benchmarks/results: larger row tiles win whenever the grid already fills the chip).
 TARGET_CTAS_PER_SM = 2
 # 4-warp tiles beat 8-warp tiles of twice the rows in the H200 sweeps (nano4b, batch 256).
 PREFERRED_WARPS = 4
-
-
-def rows_tilings(
-    rows: int,
-    cols: int,
-    state_bytes: int,
-    *,
-    warp_options: tuple[int, ...] = (4, 8, 2, 1),
-    max_passes: int = 16,
-) -> list[tuple[int, int]]:
-    """(rows_per_cta, warps) pairs for a [rows, cols] state per head, largest first.
-
-    A lane holds 16-byte chunks of a state row, so a warp covers 32 / lanes_per_row rows per
-    pass; splitting the rows across CTAs buys parallelism at small batch. `max_passes` bounds
-    the state registers per lane (passes x 16 bytes).
-    """
-    vec = 16 // state_bytes
-    lanes_per_row = min(32, cols // vec)
-    rows_per_pass = 32 // lanes_per_row
-    tilings = []
-    for split in (1, 2, 4, 8):
-        if rows % split:
-            continue
-        per_cta = rows // split
-        for warps in warp_options:
-            per_warp = per_cta // warps if per_cta % warps == 0 else 0
-            if (
-                per_warp
-                and per_warp % rows_per_pass == 0
-                and per_warp // rows_per_pass <= max_passes
-            ):
-                tilings.append((per_cta, warps))
-                break
-    return tilings
 
 
 def sm_count(device: torch.device) -> int:
@@ -157,32 +125,42 @@ def launch_flags(*, stream: bool = False) -> int:
     return flags | (FLAG_STREAM if stream else 0)
 
 
+def rows_env(family: str) -> str:
+    """The variable that forces a family's per-item tile, e.g. REPLAYSSM_MAMBA2_ROWS_PER_CTA."""
+    return f"REPLAYSSM_{family.upper()}_ROWS_PER_CTA"
+
+
+def stream_rows_env(family: str) -> str:
+    """The variable that forces a family's streaming tile, e.g. REPLAYSSM_GDN_STREAM_ROWS."""
+    return f"REPLAYSSM_{family.upper()}_STREAM_ROWS"
+
+
+# (family, checkpoint dtype) -> (batch row, head) pairs per SM from which ReplaySSM runs on the
+# streaming kernel; anything not listed streams only when REPLAYSSM_REPLAY_KERNEL=stream.
+# H200, L = 16 (benchmarks/results/2026-11-29-h200-stream): Mamba-2 FP32 streams faster at
+# super120b batch 8 (19.7 vs 20.1 us) and 256 (434.7 vs 467.3), slower at batch 1 (128 pairs);
+# Mamba-2 bf16 (337.6 vs 362.6 us) and GDN (236.9 vs 320.5 at qwen4b) run faster per item.
+STREAM_MIN_PAIRS_PER_SM: dict[tuple[str, str], float] = {("mamba2", "f32"): 2}
+
+
 def choose_launch(
-    tilings: list[tuple[int, int]],
-    stream_options: list[int],
-    rows: int,
-    batch: int,
-    num_heads: int,
-    device: torch.device,
-    *,
-    replay: bool,
-    rows_env: str,
-    stream_rows_env: str,
-    stream_min_pairs_per_sm: float | None,
-    cols: int | None = None,
-    state_bytes: int | None = None,
+    spec: KernelSpec, batch: int, num_heads: int, device: torch.device, *, replay: bool
 ) -> tuple[int, int]:
-    """(rows, flags) for a module's step: the streaming kernel's tile for ReplaySSM where it
-    applies and the batch has at least `stream_min_pairs_per_sm` (batch row, head) pairs per SM
-    (None: only when forced), else the per-item kernel's."""
-    preferred = (
-        stream_min_pairs_per_sm is not None
-        and batch * num_heads >= stream_min_pairs_per_sm * sm_count(device)
-    )
-    if replay and use_stream_kernel(stream_options, device, preferred=preferred):
-        tile = choose_stream_rows(stream_options, rows, batch, num_heads, device, stream_rows_env)
+    """(rows, flags) for a step of `spec`'s module at this batch: the streaming kernel's tile
+    for ReplaySSM where STREAM_MIN_PAIRS_PER_SM, the shape and the device allow it, else the
+    per-item kernel's tile. num_heads: heads of the state pool (H for Mamba-2, HV for GDN)."""
+    row_dim, col_dim = STATE_DIMS[spec.family]
+    rows = spec.dim(row_dim)
+    min_pairs = STREAM_MIN_PAIRS_PER_SM.get((spec.family, spec.state_dtype))
+    preferred = min_pairs is not None and batch * num_heads >= min_pairs * sm_count(device)
+    options = stream_rows(spec)
+    if replay and use_stream_kernel(options, device, preferred=preferred):
+        tile = choose_stream_rows(
+            options, rows, batch, num_heads, device, stream_rows_env(spec.family)
+        )
         return tile, launch_flags(stream=True)
     tile = choose_rows_per_cta(
-        tilings, rows, batch, num_heads, device, rows_env, cols=cols, state_bytes=state_bytes
-    )
+        spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
+        cols=spec.dim(col_dim), state_bytes=DTYPE_BYTES[spec.state_dtype],
+    )  # fmt: skip
     return tile, launch_flags()

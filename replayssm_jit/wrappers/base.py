@@ -59,20 +59,21 @@ class DecodeWrapper:
         """Which kernel run() launches: "stream" (persistent ReplaySSM) or "per-item"."""
         return "stream" if self.launch_flags & tiling.FLAG_STREAM else "per-item"
 
-    def _load(
-        self, spec: KernelSpec, batch_size: int, rows_per_cta: int, flags: int, seed: int
-    ) -> None:
-        """Load the planned module and fix the launch; graph mode also gets its output buffer."""
+    def _plan(self, spec: KernelSpec, batch_size: int, seed: int) -> None:
+        """Choose the launch for `batch_size` rows (ops/tiling.py), load the module; graph mode
+        also gets its output buffer."""
+        c = self.cache
+        rows, flags = tiling.choose_launch(
+            spec, batch_size, c.state.shape[1], c.device, replay=self.mode == "replay"
+        )
         self._module = load_module(spec)
-        self.spec, self.batch_size, self.rows_per_cta = spec, batch_size, rows_per_cta
+        self.spec, self.batch_size, self.rows_per_cta = spec, batch_size, rows
         self.launch_flags = flags
         self.seed = int(seed) & (2**63 - 1)
         self._out = None
         if self.use_cuda_graph:
             self._out = torch.empty(
-                (batch_size, *self._out_row_shape()),
-                dtype=self.cache.act_dtype,
-                device=self.cache.device,
+                (batch_size, *self._out_row_shape()), dtype=c.act_dtype, device=c.device
             )
 
     def _begin_run(
@@ -98,14 +99,17 @@ class DecodeWrapper:
             lead.shape[:1] + self._out_row_shape(), dtype=c.act_dtype, device=lead.device
         )
 
-    def _launch(self, inputs: tuple) -> None:
-        """Every module binds conventional_step(state, *inputs) and
-        replay_step(state, *rings (in the cache's order), cursors, *inputs)."""
+    def _launch(self, inputs: tuple, out: torch.Tensor, slot_indices: torch.Tensor) -> None:
+        """Every module binds conventional_step(state, *inputs, *tail) and
+        replay_step(state, *rings (in the cache's order), cursors, *inputs, *tail), with the
+        family's token inputs first and tail = (out, slot_indices, pad_slot_id, seed, rows,
+        flags)."""
         c = self.cache
+        tail = (out, slot_indices, c.pad_slot_id, self.seed, self.rows_per_cta, self.launch_flags)
         if self.mode == "replay":
-            self._module.replay_step(c.state, *c.rings.values(), c.cursors, *inputs)
+            self._module.replay_step(c.state, *c.rings.values(), c.cursors, *inputs, *tail)
         else:
-            self._module.conventional_step(c.state, *inputs)
+            self._module.conventional_step(c.state, *inputs, *tail)
 
     def _out_row_shape(self) -> tuple[int, ...]:
         raise NotImplementedError

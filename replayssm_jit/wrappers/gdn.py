@@ -129,10 +129,7 @@ class GDNDecodeWrapper(DecodeWrapper):
             state_dtype=c.state.dtype,
             flags=tuple(name for name, on in flags.items() if on),
         )
-        rows, flags = ops.choose_launch(
-            spec, batch_size, c.num_v_heads, c.device, replay=self.mode == "replay"
-        )
-        self._load(spec, batch_size, rows, flags, seed)
+        self._plan(spec, batch_size, seed)
         self.scale = float(scale)
         return spec
 
@@ -169,9 +166,5 @@ class GDNDecodeWrapper(DecodeWrapper):
             state=c.state, q=q, k=k, v=v, gate_a=gate_a, gate_b=gate_b,
             A_log=A_log, dt_bias=dt_bias, out=out,
         )  # fmt: skip
-        self._launch(ops.binding_inputs(
-            q=q, k=k, v=v, gate_a=gate_a, gate_b=gate_b, A_log=A_log, dt_bias=dt_bias, out=out,
-            slot_indices=slot_indices, pad_slot_id=c.pad_slot_id, scale=self.scale, seed=self.seed,
-            rows=self.rows_per_cta, flags=self.launch_flags,
-        ))  # fmt: skip
+        self._launch((q, k, v, gate_a, gate_b, A_log, dt_bias, self.scale), out, slot_indices)
         return out

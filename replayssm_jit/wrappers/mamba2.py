@@ -108,10 +108,7 @@ class Mamba2DecodeWrapper(DecodeWrapper):
             state_dtype=c.state.dtype,
             flags=tuple(name for name, on in flags.items() if on),
         )
-        rows, flags = ops.choose_launch(
-            spec, batch_size, c.num_heads, c.device, replay=self.mode == "replay"
-        )
-        self._load(spec, batch_size, rows, flags, seed)
+        self._plan(spec, batch_size, seed)
         return spec
 
     def _out_row_shape(self) -> tuple[int, ...]:
@@ -143,8 +140,5 @@ class Mamba2DecodeWrapper(DecodeWrapper):
             spec, ops.dims_of(spec, c.num_heads),
             state=c.state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out,
         )  # fmt: skip
-        self._launch(ops.binding_inputs(
-            x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out, slot_indices=slot_indices,
-            pad_slot_id=c.pad_slot_id, seed=self.seed, rows=self.rows_per_cta, flags=self.launch_flags,
-        ))  # fmt: skip
+        self._launch((x, z, dt, A, D, dt_bias, B, C), out, slot_indices)
         return out

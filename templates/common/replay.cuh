@@ -137,17 +137,21 @@ __device__ __forceinline__ float suffix_decays(const float* log_decay, float* de
   return expf(carry);
 }
 
+// Run by the last arrival of a slot's batch row: records held (none after a flush), the flush
+// epoch, and the arrival count reset for the next launch.
+__device__ __forceinline__ void advance_slot_cursor(int32_t* cursor, bool flushed, int records) {
+  cursor[0] = flushed ? 0 : records;
+  if (flushed) cursor[1] += 1;
+  cursor[2] = 0;
+}
+
 // Called by every CTA of a batch row after its last read of the slot's cursor: the last to
 // arrive advances the cursor (so no CTA can see a half-advanced one).
 __device__ __forceinline__ void advance_cursor(int32_t* cursor, int ctas_per_row, bool flushed, int records) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(cursor + 2, 1) == ctas_per_row - 1) {
-      cursor[0] = flushed ? 0 : records;
-      if (flushed) cursor[1] += 1;
-      cursor[2] = 0;
-    }
+    if (atomicAdd(cursor + 2, 1) == ctas_per_row - 1) advance_slot_cursor(cursor, flushed, records);
   }
 }
 

@@ -7,14 +7,15 @@
 // the record arithmetic of earlier ones, which the one-CTA-per-item kernels cannot do.
 //
 // A family F provides Params, Stage, Meta (with slot, held, epoch), Scratch, kStages,
-// kConsumerWarps, items_per_row(p) and
+// kConsumerWarps, kWindow (L: an item flushes when held + 1 >= L), items_per_row(p) and
 //   produce(params, item, slot, held, stage, meta, full): one producer warp, for a real slot
 //     (the driver fills meta's slot, held and epoch); ends with every lane arriving on `full`
 //     through pipe::arrive_after_words, and lane 0 with pipe::arrive_expect_bytes;
-//   consume(params, item, stage, meta, scratch, empty, arrival): the consumer warps, with one
-//     barrier (id 1) after writing scratch and none at the end (scratch alternates between
-//     items); each warp arrives on `empty` once it no longer reads the stage (or meta), and
-//     thread 0 starts the item's cursor arrival.
+//   consume(params, item, stage, meta, scratch, empty): the consumer warps, for a real slot,
+//     with one barrier (id 1) after writing scratch and none at the end (scratch alternates
+//     between items); each warp arrives on `empty` once it no longer reads the stage or meta;
+//   write_zeros(params, item): the consumer warps' output for a padded row.
+// The driver handles padded rows and the cursor arrivals.
 #pragma once
 #include "common/dtype.cuh"
 #include "common/pipeline.cuh"
@@ -31,11 +32,7 @@ struct CursorArrival {
   int arrived = 0, count = 0, records = 0;
   bool flush = false;
   __device__ __forceinline__ void finish() {
-    if (cursor != nullptr && arrived == count - 1) {
-      cursor[0] = flush ? 0 : records;
-      if (flush) cursor[1] += 1;
-      cursor[2] = 0;
-    }
+    if (cursor != nullptr && arrived == count - 1) advance_slot_cursor(cursor, flush, records);
     cursor = nullptr;
   }
   __device__ __forceinline__ void start(int32_t* slot_cursor, int items_per_row, bool flushed, int new_records) {
@@ -47,6 +44,12 @@ struct CursorArrival {
     arrived = atomicAdd(slot_cursor + 2, 1);
   }
 };
+
+// Each consumer warp's release of a stage it has finished reading.
+__device__ __forceinline__ void release_stage(uint64_t* empty) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) pipe::arrive(empty);
+}
 
 // Stages per CTA: as many as ~108 KiB holds (two CTAs per SM), at least 2, at most 8.
 constexpr int stream_stages(size_t stage_bytes) {
@@ -124,9 +127,18 @@ __global__ void __launch_bounds__(F::kConsumerWarps * 32 + 32, 2)  // two CTAs p
     CursorArrival arrival;
     int which = 0;
     for (int item = blockIdx.x; item < num_items; item += gridDim.x, ring.next(), which ^= 1) {
+      uint64_t* empty = &sm.empty[ring.stage];
       pipe::wait(&sm.full[ring.stage], ring.parity);
-      F::consume(p, item, sm.stage[ring.stage], sm.meta[ring.stage], sm.scratch[which], &sm.empty[ring.stage],
-                 arrival);
+      const int slot = sm.meta[ring.stage].slot, held = sm.meta[ring.stage].held;  // the stage may be refilled
+      if (held < 0) {  // padded row: zero output, touch nothing else
+        F::write_zeros(p, item);
+        release_stage(empty);
+        continue;
+      }
+      F::consume(p, item, sm.stage[ring.stage], sm.meta[ring.stage], sm.scratch[which], empty);
+      if (threadIdx.x == 0)
+        arrival.start(p.cursors + int64_t(slot) * kCursorWords, F::items_per_row(p), held + 1 >= F::kWindow,
+                      held + 1);
     }
     arrival.finish();
   }
@@ -173,6 +185,11 @@ struct StageRows {
       for (int e = 0; e < kVec; ++e) out[c][e] = r < ROWS ? v.get(e) : 0.f;
     }
   }
+  // Every pass of this lane's rows, as floats.
+  static __device__ __forceinline__ void load_all(const state_t* rows, float (&out)[kPasses][kChunks][kVec]) {
+    #pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) load(rows, row(pass), out[pass]);
+  }
   // This lane's chunks of a length-COLS vector of T in shared memory, as floats.
   template <typename T>
   static __device__ __forceinline__ void slice(const T* v, float (&out)[kChunks][kVec]) {
@@ -183,11 +200,6 @@ struct StageRows {
   }
 };
 
-// Each consumer warp's release of a stage it has finished reading.
-__device__ __forceinline__ void release_stage(uint64_t* empty) {
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) pipe::arrive(empty);
-}
 
 template <class F>
 cudaError_t launch_stream(const typename F::Params& p, int batch, int ctas_per_sm_cap, cudaStream_t stream) {

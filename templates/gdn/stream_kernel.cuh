@@ -41,6 +41,12 @@ struct Stream {
   };
   static constexpr int kStages = stream_stages(sizeof(Stage));
 
+  static constexpr int kWindow = L;
+  static __device__ __forceinline__ void write_zeros(const Params& p, int item) {
+    const Item it(item, p.num_v_heads);
+    act_t* out = p.out + (int64_t(it.row) * p.num_v_heads + it.vhead) * V + it.split * ROWS;
+    for (int r = threadIdx.x; r < ROWS; r += kConsumers) out[r] = from_float<act_t>(0.f);
+  }
   static __host__ __device__ __forceinline__ int items_per_row(const Params& p) { return p.num_v_heads * kSplits; }
   static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
@@ -92,23 +98,17 @@ struct Stream {
   }
 
   static __device__ __forceinline__ void consume(const Params& p, int item, const Stage& st, const Meta& meta,
-                                                 Scratch& sc, uint64_t* empty, CursorArrival& arrival) {
+                                                 Scratch& sc, uint64_t* empty) {
     const Item it(item, p.num_v_heads);
     const int t = threadIdx.x, warp = t / 32, lane = t % 32, row0 = it.split * ROWS;
     const int held = meta.held, slot = meta.slot;
     act_t* out = p.out + (int64_t(it.row) * p.num_v_heads + it.vhead) * V + row0;
-    if (held < 0) {  // padded row: zero output, touch nothing else
-      for (int r = t; r < ROWS; r += kConsumers) out[r] = from_float<act_t>(0.f);
-      release_stage(empty);
-      return;
-    }
     const int records = held + 1;
     const bool flush = records >= L;
 
     // Checkpoint rows into registers first (every pass at once, for ILP).
     float s[Rows::kPasses][Rows::kChunks][Rows::kVec];
-    #pragma unroll
-    for (int pass = 0; pass < Rows::kPasses; ++pass) Rows::load(st.s, Rows::row(pass), s[pass]);
+    Rows::load_all(st.s, s);
 
     // Gates and suffix decays (warp 0); k_i . k_j, k_i . q, |k_i|^2 and |q|^2 (a warp per record).
     if (warp == 0) {
@@ -259,7 +259,6 @@ struct Stream {
       }
     }
 
-    if (t == 0) arrival.start(p.cursors + int64_t(slot) * kCursorWords, items_per_row(p), flush, records);
   }
 };
 
