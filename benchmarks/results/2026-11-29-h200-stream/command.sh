@@ -61,3 +61,11 @@ R=$OUT/run; mkdir -p $R
 PYTEST_ARGS="--durations=5" PYTEST_ADDOPTS="-k 'not replay_fp32_matches_reference and not every_row_tiling and not conventional_fp32_matches'" OUT=$R timeout 300 bash benchmarks/h200_run.sh tests > $R/tests.out 2>&1
 tail -14 $R/tests.out
 cd $OUT && tar czf run.tgz run && rm -rf run
+
+### call L (0e13ef6, review refactor of launchers, streaming driver and launch choice): full GPU suite -> pytest-gpu-full-0e13ef6.log
+cd "$(dirname "$0")/snap" || exit 1
+export DEVICE_DIR=$PWD/.. PYTHONUNBUFFERED=1
+R=$OUT/run; mkdir -p $R
+PYTEST_ARGS="--maxfail=5 --durations=3" OUT=$R timeout 250 bash benchmarks/h200_run.sh tests > $R/tests.out 2>&1
+tail -8 $R/tests.out
+cd $OUT && tar czf run.tgz run && rm -rf run
