@@ -205,8 +205,16 @@ def run_sweep(
 
 def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
     """(label, environment, kernels) per launch choice of `spec`'s module: every per-item row
-    tile (conventional and a ReplaySSM cycle), then every streaming tile (a ReplaySSM cycle)."""
-    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV, rows_env, stream_rows_env
+    tile (conventional and a ReplaySSM cycle), every streaming tile and, where the family
+    compiles it, every split-kernel tile (a ReplaySSM cycle; the largest also without
+    speculative ring loads)."""
+    from replayssm_jit.ops.tiling import (
+        REPLAY_KERNEL_ENV,
+        SPECULATIVE_ENV,
+        SPLIT_FAMILIES,
+        rows_env,
+        stream_rows_env,
+    )
     from replayssm_jit.spec import spec_tilings, stream_rows
 
     rows_var, stream_var = rows_env(spec.family), stream_rows_env(spec.family)
@@ -221,6 +229,11 @@ def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
         (f"stream{r}", {stream_var: str(r), REPLAY_KERNEL_ENV: "stream"}, ("cycle",))
         for r in stream_tiles
     ]
+    if spec.family in SPLIT_FAMILIES:
+        split = {REPLAY_KERNEL_ENV: "split"}
+        out += [(f"split{r}", {rows_var: str(r), **split}, ("cycle",)) for r in tilings]
+        nospec = {rows_var: str(tilings[0]), SPECULATIVE_ENV: "0", **split}
+        out.append((f"split{tilings[0]}-nospec", nospec, ("cycle",)))
     return out
 
 

@@ -83,8 +83,30 @@ def test_replay_kernel_override(monkeypatch):
 
 def test_stream_forced_where_the_shape_cannot_stream(monkeypatch):
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "stream")
+    narrow = mamba2_spec(headdim=12, dstate=64, heads_per_group=2)
+    assert stream_rows(narrow) == []
     with pytest.raises(ValueError, match="'stream' needs 16-byte row tiles"):
-        tiling.use_stream_kernel([], CPU)
+        tiling.choose_launch(narrow, 256, 8, CPU, replay=True)
+
+
+def test_split_kernel_forced(monkeypatch):
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "split")
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    rows, flags = tiling.choose_launch(spec, 256, 128, CPU, replay=True)
+    # the state kernel runs on the per-item tiles
+    assert flags & tiling.FLAG_SPLIT and not flags & tiling.FLAG_STREAM and rows == 64
+    assert tiling.choose_launch(spec, 1, 128, CPU, replay=True)[0] == 16
+    # the conventional step is never split
+    assert not tiling.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_SPLIT
+    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    with pytest.raises(ValueError, match=r"'split' is compiled for \['mamba2'\], got 'gdn'"):
+        tiling.choose_launch(qwen, 256, 32, CPU, replay=True)
+
+
+def test_split_workspace_size():
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, window=16, drafts=2)
+    # per batch row: extra [H, P], total [H], coef [H, CAP], info [4]
+    assert mamba2_ops.split_workspace_floats(spec, 3, 128) == 3 * (128 * (64 + 1 + 18) + 4)
 
 
 def test_stream_rows_override(monkeypatch):
@@ -100,7 +122,8 @@ def test_stream_rows_override(monkeypatch):
 
 def test_speculative_flag_override(monkeypatch):
     monkeypatch.setenv(tiling.SPECULATIVE_ENV, "0")
-    assert tiling.launch_flags(stream=True) == tiling.FLAG_STREAM
+    assert tiling.launch_flags(kernel="stream") == tiling.FLAG_STREAM
+    assert tiling.launch_flags(kernel="split") == tiling.FLAG_SPLIT
     monkeypatch.setenv(tiling.SPECULATIVE_ENV, "yes")
     with pytest.raises(ValueError, match="REPLAYSSM_SPECULATIVE_RECORDS"):
         tiling.launch_flags()

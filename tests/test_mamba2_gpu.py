@@ -10,10 +10,10 @@ import torch
 from gpu_schedule import rel_err
 
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
-from replayssm_jit.ops.mamba2 import STREAM_ROWS_ENV
+from replayssm_jit.ops.mamba2 import ROWS_ENV, STREAM_ROWS_ENV
 from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
 from replayssm_jit.reference import mamba2_step_pool
-from replayssm_jit.spec import mamba2_spec, stream_rows
+from replayssm_jit.spec import mamba2_spec, spec_tilings, stream_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -124,7 +124,7 @@ def run_schedule(shape, batch, window, *, has_z=False, **kwargs) -> gpu_schedule
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 7, 64, 256])
 @pytest.mark.parametrize("window", [1, 4, 16, 32])
-def test_replay_fp32_matches_reference(shape, batch, window, replay_kernel):
+def test_replay_fp32_matches_reference(shape, batch, window, mamba2_replay_kernel):
     r = run_schedule(
         shape, batch, window, steps=256 if batch <= 64 else 3 * window + 8, has_z=shape == "odd"
     )
@@ -140,6 +140,61 @@ def test_replay_defaults_to_stream_kernel_on_hopper(monkeypatch):
     w = fam.wrapper(cache, mode="replay", batch=4, sr=False, seed=0)
     expected = "stream" if torch.cuda.get_device_capability() >= (9, 0) else "per-item"
     assert w.kernel == expected
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_every_split_tile(shape, monkeypatch):
+    """Each row tile of the split kernel's state kernel, forced through
+    REPLAYSSM_MAMBA2_ROWS_PER_CTA (L = 4, padded rows)."""
+    H, P, N, G = SHAPES[shape]
+    spec = mamba2_spec(headdim=P, dstate=N, heads_per_group=H // G, window=4, act_dtype="f32")
+    monkeypatch.setenv(REPLAY_KERNEL_ENV, "split")
+    for rows, _ in spec_tilings(spec):
+        monkeypatch.setenv(ROWS_ENV, str(rows))
+        r = run_schedule(shape, 7, 4, steps=24, has_z=shape == "odd")
+        print(f"\nsplit rows={rows}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
+        assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
+
+
+@pytest.mark.parametrize("shape", ["super120b", "nano4b", "odd"])
+@pytest.mark.parametrize(
+    "act,state,sr",
+    [
+        (torch.float32, torch.float32, False),
+        (torch.bfloat16, torch.bfloat16, True),
+        (torch.float16, torch.float16, False),
+    ],
+)
+def test_split_matches_per_item_bitwise(shape, act, state, sr, monkeypatch):
+    """The split kernel does the per-item kernel's arithmetic in the same order, so outputs,
+    checkpoints, rings and cursors agree bit for bit (three flush cycles, padded rows)."""
+    fam = Mamba2(shape, has_z=shape == "odd")
+    batch, slots, window, pad = 9, 12, 4, -1
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    inputs = fam.inputs(gen, act)
+    runs = {}
+    for kernel in ("split", "per-item"):
+        monkeypatch.setenv(REPLAY_KERNEL_ENV, kernel)
+        cache = fam.cache(slots, window=window, state_dtype=state, act_dtype=act, pad_slot_id=pad)
+        cache.state.copy_(torch.randn(cache.state.shape, generator=torch.Generator().manual_seed(1)))
+        w = fam.wrapper(cache, mode="replay", batch=batch, sr=sr, seed=11)
+        assert w.kernel == kernel
+        runs[kernel] = (cache, w)
+    slot_indices = torch.tensor([3, pad, 0, 7, 11, 5, pad, 1, 9], dtype=torch.int32, device="cuda")
+    for step in range(3 * window + 2):
+        tok = inputs.token(batch)
+        outs = {}
+        for kernel, (cache, w) in runs.items():
+            out = torch.full(fam.out_shape(batch), float("nan"), dtype=act, device="cuda")
+            inputs.run(w, tok, slot_indices, out)
+            outs[kernel] = out
+        assert not outs["split"].isnan().any(), step
+        assert torch.equal(outs["split"], outs["per-item"]), step
+    (c1, _), (c2, _) = runs["split"], runs["per-item"]
+    assert torch.equal(c1.state, c2.state)
+    assert torch.equal(c1.cursors[:, :2], c2.cursors[:, :2])
+    for name in c1.rings:
+        assert torch.equal(c1.rings[name], c2.rings[name]), name
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

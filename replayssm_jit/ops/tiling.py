@@ -88,41 +88,24 @@ def choose_stream_rows(
 # Bits of the modules' `flags` argument (templates/common/launch.cuh).
 FLAG_SPECULATIVE_RECORDS = 1
 FLAG_STREAM = 2
+FLAG_SPLIT = 4
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
-REPLAY_KERNELS = ("stream", "per-item")
+REPLAY_KERNELS = ("split", "stream", "per-item")
+# Families whose modules compile the split kernel (a records kernel, then a state kernel).
+SPLIT_FAMILIES = frozenset({"mamba2"})
 
 
-def use_stream_kernel(
-    stream_options: list[int], device: torch.device, *, preferred: bool = True
-) -> bool:
-    """Run the ReplaySSM step on the persistent streaming kernel (bulk copies, sm_90+) when the
-    shape allows it and the family's heuristic `preferred` it; REPLAYSSM_REPLAY_KERNEL=
-    per-item|stream overrides the heuristic."""
-    forced = os.environ.get(REPLAY_KERNEL_ENV)
-    if forced and forced not in REPLAY_KERNELS:
-        raise ValueError(f"{REPLAY_KERNEL_ENV}: expected one of {REPLAY_KERNELS}, got {forced!r}")
-    if forced == "per-item":
-        return False
-    hopper = device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
-    if forced == "stream" and not (stream_options and hopper):
-        why = "an sm_90+ device" if stream_options else "16-byte row tiles (see spec.stream_rows)"
-        raise ValueError(f"{REPLAY_KERNEL_ENV}: 'stream' needs {why}, got {device} and this shape")
-    if forced == "stream":
-        return True
-    return bool(stream_options) and hopper and preferred
-
-
-def launch_flags(*, stream: bool = False) -> int:
+def launch_flags(*, kernel: str = "per-item") -> int:
     """Kernel launch flags. Speculative ring loads: issue them before the cursor is read (one
     dependent round trip less for a few % more ring bytes; measured faster at every batch on
-    the H200); REPLAYSSM_SPECULATIVE_RECORDS=0 turns it off. Stream: the ReplaySSM step runs on
-    the streaming kernel."""
+    the H200); REPLAYSSM_SPECULATIVE_RECORDS=0 turns it off. `kernel`: which ReplaySSM kernel
+    runs the step (one of REPLAY_KERNELS)."""
     forced = os.environ.get(SPECULATIVE_ENV)
     if forced and forced not in ("0", "1"):
         raise ValueError(f"{SPECULATIVE_ENV}: expected '0' or '1', got {forced!r}")
     flags = 0 if forced == "0" else FLAG_SPECULATIVE_RECORDS
-    return flags | (FLAG_STREAM if stream else 0)
+    return flags | {"stream": FLAG_STREAM, "split": FLAG_SPLIT}.get(kernel, 0)
 
 
 def rows_env(family: str) -> str:
@@ -135,32 +118,57 @@ def stream_rows_env(family: str) -> str:
     return f"REPLAYSSM_{family.upper()}_STREAM_ROWS"
 
 
-# (family, checkpoint dtype) -> (batch row, head) pairs per SM from which ReplaySSM runs on the
-# streaming kernel; anything not listed streams only when REPLAYSSM_REPLAY_KERNEL=stream.
+# (family, checkpoint dtype) -> (kernel, (batch row, head) pairs per SM from which it runs the
+# ReplaySSM step); smaller batches and anything not listed run per item.
 # H200, L = 16 (benchmarks/results/2026-11-29-h200-stream): Mamba-2 FP32 streams faster at
 # super120b batch 8 (19.7 vs 20.1 us) and 256 (434.7 vs 467.3), slower at batch 1 (128 pairs);
 # Mamba-2 bf16 (337.6 vs 362.6 us) and GDN (236.9 vs 320.5 at qwen4b) run faster per item.
-STREAM_MIN_PAIRS_PER_SM: dict[tuple[str, str], float] = {("mamba2", "f32"): 2}
+PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {("mamba2", "f32"): ("stream", 2)}
+
+
+def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> str:
+    """Which kernel runs `spec`'s ReplaySSM step at this batch (one of REPLAY_KERNELS), from
+    PREFERRED_REPLAY_KERNEL; REPLAYSSM_REPLAY_KERNEL overrides it where the kernel exists for
+    the shape and device (streaming: 16-byte row tiles and sm_90+; split: SPLIT_FAMILIES)."""
+    forced = os.environ.get(REPLAY_KERNEL_ENV)
+    if forced and forced not in REPLAY_KERNELS:
+        raise ValueError(f"{REPLAY_KERNEL_ENV}: expected one of {REPLAY_KERNELS}, got {forced!r}")
+    hopper = device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
+    can_stream = bool(stream_rows(spec)) and hopper
+    can_split = spec.family in SPLIT_FAMILIES
+    if forced == "stream" and not can_stream:
+        why = "an sm_90+ device" if stream_rows(spec) else "16-byte row tiles (see spec.stream_rows)"
+        raise ValueError(f"{REPLAY_KERNEL_ENV}: 'stream' needs {why}, got {device} and this shape")
+    if forced == "split" and not can_split:
+        raise ValueError(
+            f"{REPLAY_KERNEL_ENV}: 'split' is compiled for {sorted(SPLIT_FAMILIES)}, got {spec.family!r}"
+        )
+    if forced:
+        return forced
+    kernel, min_pairs = PREFERRED_REPLAY_KERNEL.get((spec.family, spec.state_dtype), ("per-item", 0))
+    available = {"stream": can_stream, "split": can_split, "per-item": True}[kernel]
+    if available and batch * num_heads >= min_pairs * sm_count(device):
+        return kernel
+    return "per-item"
 
 
 def choose_launch(
     spec: KernelSpec, batch: int, num_heads: int, device: torch.device, *, replay: bool
 ) -> tuple[int, int]:
-    """(rows, flags) for a step of `spec`'s module at this batch: the streaming kernel's tile
-    for ReplaySSM where STREAM_MIN_PAIRS_PER_SM, the shape and the device allow it, else the
-    per-item kernel's tile. num_heads: heads of the state pool (H for Mamba-2, HV for GDN)."""
+    """(rows, flags) for a step of `spec`'s module at this batch: the ReplaySSM kernel from
+    choose_replay_kernel and its row tile (the streaming kernel's own tiles, or the per-item
+    tiles that the split kernel's state kernel shares). num_heads: heads of the state pool (H
+    for Mamba-2, HV for GDN)."""
     row_dim, col_dim = STATE_DIMS[spec.family]
     rows = spec.dim(row_dim)
-    min_pairs = STREAM_MIN_PAIRS_PER_SM.get((spec.family, spec.state_dtype))
-    preferred = min_pairs is not None and batch * num_heads >= min_pairs * sm_count(device)
-    options = stream_rows(spec)
-    if replay and use_stream_kernel(options, device, preferred=preferred):
+    kernel = choose_replay_kernel(spec, batch, num_heads, device) if replay else "per-item"
+    if kernel == "stream":
         tile = choose_stream_rows(
-            options, rows, batch, num_heads, device, stream_rows_env(spec.family)
+            stream_rows(spec), rows, batch, num_heads, device, stream_rows_env(spec.family)
         )
-        return tile, launch_flags(stream=True)
+        return tile, launch_flags(kernel=kernel)
     tile = choose_rows_per_cta(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
         cols=spec.dim(col_dim), state_bytes=DTYPE_BYTES[spec.state_dtype],
     )  # fmt: skip
-    return tile, launch_flags()
+    return tile, launch_flags(kernel=kernel)

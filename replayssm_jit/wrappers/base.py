@@ -43,6 +43,7 @@ class DecodeWrapper:
         self.seed = 0
         self._module = None
         self._out: torch.Tensor | None = None
+        self._workspace: torch.Tensor | None = None
 
     @property
     def window(self) -> int:
@@ -56,7 +57,10 @@ class DecodeWrapper:
 
     @property
     def kernel(self) -> str:
-        """Which kernel run() launches: "stream" (persistent ReplaySSM) or "per-item"."""
+        """Which kernel run() launches: "split" (a records kernel, then a state kernel),
+        "stream" (persistent ReplaySSM) or "per-item"."""
+        if self.launch_flags & tiling.FLAG_SPLIT:
+            return "split"
         return "stream" if self.launch_flags & tiling.FLAG_STREAM else "per-item"
 
     def _plan(self, spec: KernelSpec, batch_size: int, seed: int) -> None:
@@ -71,6 +75,11 @@ class DecodeWrapper:
         self.launch_flags = flags
         self.seed = int(seed) & (2**63 - 1)
         self._out = None
+        # The split kernel's records -> state hand-over; families that compile it always take one.
+        self._workspace = None
+        if spec.family in tiling.SPLIT_FAMILIES:
+            floats = self._split_workspace_floats(batch_size) if flags & tiling.FLAG_SPLIT else 0
+            self._workspace = torch.empty(floats, dtype=torch.float32, device=c.device)
         if self.use_cuda_graph:
             self._out = torch.empty(
                 (batch_size, *self._out_row_shape()), dtype=c.act_dtype, device=c.device
@@ -101,15 +110,20 @@ class DecodeWrapper:
 
     def _launch(self, inputs: tuple, out: torch.Tensor, slot_indices: torch.Tensor) -> None:
         """Every module binds conventional_step(state, *inputs, *tail) and
-        replay_step(state, *rings (in the cache's order), cursors, *inputs, *tail), with the
-        family's token inputs first and tail = (out, slot_indices, pad_slot_id, seed, rows,
-        flags)."""
+        replay_step(state, *rings (in the cache's order), cursors, *inputs, *tail[, workspace]),
+        with the family's token inputs first and tail = (out, slot_indices, pad_slot_id, seed,
+        rows, flags); the workspace goes to families that compile the split kernel."""
         c = self.cache
         tail = (out, slot_indices, c.pad_slot_id, self.seed, self.rows_per_cta, self.launch_flags)
         if self.mode == "replay":
-            self._module.replay_step(c.state, *c.rings.values(), c.cursors, *inputs, *tail)
+            workspace = () if self._workspace is None else (self._workspace,)
+            self._module.replay_step(c.state, *c.rings.values(), c.cursors, *inputs, *tail, *workspace)
         else:
             self._module.conventional_step(c.state, *inputs, *tail)
 
     def _out_row_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def _split_workspace_floats(self, batch_size: int) -> int:
+        """float32 elements of the split kernel's workspace at `batch_size` rows."""
         raise NotImplementedError

@@ -14,6 +14,7 @@ inline cudaStream_t current_stream(const tvm::ffi::TensorView& t) {
 // Bits of the bindings' `flags` argument (replayssm_jit/ops/tiling.py sets them).
 constexpr int64_t kFlagSpeculativeRecords = 1;  // issue ring loads before the cursor is read
 constexpr int64_t kFlagStream = 2;              // ReplaySSM step on the persistent streaming kernel
+constexpr int64_t kFlagSplit = 4;               // ReplaySSM step as a records kernel, then a state kernel
 
 template <typename T> inline T* ptr(const tvm::ffi::TensorView& t) { return static_cast<T*>(t.data_ptr()); }
 template <typename T> inline T* optional_ptr(const tvm::ffi::Optional<tvm::ffi::TensorView>& t) {

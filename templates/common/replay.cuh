@@ -66,9 +66,10 @@ template <> struct RawVec<2> { using type = unsigned short; };
 // Stages up to MAX_ROWS rows of LEN elements of T from global into float shared memory: load()
 // issues every load (one memory round trip for the lot), store() converts and writes them.
 // Splitting the two lets a kernel issue ring loads before it knows how many rows it needs.
-template <typename T, int LEN, int MAX_ROWS, int THREADS>
+// BYTES: vector width, which the rows' start addresses must be aligned to.
+template <typename T, int LEN, int MAX_ROWS, int THREADS, int BYTES = row_vector_bytes<T, LEN>()>
 struct RowStager {
-  static constexpr int kBytes = row_vector_bytes<T, LEN>();
+  static constexpr int kBytes = BYTES;
   static constexpr int kElems = kBytes / int(sizeof(T));
   static constexpr int kPerRow = LEN / kElems;
   static constexpr int kIters = (MAX_ROWS * kPerRow + THREADS - 1) / THREADS;
@@ -179,19 +180,25 @@ __global__ void __launch_bounds__(Kern::kThreads) per_item_kernel(const typename
   Kern::run(p, *reinterpret_cast<typename Kern::Smem*>(smem_raw));
 }
 
+// Lets per_item_kernel<Kern> use more than 48 KiB of dynamic shared memory (once per instantiation).
+template <class Kern>
+cudaError_t allow_shared_memory() {
+  if (Kern::kSmemBytes <= 48 * 1024) return cudaSuccess;
+  static bool raised = false;
+  if (!raised) {
+    cudaError_t err = cudaFuncSetAttribute(per_item_kernel<Kern>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(Kern::kSmemBytes));
+    if (err != cudaSuccess) return err;
+    raised = true;
+  }
+  return cudaSuccess;
+}
+
 template <class Kern>
 cudaError_t launch_per_item(const typename Kern::Params& p, int batch, int num_heads, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
   auto kernel = per_item_kernel<Kern>;
-  if (Kern::kSmemBytes > 48 * 1024) {
-    static bool raised = false;  // once per instantiation
-    if (!raised) {
-      cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             int(Kern::kSmemBytes));
-      if (err != cudaSuccess) return err;
-      raised = true;
-    }
-  }
+  if (cudaError_t err = allow_shared_memory<Kern>(); err != cudaSuccess) return err;
   dim3 grid(num_heads * Kern::kSplits, batch);
   kernel<<<grid, Kern::kThreads, Kern::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

@@ -42,8 +42,10 @@ struct Params {
   const int32_t* slot_indices;  // [batch]
   int32_t pad_slot_id;
   int32_t num_heads;
+  int32_t batch;
   uint64_t seed;
   bool speculative;         // issue ring loads before the cursor is read (small batches)
+  float* workspace;         // split kernel only: SplitWorkspace<P, CAP> for `batch` rows
 };
 
 template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
@@ -66,6 +68,56 @@ struct Kernel {
     float total_decay;
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
+
+  // Rows: y = total (S_c . q) + extra, or the fold S <- total S + sum_k sm.x[k][r] B_k (sm.x already
+  // scaled by a(k+1:j) dt_k) and then y = S . q + extra; gated by silu(z). Shared with the split kernel.
+  static __device__ __forceinline__ void finish_rows(const Params& p, const Smem& sm, const typename Tile::Regs& s_raw,
+                                                     state_t* rows, act_t* out, bool flush, int records, float total,
+                                                     int slot, uint64_t epoch, int head, int row0) {
+    float q_reg[Tile::kChunksPerLane][Tile::kVec];
+    Tile::slice(sm.q[0], q_reg);
+    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i)
+      #pragma unroll
+      for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * (flush ? total : 1.f);
+    if (flush) {  // S <- a(1:j) S + sum_k (a(k+1:j) dt_k x_k[r]) B_k: exact FP32 FMAs
+      for (int k = 0; k < records; ++k) {
+        float b_reg[Tile::kChunksPerLane][Tile::kVec];
+        Tile::slice(sm.b[k], b_reg);
+        #pragma unroll
+        for (int i = 0; i < Tile::kPasses; ++i) {
+          const float w = sm.x[k][Tile::row(i)];
+          #pragma unroll
+          for (int c = 0; c < Tile::kChunksPerLane; ++c)
+            #pragma unroll
+            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w, b_reg[c][e], s[i][c][e]);
+        }
+      }
+    }
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i) {
+      const int r = Tile::row(i);
+      float acc = 0.f;
+      #pragma unroll
+      for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
+      float y = group_sum<Tile::kLanesPerRow>(acc) * (flush ? 1.f : total) + sm.extra[r];
+      if (flush) {
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          store_chunk<state_t, SR>(rows + int64_t(r) * N + Tile::col(c), s[i][c], p.seed,
+                                   (uint64_t(slot) << 32) | epoch, (uint64_t(head) * P + row0 + r) * N + Tile::col(c));
+      }
+      if (Tile::row_leader()) {
+        if constexpr (HAS_Z) y *= sm.z[0][r] / (1.f + expf(-sm.z[0][r]));
+        out[r] = from_float<act_t>(y);
+      }
+    }
+  }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
     const int split = blockIdx.x % kSplits, head = blockIdx.x / kSplits, row = blockIdx.y;
@@ -151,51 +203,8 @@ struct Kernel {
     }
     __syncthreads();
 
-    // 5. Rows: y = a(1:j) (S_c . q) + extra, or fold then y = S . q + extra.
-    float q_reg[Tile::kChunksPerLane][Tile::kVec];
-    Tile::slice(sm.q[0], q_reg);
-    const float total = sm.total_decay;
-    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i)
-      #pragma unroll
-      for (int c = 0; c < Tile::kChunksPerLane; ++c)
-        #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * (flush ? total : 1.f);
-    if (flush) {  // S <- a(1:j) S + sum_k (a(k+1:j) dt_k x_k[r]) B_k: exact FP32 FMAs
-      for (int k = 0; k < records; ++k) {
-        float b_reg[Tile::kChunksPerLane][Tile::kVec];
-        Tile::slice(sm.b[k], b_reg);
-        #pragma unroll
-        for (int i = 0; i < Tile::kPasses; ++i) {
-          const float w = sm.x[k][Tile::row(i)];
-          #pragma unroll
-          for (int c = 0; c < Tile::kChunksPerLane; ++c)
-            #pragma unroll
-            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w, b_reg[c][e], s[i][c][e]);
-        }
-      }
-    }
-    #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i) {
-      const int r = Tile::row(i);
-      float acc = 0.f;
-      #pragma unroll
-      for (int c = 0; c < Tile::kChunksPerLane; ++c)
-        #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
-      float y = group_sum<Tile::kLanesPerRow>(acc) * (flush ? 1.f : total) + sm.extra[r];
-      if (flush) {
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          store_chunk<state_t, SR>(rows + int64_t(r) * N + Tile::col(c), s[i][c], p.seed,
-                                   (uint64_t(slot) << 32) | epoch, (uint64_t(head) * P + row0 + r) * N + Tile::col(c));
-      }
-      if (Tile::row_leader()) {
-        if constexpr (HAS_Z) y *= sm.z[0][r] / (1.f + expf(-sm.z[0][r]));
-        out[r] = from_float<act_t>(y);
-      }
-    }
+    // 5. Rows.
+    finish_rows(p, sm, s_raw, rows, out, flush, records, sm.total_decay, slot, epoch, head, row0);
 
     if constexpr (REPLAY) {
       if (!flush) {  // append this token's record at ring row `held` (exact: act -> float -> act)

@@ -1,0 +1,82 @@
+// The split ReplaySSM step: a records kernel, then a state kernel. Framework-agnostic.
+//
+// The records kernel reads the cursor, replays every head's records into a few per-head scalars
+// and per-row sums, appends this token's record and advances the cursor. The state kernel then
+// streams the checkpoint with no latency chain in front of its rows (non-flush:
+// y = total (S_c q) + extra), so its CTAs keep as many bytes in flight as the conventional step's.
+// It is launched as a programmatic dependent of the records kernel (sm_90): its checkpoint reads
+// start while the records kernel is still running, and it waits for the records only where it
+// reads them.
+#pragma once
+#include <cuda_runtime.h>
+#include "common/replay.cuh"
+
+namespace replayssm {
+
+// What the records kernel hands the state kernel, per batch row, in one float buffer:
+// extra [heads][ROWS_PER_HEAD], then total [heads], coef [heads][CAP] (a flush's record weights)
+// and info [4] int32 (records held, flush, flush epoch, unused). `extra` comes first so that its
+// rows stay 16-byte aligned.
+template <int ROWS_PER_HEAD, int CAP>
+struct SplitWorkspace {
+  float* base;
+  int64_t batch, heads;
+
+  static constexpr int64_t floats(int64_t batch, int64_t heads) {
+    return batch * (heads * (ROWS_PER_HEAD + 1 + CAP) + 4);
+  }
+  __host__ __device__ float* extra(int row, int head) const {
+    return base + (int64_t(row) * heads + head) * ROWS_PER_HEAD;
+  }
+  __host__ __device__ float* total(int row, int head) const {
+    return base + batch * heads * ROWS_PER_HEAD + int64_t(row) * heads + head;
+  }
+  __host__ __device__ float* coef(int row, int head) const {
+    return base + batch * heads * (ROWS_PER_HEAD + 1) + (int64_t(row) * heads + head) * CAP;
+  }
+  __host__ __device__ int32_t* info(int row) const {
+    return reinterpret_cast<int32_t*>(base + batch * heads * (ROWS_PER_HEAD + 1 + CAP)) + int64_t(row) * 4;
+  }
+};
+
+// Programmatic dependent launch (sm_90; no-ops elsewhere and when launched without the attribute).
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Records kernel on (groups, batch) CTAs, then the state kernel on (heads x row splits, batch)
+// CTAs as its programmatic dependent (where the device supports it).
+template <class Records, class State>
+cudaError_t launch_split(const typename State::Params& p, int batch, int num_groups, int num_heads,
+                         cudaStream_t stream) {
+  if (batch == 0) return cudaSuccess;
+  if (cudaError_t err = allow_shared_memory<Records>(); err != cudaSuccess) return err;
+  if (cudaError_t err = allow_shared_memory<State>(); err != cudaSuccess) return err;
+  per_item_kernel<Records><<<dim3(num_groups, batch), Records::kThreads, Records::kSmemBytes, stream>>>(p);
+  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+
+  int device = 0, major = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); err != cudaSuccess)
+    return err;
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(num_heads * State::kSplits, batch);
+  config.blockDim = dim3(State::kThreads);
+  config.dynamicSmemBytes = State::kSmemBytes;
+  config.stream = stream;
+  config.attrs = overlap;
+  config.numAttrs = major >= 9 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, per_item_kernel<State>, p);
+}
+
+}  // namespace replayssm
