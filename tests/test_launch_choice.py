@@ -47,13 +47,15 @@ def test_stream_rows_are_whole_bulk_copies():
 def test_replay_kernel_heuristic():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
     rows, flags = tiling.choose_launch(spec, 256, 128, CPU, replay=True)
-    assert flags & tiling.FLAG_STREAM and rows == 64
+    assert flags & tiling.FLAG_SPLIT and rows == 64
     assert flags & tiling.FLAG_SPECULATIVE_RECORDS
-    # batch 8: 1024 (row, head) pairs, still streaming, whole heads per item
-    assert tiling.choose_launch(spec, 8, 128, CPU, replay=True) == (64, flags)
+    assert tiling.choose_replay_kernel(spec, 256, 128, CPU) == "split"
+    # batch 8: 1024 (row, head) pairs, still split; smaller state tiles for more CTAs
+    rows, flags = tiling.choose_launch(spec, 8, 128, CPU, replay=True)
+    assert flags & tiling.FLAG_SPLIT and rows == 64
     # one sequence (128 pairs on 132 SMs): the per-item kernel
     rows, flags = tiling.choose_launch(spec, 1, 128, CPU, replay=True)
-    assert not flags & tiling.FLAG_STREAM
+    assert not flags & (tiling.FLAG_STREAM | tiling.FLAG_SPLIT)
     # the conventional step never streams; GDN streams only when asked to
     assert not tiling.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_STREAM
     qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
@@ -103,6 +105,23 @@ def test_split_kernel_forced(monkeypatch):
         tiling.choose_launch(qwen, 256, 32, CPU, replay=True)
 
 
+def test_tiny_batches_flush_every_step(monkeypatch):
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    # one sequence: 128 (row, head) pairs on 132 SMs
+    assert tiling.choose_launch(spec, 1, 128, CPU, replay=True)[1] & tiling.FLAG_FLUSH_EVERY_STEP
+    assert not tiling.choose_launch(spec, 2, 128, CPU, replay=True)[1] & tiling.FLAG_FLUSH_EVERY_STEP
+    assert not tiling.choose_launch(spec, 1, 128, CPU, replay=False)[1] & tiling.FLAG_FLUSH_EVERY_STEP
+    monkeypatch.setenv(tiling.FLUSH_EVERY_STEP_ENV, "1")
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "per-item")
+    assert tiling.choose_launch(spec, 256, 128, CPU, replay=True)[1] & tiling.FLAG_FLUSH_EVERY_STEP
+    # the streaming kernel keeps its window
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "stream")
+    assert not tiling.choose_launch(spec, 256, 128, CPU, replay=True)[1] & tiling.FLAG_FLUSH_EVERY_STEP
+    monkeypatch.setenv(tiling.FLUSH_EVERY_STEP_ENV, "sometimes")
+    with pytest.raises(ValueError, match="REPLAYSSM_FLUSH_EVERY_STEP: expected '0' or '1'"):
+        tiling.choose_launch(spec, 256, 128, CPU, replay=True)
+
+
 def test_split_workspace_size():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, window=16, drafts=2)
     # per batch row: extra [H, P], total [H], coef [H, CAP], info [4]
@@ -111,6 +130,7 @@ def test_split_workspace_size():
 
 def test_stream_rows_override(monkeypatch):
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "stream")
     monkeypatch.setenv(mamba2_ops.STREAM_ROWS_ENV, "32")
     assert tiling.choose_launch(spec, 256, 128, CPU, replay=True)[0] == 32
     monkeypatch.setenv(mamba2_ops.STREAM_ROWS_ENV, "48")
@@ -152,7 +172,7 @@ def test_lane_values_and_the_bf16_gdn_tile():
     assert tiling.choose_launch(qwen_bf16, 256, 32, CPU, replay=True)[0] == 64
 
 
-def test_bf16_checkpoints_keep_the_per_item_kernel():
+def test_bf16_checkpoints_split_too():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, state_dtype="bf16")
     rows, flags = tiling.choose_launch(spec, 256, 128, CPU, replay=True)
-    assert not flags & tiling.FLAG_STREAM and rows == 64
+    assert flags & tiling.FLAG_SPLIT and rows == 64

@@ -131,15 +131,14 @@ def test_replay_fp32_matches_reference(shape, batch, window, mamba2_replay_kerne
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
 
-def test_replay_defaults_to_stream_kernel_on_hopper(monkeypatch):
+def test_replay_defaults_to_split_kernel(monkeypatch):
     monkeypatch.delenv(REPLAY_KERNEL_ENV, raising=False)
     fam = Mamba2("super120b")
     cache = fam.cache(
         4, window=16, state_dtype=torch.float32, act_dtype=torch.bfloat16, pad_slot_id=-1
     )
     w = fam.wrapper(cache, mode="replay", batch=4, sr=False, seed=0)
-    expected = "stream" if torch.cuda.get_device_capability() >= (9, 0) else "per-item"
-    assert w.kernel == expected
+    assert w.kernel == "split"
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -89,22 +89,33 @@ def choose_stream_rows(
 FLAG_SPECULATIVE_RECORDS = 1
 FLAG_STREAM = 2
 FLAG_SPLIT = 4
+FLAG_FLUSH_EVERY_STEP = 8
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
+FLUSH_EVERY_STEP_ENV = "REPLAYSSM_FLUSH_EVERY_STEP"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
 REPLAY_KERNELS = ("split", "stream", "per-item")
 # Families whose modules compile the split kernel (a records kernel, then a state kernel).
 SPLIT_FAMILIES = frozenset({"mamba2"})
 
 
-def launch_flags(*, kernel: str = "per-item") -> int:
+def _switch(env_var: str, default: bool) -> bool:
+    forced = os.environ.get(env_var)
+    if forced and forced not in ("0", "1"):
+        raise ValueError(f"{env_var}: expected '0' or '1', got {forced!r}")
+    return default if not forced else forced == "1"
+
+
+def launch_flags(*, kernel: str = "per-item", flush_every_step: bool = False) -> int:
     """Kernel launch flags. Speculative ring loads: issue them before the cursor is read (one
     dependent round trip less for a few % more ring bytes; measured faster at every batch on
     the H200); REPLAYSSM_SPECULATIVE_RECORDS=0 turns it off. `kernel`: which ReplaySSM kernel
-    runs the step (one of REPLAY_KERNELS)."""
-    forced = os.environ.get(SPECULATIVE_ENV)
-    if forced and forced not in ("0", "1"):
-        raise ValueError(f"{SPECULATIVE_ENV}: expected '0' or '1', got {forced!r}")
-    flags = 0 if forced == "0" else FLAG_SPECULATIVE_RECORDS
+    runs the step (one of REPLAY_KERNELS). `flush_every_step` (per-item and split kernels):
+    fold the records at every step, i.e. a replay window of 1 at run time;
+    REPLAYSSM_FLUSH_EVERY_STEP=0|1 overrides it."""
+    flags = FLAG_SPECULATIVE_RECORDS if _switch(SPECULATIVE_ENV, True) else 0
+    every_step = _switch(FLUSH_EVERY_STEP_ENV, flush_every_step)
+    if every_step and kernel != "stream":
+        flags |= FLAG_FLUSH_EVERY_STEP
     return flags | {"stream": FLAG_STREAM, "split": FLAG_SPLIT}.get(kernel, 0)
 
 
@@ -120,10 +131,13 @@ def stream_rows_env(family: str) -> str:
 
 # (family, checkpoint dtype) -> (kernel, (batch row, head) pairs per SM from which it runs the
 # ReplaySSM step); smaller batches and anything not listed run per item.
-# H200, L = 16 (benchmarks/results/2026-11-29-h200-stream): Mamba-2 FP32 streams faster at
-# super120b batch 8 (19.7 vs 20.1 us) and 256 (434.7 vs 467.3), slower at batch 1 (128 pairs);
-# Mamba-2 bf16 (337.6 vs 362.6 us) and GDN (236.9 vs 320.5 at qwen4b) run faster per item.
-PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {("mamba2", "f32"): ("stream", 2)}
+# H200, L = 16 (benchmarks/results/2026-11-29-h200-split): the split kernel's Mamba-2 cycle beats
+# the streaming and per-item kernels from batch 8 up (super120b FP32 batch 256: 315.8 against
+# 436.3 and 465.0 us; bf16 checkpoints: 217.9 against 336.0), and loses at batch 1 (128 pairs:
+# 8.5 against 6.2). GDN runs faster per item than streamed (236.9 vs 320.5 us at qwen4b).
+PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {
+    ("mamba2", state): ("split", 2) for state in ("f32", "bf16", "f16")
+}
 
 
 def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> str:
@@ -152,6 +166,11 @@ def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: t
     return "per-item"
 
 
+# Below this many (batch row, head) pairs per SM the ReplaySSM step flushes at every step: a
+# launch that small is bound by latency, not bytes, and the record replay only adds to it.
+FLUSH_EVERY_STEP_BELOW_PAIRS_PER_SM = 1
+
+
 def choose_launch(
     spec: KernelSpec, batch: int, num_heads: int, device: torch.device, *, replay: bool
 ) -> tuple[int, int]:
@@ -171,4 +190,5 @@ def choose_launch(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
         cols=spec.dim(col_dim), state_bytes=DTYPE_BYTES[spec.state_dtype],
     )  # fmt: skip
-    return tile, launch_flags(kernel=kernel)
+    tiny = batch * num_heads < FLUSH_EVERY_STEP_BELOW_PAIRS_PER_SM * sm_count(device)
+    return tile, launch_flags(kernel=kernel, flush_every_step=replay and tiny)

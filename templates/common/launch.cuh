@@ -15,6 +15,18 @@ inline cudaStream_t current_stream(const tvm::ffi::TensorView& t) {
 constexpr int64_t kFlagSpeculativeRecords = 1;  // issue ring loads before the cursor is read
 constexpr int64_t kFlagStream = 2;              // ReplaySSM step on the persistent streaming kernel
 constexpr int64_t kFlagSplit = 4;               // ReplaySSM step as a records kernel, then a state kernel
+constexpr int64_t kFlagFlushEveryStep = 8;      // per-item and split kernels: fold at every step
+
+// The split kernel's workspace (sized by the wrapper; checked again here): float32, contiguous,
+// at least `needed` elements.
+inline float* workspace_ptr(const tvm::ffi::TensorView& workspace, int64_t needed) {
+  const DLDataType dtype = workspace.dtype();
+  const bool f32 = dtype.code == kDLFloat && dtype.bits == 32 && dtype.lanes == 1;
+  if (!f32 || workspace.numel() < needed || !workspace.IsContiguous())
+    TVM_FFI_THROW(ValueError) << "workspace: expected a contiguous float32 tensor of at least " << needed
+                              << " elements, got " << workspace.numel();
+  return static_cast<float*>(workspace.data_ptr());
+}
 
 template <typename T> inline T* ptr(const tvm::ffi::TensorView& t) { return static_cast<T*>(t.data_ptr()); }
 template <typename T> inline T* optional_ptr(const tvm::ffi::Optional<tvm::ffi::TensorView>& t) {

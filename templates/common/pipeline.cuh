@@ -61,6 +61,19 @@ __device__ __forceinline__ void arrive_after_words(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
+// Asynchronous copy of BYTES (4, 8 or 16; both addresses aligned to it) global -> shared,
+// completed by wait_copies(); sm_80+.
+template <int BYTES>
+__device__ __forceinline__ void copy_async(void* dst, const void* src) {
+  static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "cp.async moves 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem_addr(dst)), "l"(src), "n"(BYTES) : "memory");
+}
+
+// Wait for every copy_async() this thread has issued (other threads' copies need a barrier too).
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+}
+
 // Barrier among the first `threads` threads of the CTA (the consumer warps), id >= 1.
 __device__ __forceinline__ void sync_threads(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

@@ -1,6 +1,7 @@
 // Building blocks shared by the ReplaySSM decode kernels (Mamba-2, GDN).
 #pragma once
 #include "common/dtype.cuh"
+#include "common/pipeline.cuh"
 #include "common/reduce.cuh"
 #include "common/rounding.cuh"
 
@@ -97,6 +98,27 @@ struct RowStager {
     }
   }
 };
+
+// Asynchronous copy of `heads` x `count` rows of LEN elements of T into shared memory: row
+// (h, i) from src + h * src_head + i * src_row to dst + h * dst_head + i * dst_row (element
+// strides; every row aligned to the widest vector that divides it). Complete with
+// pipe::wait_copies() and a barrier.
+template <typename T, int LEN, int THREADS>
+__device__ __forceinline__ void copy_rows_async(T* dst, int64_t dst_head, int64_t dst_row, const T* src, int64_t src_head,
+                                                int64_t src_row, int heads, int count) {
+  constexpr int kBytes = row_vector_bytes<T, LEN>();
+  constexpr int kPerRow = LEN * int(sizeof(T)) / kBytes;
+  for (int idx = threadIdx.x; idx < heads * count * kPerRow; idx += THREADS) {
+    const int part = idx % kPerRow, i = idx / kPerRow % count, h = idx / kPerRow / count;
+    const char* from = reinterpret_cast<const char*>(src + h * src_head + i * src_row) + part * kBytes;
+    char* to = reinterpret_cast<char*>(dst + h * dst_head + i * dst_row) + part * kBytes;
+    if constexpr (kBytes >= 4) {
+      pipe::copy_async<kBytes>(to, from);
+    } else {
+      *reinterpret_cast<T*>(to) = *reinterpret_cast<const T*>(from);
+    }
+  }
+}
 
 // A token's records: the held ones from a ring (rows 0..held-1) and this token's from the inputs
 // (row `held`). With `speculative`, the ring loads are issued before the cursor is read (all

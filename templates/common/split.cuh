@@ -13,29 +13,29 @@
 
 namespace replayssm {
 
-// What the records kernel hands the state kernel, per batch row, in one float buffer:
-// extra [heads][ROWS_PER_HEAD], then total [heads], coef [heads][CAP] (a flush's record weights)
-// and info [4] int32 (records held, flush, flush epoch, unused). `extra` comes first so that its
-// rows stay 16-byte aligned.
-template <int ROWS_PER_HEAD, int CAP>
+// What the records kernel hands the state kernel, in one float buffer: per (batch row, head)
+// extra [EXTRA] (per-row record sums), scalars [SCALARS] and coef [CAP] (a flush's record
+// weights), each kind in its own array; then per batch row info [4] int32 (records held, flush,
+// flush epoch, unused). `extra` comes first so that its rows stay 16-byte aligned.
+template <int EXTRA, int SCALARS, int CAP>
 struct SplitWorkspace {
   float* base;
   int64_t batch, heads;
 
   static constexpr int64_t floats(int64_t batch, int64_t heads) {
-    return batch * (heads * (ROWS_PER_HEAD + 1 + CAP) + 4);
+    return batch * (heads * (EXTRA + SCALARS + CAP) + 4);
   }
   __host__ __device__ float* extra(int row, int head) const {
-    return base + (int64_t(row) * heads + head) * ROWS_PER_HEAD;
+    return base + (int64_t(row) * heads + head) * EXTRA;
   }
-  __host__ __device__ float* total(int row, int head) const {
-    return base + batch * heads * ROWS_PER_HEAD + int64_t(row) * heads + head;
+  __host__ __device__ float* scalars(int row, int head) const {
+    return base + batch * heads * EXTRA + (int64_t(row) * heads + head) * SCALARS;
   }
   __host__ __device__ float* coef(int row, int head) const {
-    return base + batch * heads * (ROWS_PER_HEAD + 1) + (int64_t(row) * heads + head) * CAP;
+    return base + batch * heads * (EXTRA + SCALARS) + (int64_t(row) * heads + head) * CAP;
   }
   __host__ __device__ int32_t* info(int row) const {
-    return reinterpret_cast<int32_t*>(base + batch * heads * (ROWS_PER_HEAD + 1 + CAP)) + int64_t(row) * 4;
+    return reinterpret_cast<int32_t*>(base + batch * heads * (EXTRA + SCALARS + CAP)) + int64_t(row) * 4;
   }
 };
 

@@ -46,6 +46,7 @@ struct Params {
   float scale;
   uint64_t seed;
   bool speculative;         // issue ring loads before the cursor is read (small batches)
+  bool flush_every_step;    // per-item and split kernels: fold at every step (tiny batches)
 };
 
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
@@ -71,6 +72,85 @@ struct Kernel {
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
   static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+  // Per-row scalars of a replay: a(1:j), beta_j, 1/|k_j|, scale/|q_j| and the weight of u_j in o_j.
+  struct RowScalars {
+    float total, beta, rk_j, rq, coef_q_cur;
+  };
+
+  // Rows: S_c.k and S_c.q from one read, u_j = beta (v - (total S_c k^ + pred)), then o, or the
+  // fold S <- total S + sum_i sm.u[i][r] k_i (sm.u already scaled by dec_i / |k_i|) + u_j k^_j
+  // and o = S.q^; writes o and (non-flush) appends u_j. Shared with the split kernel.
+  static __device__ __forceinline__ void finish_rows(const Params& p, const Smem& sm, const typename Tile::Regs& s_raw,
+                                                     state_t* rows, act_t* out, bool flush, int held,
+                                                     const RowScalars& sc, int slot, uint64_t epoch, int vhead,
+                                                     int row0) {
+    float q_reg[Tile::kChunksPerLane][Tile::kVec], k_reg[Tile::kChunksPerLane][Tile::kVec];
+    Tile::slice(sm.q[0], q_reg);
+    Tile::slice(sm.k[held], k_reg);
+    const float total = sc.total, beta = sc.beta, rk_j = sc.rk_j, rq = sc.rq, coef_q_cur = sc.coef_q_cur;
+    const int records = held + 1;
+    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
+    float u_j[Tile::kPasses], o[Tile::kPasses];
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i) {
+      const int r = Tile::row(i);
+      float sk = 0.f, sq = 0.f;
+      #pragma unroll
+      for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) {
+          s[i][c][e] = s_raw[i][c].get(e);
+          sk = fmaf(s[i][c][e], k_reg[c][e], sk);
+          sq = fmaf(s[i][c][e], q_reg[c][e], sq);
+        }
+      sk = group_sum<Tile::kLanesPerRow>(sk) * rk_j;
+      sq = group_sum<Tile::kLanesPerRow>(sq) * rq;
+      u_j[i] = beta * (sm.v[0][r] - (total * sk + sm.pred[r]));
+      o[i] = total * sq + sm.osum[r] + coef_q_cur * u_j[i];
+    }
+    if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i)
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          #pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= total;
+      for (int m = 0; m < records; ++m) {
+        float k_m[Tile::kChunksPerLane][Tile::kVec];
+        Tile::slice(sm.k[m], k_m);
+        #pragma unroll
+        for (int i = 0; i < Tile::kPasses; ++i) {
+          const float w = m == held ? rk_j * u_j[i] : sm.u[m][Tile::row(i)];
+          #pragma unroll
+          for (int c = 0; c < Tile::kChunksPerLane; ++c)
+            #pragma unroll
+            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w, k_m[c][e], s[i][c][e]);
+        }
+      }
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i) {
+        const int r = Tile::row(i);
+        float acc = 0.f;
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+          #pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
+          store_chunk<state_t, SR>(rows + int64_t(r) * K + Tile::col(c), s[i][c], p.seed,
+                                   (uint64_t(slot) << 32) | epoch, (uint64_t(vhead) * V + row0 + r) * K + Tile::col(c));
+        }
+        o[i] = group_sum<Tile::kLanesPerRow>(acc) * rq;
+      }
+    }
+    float* u_out = p.rec_u + ((int64_t(slot) * p.num_v_heads + vhead) * CAP + held) * V + row0;
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i) {
+      if (Tile::row_leader()) {
+        out[Tile::row(i)] = from_float<act_t>(o[i]);
+        if (REPLAY && !flush) u_out[Tile::row(i)] = u_j[i];
+      }
+    }
+  }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
     const int split = blockIdx.x % kSplits, vhead = blockIdx.x / kSplits, row = blockIdx.y;
@@ -108,7 +188,7 @@ struct Kernel {
     int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
     const int held = REPLAY ? cursor[0] : 0;
     const int records = held + 1;
-    const bool flush = !REPLAY || records >= L;
+    const bool flush = !REPLAY || p.flush_every_step || records >= L;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
     k_stage.load_late(rec_k, K, held, p.speculative);
     if (REPLAY && !p.speculative) u_stage.load(rec_u, V, held);
@@ -177,72 +257,10 @@ struct Kernel {
     }
     __syncthreads();
 
-    // 5. Rows: S_c.k and S_c.q from one read, u_j = beta (v - alpha S k), then o (or fold, o = S.q).
-    float q_reg[Tile::kChunksPerLane][Tile::kVec], k_reg[Tile::kChunksPerLane][Tile::kVec];
-    Tile::slice(sm.q[0], q_reg);
-    Tile::slice(sm.k[held], k_reg);
-    const float total = sm.total_decay, beta = sm.beta;
-    const float coef_q_cur = sm.kq[held] * rk_j * rq;  // dec_j = 1
-    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    float u_j[Tile::kPasses], o[Tile::kPasses];
-    #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i) {
-      const int r = Tile::row(i);
-      float sk = 0.f, sq = 0.f;
-      #pragma unroll
-      for (int c = 0; c < Tile::kChunksPerLane; ++c)
-        #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) {
-          s[i][c][e] = s_raw[i][c].get(e);
-          sk = fmaf(s[i][c][e], k_reg[c][e], sk);
-          sq = fmaf(s[i][c][e], q_reg[c][e], sq);
-        }
-      sk = group_sum<Tile::kLanesPerRow>(sk) * rk_j;
-      sq = group_sum<Tile::kLanesPerRow>(sq) * rq;
-      u_j[i] = beta * (sm.v[0][r] - (total * sk + sm.pred[r]));
-      o[i] = total * sq + sm.osum[r] + coef_q_cur * u_j[i];
-    }
-    if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs
-      #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i)
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= total;
-      for (int m = 0; m < records; ++m) {
-        float k_m[Tile::kChunksPerLane][Tile::kVec];
-        Tile::slice(sm.k[m], k_m);
-        #pragma unroll
-        for (int i = 0; i < Tile::kPasses; ++i) {
-          const float w = m == held ? rk_j * u_j[i] : sm.u[m][Tile::row(i)];
-          #pragma unroll
-          for (int c = 0; c < Tile::kChunksPerLane; ++c)
-            #pragma unroll
-            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w, k_m[c][e], s[i][c][e]);
-        }
-      }
-      #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i) {
-        const int r = Tile::row(i);
-        float acc = 0.f;
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
-          store_chunk<state_t, SR>(rows + int64_t(r) * K + Tile::col(c), s[i][c], p.seed,
-                                   (uint64_t(slot) << 32) | epoch, (uint64_t(vhead) * V + row0 + r) * K + Tile::col(c));
-        }
-        o[i] = group_sum<Tile::kLanesPerRow>(acc) * rq;
-      }
-    }
-    float* u_out = p.rec_u + ((int64_t(slot) * p.num_v_heads + vhead) * CAP + held) * V + row0;
-    #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i) {
-      if (Tile::row_leader()) {
-        out[Tile::row(i)] = from_float<act_t>(o[i]);
-        if (REPLAY && !flush) u_out[Tile::row(i)] = u_j[i];
-      }
-    }
+    // 5. Rows.
+    finish_rows(p, sm, s_raw, rows, out, flush, held,
+                RowScalars{sm.total_decay, sm.beta, rk_j, rq, sm.kq[held] * rk_j * rq},  // dec_j = 1
+                slot, epoch, vhead, row0);
 
     if constexpr (REPLAY) {
       if (!flush && split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`

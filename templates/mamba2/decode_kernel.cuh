@@ -45,7 +45,8 @@ struct Params {
   int32_t batch;
   uint64_t seed;
   bool speculative;         // issue ring loads before the cursor is read (small batches)
-  float* workspace;         // split kernel only: SplitWorkspace<P, CAP> for `batch` rows
+  bool flush_every_step;    // per-item and split kernels: fold at every step (tiny batches)
+  float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
 };
 
 template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
@@ -155,7 +156,7 @@ struct Kernel {
     int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
     const int held = REPLAY ? cursor[0] : 0;
     const int records = held + 1;
-    const bool flush = !REPLAY || records >= L;
+    const bool flush = !REPLAY || p.flush_every_step || records >= L;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
     x_stage.load_late(rec_x, P, held, p.speculative);
     b_stage.load_late(rec_b, N, held, p.speculative);
