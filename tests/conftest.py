@@ -156,18 +156,9 @@ def single_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(params=["stream", "per-item"])
-def replay_kernel(request, monkeypatch):
-    """Run the test once per ReplaySSM kernel that every family compiles (REPLAYSSM_REPLAY_KERNEL)."""
-    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
-
-    monkeypatch.setenv(REPLAY_KERNEL_ENV, request.param)
-    return request.param
-
-
 @pytest.fixture(params=["split", "stream", "per-item"])
-def mamba2_replay_kernel(request, monkeypatch):
-    """Run the test once per Mamba-2 ReplaySSM kernel (REPLAYSSM_REPLAY_KERNEL)."""
+def replay_kernel(request, monkeypatch):
+    """Run the test once per ReplaySSM kernel (REPLAYSSM_REPLAY_KERNEL)."""
     from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
 
     monkeypatch.setenv(REPLAY_KERNEL_ENV, request.param)

@@ -200,6 +200,38 @@ def test_every_row_tiling(act, state, out_bound, state_bound, monkeypatch):
 
 
 @pytest.mark.parametrize("shape", ["qwen4b", "k64"])
+def test_every_split_tile(shape, monkeypatch):
+    """Each row tile of the split kernel's state kernel, forced through
+    REPLAYSSM_GDN_ROWS_PER_CTA (L = 4, padded rows)."""
+    H, HV, K, V = SHAPES[shape]
+    monkeypatch.setenv(REPLAY_KERNEL_ENV, "split")
+    for rows in [r for r, _ in gdn_tilings(V, K, "f32")]:
+        monkeypatch.setenv(ROWS_ENV, str(rows))
+        r = run_schedule(shape, 7, 4, steps=24)
+        print(f"\nsplit rows={rows}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
+        assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
+
+
+# (shape, gates in kernel, activation, checkpoint, SR, L): specializations the H200 preset prebuilds.
+BITWISE_CASES = [
+    ("qwen122b", True, torch.float32, torch.float32, False, 4),
+    ("k64", True, torch.float32, torch.float32, False, 4),
+    ("qwen4b", False, torch.float32, torch.float32, False, 16),
+    ("qwen4b", True, torch.bfloat16, torch.bfloat16, True, 16),
+    ("qwen122b", True, torch.bfloat16, torch.float32, False, 16),
+]
+
+
+@pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", BITWISE_CASES)
+def test_split_matches_per_item_bitwise(shape, gates_in_kernel, act, state, sr, window, monkeypatch):
+    """The split kernel does the per-item kernel's arithmetic in the same order."""
+    family = GDN(shape, gates_in_kernel=gates_in_kernel)
+    gpu_schedule.assert_kernels_agree_bitwise(
+        family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window
+    )
+
+
+@pytest.mark.parametrize("shape", ["qwen4b", "k64"])
 def test_every_stream_tile(shape, monkeypatch):
     """Each streaming-kernel row tile, forced through REPLAYSSM_GDN_STREAM_ROWS (L = 4, two
     value heads per key head so the k-record append is shared)."""

@@ -11,8 +11,8 @@ Shapes (tied head dim; G groups, H heads, P headdim, N dstate, CAP = L + T ring 
 Records (ReplaySSM):
     rec_x  [slots, H, CAP, P] act, rec_b [slots, G, CAP, N] act, rec_dt [slots, H, CAP] f32
     cursors [slots, 4] int32: records held, flush epoch, CTA arrivals (scratch), spare
-Split kernel workspace (float32, per batch row; templates/common/split.cuh):
-    extra [H, P], total [H], coef [H, CAP], info [4] int32
+Split kernel workspace (float32; templates/common/split.cuh): per (batch row, head)
+    extra [P], total [1], coef [CAP]; per batch row info [4] int32
 """
 
 from __future__ import annotations

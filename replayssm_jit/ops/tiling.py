@@ -95,7 +95,7 @@ FLUSH_EVERY_STEP_ENV = "REPLAYSSM_FLUSH_EVERY_STEP"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
 REPLAY_KERNELS = ("split", "stream", "per-item")
 # Families whose modules compile the split kernel (a records kernel, then a state kernel).
-SPLIT_FAMILIES = frozenset({"mamba2"})
+SPLIT_FAMILIES = frozenset({"mamba2", "gdn"})
 
 
 def _switch(env_var: str, default: bool) -> bool:
@@ -136,7 +136,7 @@ def stream_rows_env(family: str) -> str:
 # 436.3 and 465.0 us; bf16 checkpoints: 217.9 against 336.0), and loses at batch 1 (128 pairs:
 # 8.5 against 6.2). GDN runs faster per item than streamed (236.9 vs 320.5 us at qwen4b).
 PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {
-    ("mamba2", state): ("split", 2) for state in ("f32", "bf16", "f16")
+    (family, state): ("split", 2) for family in ("mamba2", "gdn") for state in ("f32", "bf16", "f16")
 }
 
 

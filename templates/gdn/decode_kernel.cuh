@@ -43,10 +43,12 @@ struct Params {
   const int32_t* slot_indices;
   int32_t pad_slot_id;
   int32_t num_v_heads;
+  int32_t batch;
   float scale;
   uint64_t seed;
   bool speculative;         // issue ring loads before the cursor is read (small batches)
   bool flush_every_step;    // per-item and split kernels: fold at every step (tiny batches)
+  float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
 };
 
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
@@ -60,13 +62,13 @@ struct Kernel {
   static_assert(V % ROWS == 0, "head_v_dim must split into row tiles");
 
   struct Smem {
-    float u[kRecords][ROWS];   // held u records (this CTA's rows); a flush scales them in place
+    alignas(16) float u[kRecords][ROWS];  // held u records (this CTA's rows); a flush scales them in place
     float k[kRecords][K];      // raw k of every record (this token's last)
     float q[1][K];
     float v[1][ROWS];
     float g[kRecords], decay[kRecords], kk[kRecords], kq[kRecords], k2[kRecords];
-    float pred[ROWS];          // sum_{i<n} dec_i (k^_i . k^_j) u_i
-    float osum[ROWS];          // sum_{i<n} dec_i (k^_i . q^_j) u_i
+    alignas(16) float pred[ROWS];  // sum_{i<n} dec_i (k^_i . k^_j) u_i
+    alignas(16) float osum[ROWS];  // sum_{i<n} dec_i (k^_i . q^_j) u_i
     float total_decay, beta, q2, coef_q_cur;
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);

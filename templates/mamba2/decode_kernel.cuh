@@ -65,7 +65,7 @@ struct Kernel {
     float q[1][N];            // C of this token
     float z[1][ROWS];
     float dt[kRecords], log_decay[kRecords], decay[kRecords], dot[kRecords];
-    float extra[ROWS];        // D x, plus (non-flush) sum_i a(i+1:j) dt_i (B_i . q) x_i
+    alignas(16) float extra[ROWS];  // D x, plus (non-flush) sum_i a(i+1:j) dt_i (B_i . q) x_i
     float total_decay;
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);

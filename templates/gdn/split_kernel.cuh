@@ -1,0 +1,241 @@
+// Gated DeltaNet split ReplaySSM step (common/split.cuh).
+//
+// Records: one CTA per (key head, batch row), for the key head's VPH value heads. It reads the
+// cursor and the held records (g, u, raw k), and with j = held + 1 records computes, per value
+// head, the scalars of the replay (a(1:j), beta_j, 1/|k_j|, scale/|q_j|, the weight of u_j in
+// o_j) and per value row
+//   pred[r] = sum_{i<j-1} dec_i (k^_i . k^_j) u_i[r],   osum[r] = sum_{i<j-1} dec_i (k^_i . q^_j) u_i[r];
+// a flush also gets coef_i = dec_i / |k_i|. It appends g_j and k_j (u_j needs the checkpoint).
+// State: the per-item row tiles (decode_kernel.cuh) with those sums from the workspace; it
+// appends u_j and advances the cursor once every records CTA has finished.
+#pragma once
+#include "common/split.cuh"
+#include "gdn/decode_kernel.cuh"
+
+namespace replayssm::gdn {
+
+// Per (batch row, value head): extra = [pred | osum] (2 V), scalars = RowScalars, coef [CAP].
+template <int V, int CAP>
+using Workspace = SplitWorkspace<2 * V, 5, CAP>;
+
+template <int K, int V, int VPH, int L, int CAP, typename act_t, typename state_t, bool L2NORM, bool GATES_IN_KERNEL>
+struct Records {
+  using Params = gdn::Params<act_t, state_t>;
+  using Workspace = gdn::Workspace<V, CAP>;
+  static constexpr int kWarps = 8, kThreads = kWarps * 32;
+  static constexpr int kRing = CAP > 1 ? CAP - 1 : 1;  // ring rows held before this token, at most
+
+  struct Smem {
+    alignas(16) float u[VPH][kRing][V];  // u ring rows of the key head's value heads
+    alignas(16) act_t k[kRing][K];       // raw k ring rows
+    alignas(16) act_t k_cur[K];
+    alignas(16) act_t q[K];
+    float g[VPH][CAP], decay[VPH][CAP];  // log-decays (ring, then this token's at [held]); dec_i
+    float kk[CAP], kq[CAP], k2[CAP];     // k_i . k_j, k_i . q_j, |k_i|^2 (raw)
+    float q2, total[VPH], beta[VPH];
+  };
+  static constexpr size_t kSmemBytes = sizeof(Smem);
+
+  static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+  static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int khead, int count) {
+    const int vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
+    copy_rows_async<float, V, kThreads>(&sm.u[0][0][0], kRing * V, V,
+                                        p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * V, CAP * V, V, VPH,
+                                        count);
+    copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K, 0,
+                                        K, 1, count);
+    copy_rows_async<float, 1, kThreads>(&sm.g[0][0], CAP, 1, p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * CAP,
+                                        CAP, 1, VPH, count);
+  }
+
+  static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
+    allow_dependent_grid();  // the state kernel's CTAs may start their checkpoint reads now
+    const int khead = blockIdx.x, row = blockIdx.y, vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int slot = p.slot_indices[row];
+    if (slot == p.pad_slot_id) return;  // the state kernel writes the padded row's zeros
+
+    copy_rows_async<act_t, K, kThreads>(sm.k_cur, 0, 0, p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h,
+                                        0, 0, 1, 1);
+    copy_rows_async<act_t, K, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0,
+                                        0, 1, 1);
+    if (p.speculative) copy_ring(p, sm, slot, khead, kRing);
+    float g_cur = 0.f, beta_cur = 0.f;
+    if (threadIdx.x < VPH) {
+      const int vhead = vhead0 + threadIdx.x;
+      g_cur = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(vhead) * p.ga_stride_h];
+      beta_cur = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(vhead) * p.gb_stride_h];
+      if constexpr (GATES_IN_KERNEL) {
+        g_cur = -expf(p.A_log[vhead]) * softplus(g_cur + p.dt_bias[vhead]);
+        beta_cur = 1.f / (1.f + expf(-beta_cur));
+      }
+    }
+
+    const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
+    const int held = cursor[0], epoch = cursor[1];
+    const int records = held + 1;
+    const bool flush = p.flush_every_step || records >= L;
+    if (!p.speculative) copy_ring(p, sm, slot, khead, held);
+    pipe::wait_copies();
+    __syncthreads();
+    if (threadIdx.x < VPH) {
+      sm.g[threadIdx.x][held] = g_cur;
+      sm.beta[threadIdx.x] = beta_cur;
+    }
+    __syncthreads();
+
+    // Dots of each k_i with k_j and q_j, |k_i|^2 and |q|^2 (a warp per record); decays (a warp
+    // per value head). The per-item kernel's arithmetic, in its order.
+    for (int i = warp; i <= records; i += kWarps) {
+      const act_t* a = i < held ? sm.k[i] : (i == held ? sm.k_cur : sm.q);
+      float kk = 0.f, kq = 0.f, aa = 0.f;
+      for (int c = lane; c < K; c += 32) {
+        const float ac = to_float(a[c]);
+        kk = fmaf(ac, to_float(sm.k_cur[c]), kk);
+        kq = fmaf(ac, to_float(sm.q[c]), kq);
+        aa = fmaf(ac, ac, aa);
+      }
+      kk = group_sum<32>(kk);
+      kq = group_sum<32>(kq);
+      aa = group_sum<32>(aa);
+      if (lane == 0) {
+        if (i < records) {
+          sm.kk[i] = kk;
+          sm.kq[i] = kq;
+          sm.k2[i] = aa;
+        } else {
+          sm.q2 = aa;
+        }
+      }
+    }
+    for (int h = warp; h < VPH; h += kWarps) {
+      const float total = suffix_decays(sm.g[h], sm.decay[h], records);
+      if (lane == 0) sm.total[h] = total;
+    }
+    __syncthreads();
+
+    const Workspace ws{p.workspace, p.batch, p.num_v_heads};
+    const float rk_j = L2NORM ? rsqrtf(sm.k2[held] + kNormEps) : 1.f;
+    const float rq = (L2NORM ? rsqrtf(sm.q2 + kNormEps) : 1.f) * p.scale;
+    for (int e = threadIdx.x; e < VPH * V; e += kThreads) {
+      const int h = e / V, r = e % V;
+      float pred = 0.f, osum = 0.f;
+      for (int i = 0; i < held; ++i) {
+        const float rk_i = L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f;
+        const float u = sm.u[h][i][r];
+        pred = fmaf(sm.decay[h][i] * sm.kk[i] * rk_i * rk_j, u, pred);
+        osum = fmaf(sm.decay[h][i] * sm.kq[i] * rk_i * rq, u, osum);
+      }
+      float* extra = ws.extra(row, vhead0 + h);
+      extra[r] = pred;
+      extra[V + r] = osum;
+    }
+    if (threadIdx.x < VPH) {
+      float* sc = ws.scalars(row, vhead0 + threadIdx.x);
+      sc[0] = sm.total[threadIdx.x];
+      sc[1] = sm.beta[threadIdx.x];
+      sc[2] = rk_j;
+      sc[3] = rq;
+      sc[4] = sm.kq[held] * rk_j * rq;  // dec_j = 1
+    }
+    if (flush) {  // weights of the held u_i in the fold: dec_i / |k_i|
+      for (int e = threadIdx.x; e < VPH * held; e += kThreads) {
+        const int h = e / held, i = e % held;
+        ws.coef(row, vhead0 + h)[i] = sm.decay[h][i] * (L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f);
+      }
+    } else {  // append g_j and raw k_j at ring row `held` (u_j: the state kernel)
+      if (threadIdx.x < VPH) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held] = g_cur;
+      act_t* k_out = p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K;
+      for (int c = threadIdx.x; c < K; c += kThreads) k_out[c] = sm.k_cur[c];
+    }
+    if (khead == 0 && threadIdx.x == 0) {  // the state kernel advances the cursor from this
+      int32_t* info = ws.info(row);
+      info[0] = held;
+      info[1] = flush;
+      info[2] = epoch;
+    }
+  }
+};
+
+template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
+          bool GATES_IN_KERNEL, bool SR>
+struct State {
+  using Base = Kernel<K, V, VPH, L, CAP, ROWS, WARPS, act_t, state_t, true, L2NORM, GATES_IN_KERNEL, SR>;
+  using Params = typename Base::Params;
+  using Tile = typename Base::Tile;
+  using Workspace = gdn::Workspace<V, CAP>;
+  static constexpr int kThreads = Base::kThreads, kSplits = Base::kSplits;
+
+  // Inputs land as stored (asynchronous copies), then are converted into what
+  // Base::finish_rows reads.
+  struct Smem {
+    typename Base::Smem rows;
+    alignas(16) act_t k[CAP][K];  // raw k: a flush's ring rows, this token's at [held]
+    alignas(16) act_t q[K];
+    alignas(16) act_t v[ROWS];
+    float scalars[5];
+  };
+  static constexpr size_t kSmemBytes = sizeof(Smem);
+
+  static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
+    const int split = blockIdx.x % kSplits, vhead = blockIdx.x / kSplits, row = blockIdx.y;
+    const int khead = vhead / VPH, num_k_heads = p.num_v_heads / VPH;
+    const int row0 = split * ROWS;
+    const int slot = p.slot_indices[row];
+    act_t* out = p.out + (int64_t(row) * p.num_v_heads + vhead) * V + row0;
+    if (slot == p.pad_slot_id) {
+      for (int r = threadIdx.x; r < ROWS; r += kThreads) out[r] = from_float<act_t>(0.f);
+      return;
+    }
+
+    // Checkpoint rows and this token's q, k and v first: none of them waits for the records kernel.
+    state_t* rows = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(vhead) * V + row0) * K;
+    typename Tile::Regs s_raw;
+    Tile::load(rows, s_raw);
+    const act_t* k_cur = p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h;
+    copy_rows_async<act_t, K, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0,
+                                        0, 1, 1);
+    copy_rows_async<act_t, ROWS, kThreads>(sm.v, 0, 0, p.v + int64_t(row) * p.v_stride_b +
+                                           int64_t(vhead) * p.v_stride_h + row0, 0, 0, 1, 1);
+
+    wait_for_prior_grid();  // from here on the records kernel has finished: no cursor readers left
+    const Workspace ws{p.workspace, p.batch, p.num_v_heads};
+    const int32_t* info = ws.info(row);
+    const int held = info[0], records = held + 1;
+    const bool flush = info[1] != 0;
+    const uint64_t epoch = SR ? uint64_t(info[2]) : 0;
+    if (vhead == 0 && split == 0 && threadIdx.x == 0)
+      advance_slot_cursor(p.cursors + int64_t(slot) * kCursorWords, flush, records);
+    // V divides into ROWS-row tiles, so the sums' rows are aligned to ROWS' vector width.
+    const float* extra = ws.extra(row, vhead);
+    copy_rows_async<float, ROWS, kThreads>(sm.rows.pred, 0, 0, extra + row0, 0, 0, 1, 1);
+    copy_rows_async<float, ROWS, kThreads>(sm.rows.osum, 0, 0, extra + V + row0, 0, 0, 1, 1);
+    copy_rows_async<float, 1, kThreads>(sm.scalars, 0, 1, ws.scalars(row, vhead), 0, 1, 1, 5);
+    copy_rows_async<act_t, K, kThreads>(sm.k[held], 0, 0, k_cur, 0, 0, 1, 1);
+    if (flush) {  // the held records to fold, and their weights
+      copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
+                                          0, K, 1, held);
+      copy_rows_async<float, ROWS, kThreads>(&sm.rows.u[0][0], 0, ROWS,
+                                             p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * CAP * V + row0, 0, V, 1,
+                                             held);
+      copy_rows_async<float, 1, kThreads>(sm.rows.decay, 0, 1, ws.coef(row, vhead), 0, 1, 1, held);
+    }
+    pipe::wait_copies();
+    __syncthreads();
+    for (int c = threadIdx.x; c < K; c += kThreads) {
+      sm.rows.q[0][c] = to_float(sm.q[c]);
+      sm.rows.k[held][c] = to_float(sm.k[held][c]);
+    }
+    for (int r = threadIdx.x; r < ROWS; r += kThreads) sm.rows.v[0][r] = to_float(sm.v[r]);
+    if (flush) {  // u_i scaled by dec_i / |k_i|, as the per-item kernel does
+      for (int e = threadIdx.x; e < held * K; e += kThreads) sm.rows.k[e / K][e % K] = to_float(sm.k[e / K][e % K]);
+      for (int e = threadIdx.x; e < held * ROWS; e += kThreads) sm.rows.u[e / ROWS][e % ROWS] *= sm.rows.decay[e / ROWS];
+    }
+    __syncthreads();
+    const typename Base::RowScalars sc{sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3], sm.scalars[4]};
+    Base::finish_rows(p, sm.rows, s_raw, rows, out, flush, held, sc, slot, epoch, vhead, row0);
+  }
+};
+
+}  // namespace replayssm::gdn
