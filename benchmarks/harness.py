@@ -205,11 +205,10 @@ def run_sweep(
 
 def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
     """(label, environment, kernels) per launch choice of `spec`'s module: every per-item row
-    tile (conventional and a ReplaySSM cycle, also flushing at every step), every streaming
-    tile and, where the family compiles it, every split-kernel tile (a ReplaySSM cycle; the
-    largest also without speculative ring loads)."""
+    tile (conventional and a ReplaySSM cycle), every streaming tile and, where the family
+    compiles it, every split-kernel tile (a ReplaySSM cycle; the largest also without
+    speculative ring loads)."""
     from replayssm_jit.ops.tiling import (
-        FLUSH_EVERY_STEP_ENV,
         REPLAY_KERNEL_ENV,
         SPECULATIVE_ENV,
         SPLIT_FAMILIES,
@@ -222,16 +221,16 @@ def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
 
     tilings = [r for r, _ in spec_tilings(spec)]
     stream_tiles = stream_rows(spec)
-    per_item = {REPLAY_KERNEL_ENV: "per-item", FLUSH_EVERY_STEP_ENV: "0"}
-    out = [(f"rows{r}", {rows_var: str(r), **per_item}, ("conventional", "cycle")) for r in tilings]
-    every = {**per_item, FLUSH_EVERY_STEP_ENV: "1"}
-    out += [(f"rows{r}-flush1", {rows_var: str(r), **every}, ("cycle",)) for r in tilings]
+    out = [
+        (f"rows{r}", {rows_var: str(r), REPLAY_KERNEL_ENV: "per-item"}, ("conventional", "cycle"))
+        for r in tilings
+    ]
     out += [
         (f"stream{r}", {stream_var: str(r), REPLAY_KERNEL_ENV: "stream"}, ("cycle",))
         for r in stream_tiles
     ]
     if spec.family in SPLIT_FAMILIES:
-        split = {REPLAY_KERNEL_ENV: "split", FLUSH_EVERY_STEP_ENV: "0"}
+        split = {REPLAY_KERNEL_ENV: "split"}
         out += [(f"split{r}", {rows_var: str(r), **split}, ("cycle",)) for r in tilings]
         nospec = {rows_var: str(tilings[0]), SPECULATIVE_ENV: "0", **split}
         out.append((f"split{tilings[0]}-nospec", nospec, ("cycle",)))

@@ -108,23 +108,6 @@ def test_split_kernel_forced(monkeypatch):
         tiling.choose_launch(qwen, 256, 32, CPU, replay=True)
 
 
-def test_tiny_batches_flush_every_step(monkeypatch):
-    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
-    # one sequence: 128 (row, head) pairs on 132 SMs
-    assert tiling.choose_launch(spec, 1, 128, CPU, replay=True)[1] & tiling.FLAG_FLUSH_EVERY_STEP
-    assert not tiling.choose_launch(spec, 2, 128, CPU, replay=True)[1] & tiling.FLAG_FLUSH_EVERY_STEP
-    assert not tiling.choose_launch(spec, 1, 128, CPU, replay=False)[1] & tiling.FLAG_FLUSH_EVERY_STEP
-    monkeypatch.setenv(tiling.FLUSH_EVERY_STEP_ENV, "1")
-    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "per-item")
-    assert tiling.choose_launch(spec, 256, 128, CPU, replay=True)[1] & tiling.FLAG_FLUSH_EVERY_STEP
-    # the streaming kernel keeps its window
-    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "stream")
-    assert not tiling.choose_launch(spec, 256, 128, CPU, replay=True)[1] & tiling.FLAG_FLUSH_EVERY_STEP
-    monkeypatch.setenv(tiling.FLUSH_EVERY_STEP_ENV, "sometimes")
-    with pytest.raises(ValueError, match="REPLAYSSM_FLUSH_EVERY_STEP: expected '0' or '1'"):
-        tiling.choose_launch(spec, 256, 128, CPU, replay=True)
-
-
 def test_split_workspace_size():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, window=16, drafts=2)
     # per batch row: extra [H, P], total [H], coef [H, CAP], info [4]

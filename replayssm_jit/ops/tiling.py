@@ -89,33 +89,22 @@ def choose_stream_rows(
 FLAG_SPECULATIVE_RECORDS = 1
 FLAG_STREAM = 2
 FLAG_SPLIT = 4
-FLAG_FLUSH_EVERY_STEP = 8
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
-FLUSH_EVERY_STEP_ENV = "REPLAYSSM_FLUSH_EVERY_STEP"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
 REPLAY_KERNELS = ("split", "stream", "per-item")
 # Families whose modules compile the split kernel (a records kernel, then a state kernel).
 SPLIT_FAMILIES = frozenset({"mamba2", "gdn"})
 
 
-def _switch(env_var: str, default: bool) -> bool:
-    forced = os.environ.get(env_var)
-    if forced and forced not in ("0", "1"):
-        raise ValueError(f"{env_var}: expected '0' or '1', got {forced!r}")
-    return default if not forced else forced == "1"
-
-
-def launch_flags(*, kernel: str = "per-item", flush_every_step: bool = False) -> int:
+def launch_flags(*, kernel: str = "per-item") -> int:
     """Kernel launch flags. Speculative ring loads: issue them before the cursor is read (one
     dependent round trip less for a few % more ring bytes; measured faster at every batch on
     the H200); REPLAYSSM_SPECULATIVE_RECORDS=0 turns it off. `kernel`: which ReplaySSM kernel
-    runs the step (one of REPLAY_KERNELS). `flush_every_step` (per-item and split kernels):
-    fold the records at every step, i.e. a replay window of 1 at run time;
-    REPLAYSSM_FLUSH_EVERY_STEP=0|1 overrides it."""
-    flags = FLAG_SPECULATIVE_RECORDS if _switch(SPECULATIVE_ENV, True) else 0
-    every_step = _switch(FLUSH_EVERY_STEP_ENV, flush_every_step)
-    if every_step and kernel != "stream":
-        flags |= FLAG_FLUSH_EVERY_STEP
+    runs the step (one of REPLAY_KERNELS)."""
+    forced = os.environ.get(SPECULATIVE_ENV)
+    if forced and forced not in ("0", "1"):
+        raise ValueError(f"{SPECULATIVE_ENV}: expected '0' or '1', got {forced!r}")
+    flags = 0 if forced == "0" else FLAG_SPECULATIVE_RECORDS
     return flags | {"stream": FLAG_STREAM, "split": FLAG_SPLIT}.get(kernel, 0)
 
 
@@ -166,11 +155,6 @@ def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: t
     return "per-item"
 
 
-# Below this many (batch row, head) pairs per SM the ReplaySSM step flushes at every step: a
-# launch that small is bound by latency, not bytes, and the record replay only adds to it.
-FLUSH_EVERY_STEP_BELOW_PAIRS_PER_SM = 1
-
-
 def choose_launch(
     spec: KernelSpec, batch: int, num_heads: int, device: torch.device, *, replay: bool
 ) -> tuple[int, int]:
@@ -190,5 +174,4 @@ def choose_launch(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
         cols=spec.dim(col_dim), state_bytes=DTYPE_BYTES[spec.state_dtype],
     )  # fmt: skip
-    tiny = batch * num_heads < FLUSH_EVERY_STEP_BELOW_PAIRS_PER_SM * sm_count(device)
-    return tile, launch_flags(kernel=kernel, flush_every_step=replay and tiny)
+    return tile, launch_flags(kernel=kernel)

@@ -42,12 +42,13 @@ struct RowTiling {
       for (int c = 0; c < kChunksPerLane; ++c) regs[i][c].load(rows + int64_t(row(i)) * COLS + col(c));
   }
 
-  // This lane's slice of a length-COLS vector held in shared memory.
-  static __device__ __forceinline__ void slice(const float* v, float (&out)[kChunksPerLane][kVec]) {
+  // This lane's slice of a length-COLS vector held in shared memory (FP32 or as stored).
+  template <typename T>
+  static __device__ __forceinline__ void slice(const T* v, float (&out)[kChunksPerLane][kVec]) {
     #pragma unroll
     for (int c = 0; c < kChunksPerLane; ++c)
       #pragma unroll
-      for (int e = 0; e < kVec; ++e) out[c][e] = v[col(c) + e];
+      for (int e = 0; e < kVec; ++e) out[c][e] = to_float(v[col(c) + e]);
   }
 };
 

@@ -47,7 +47,6 @@ struct Params {
   float scale;
   uint64_t seed;
   bool speculative;         // issue ring loads before the cursor is read (small batches)
-  bool flush_every_step;    // per-item and split kernels: fold at every step (tiny batches)
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
 };
 
@@ -81,15 +80,17 @@ struct Kernel {
   };
 
   // Rows: S_c.k and S_c.q from one read, u_j = beta (v - (total S_c k^ + pred)), then o, or the
-  // fold S <- total S + sum_i sm.u[i][r] k_i (sm.u already scaled by dec_i / |k_i|) + u_j k^_j
-  // and o = S.q^; writes o and (non-flush) appends u_j. Shared with the split kernel.
+  // fold S <- total S + sum_i sm.u[i][r] k_i (sm.u already scaled by dec_i / |k_i|, sm.k FP32)
+  // + u_j k^_j and o = S.q^; writes o and (non-flush) appends u_j. This token's q, k and v rows
+  // are in shared memory, FP32 or as stored. Shared with the split kernel.
+  template <typename IN>
   static __device__ __forceinline__ void finish_rows(const Params& p, const Smem& sm, const typename Tile::Regs& s_raw,
                                                      state_t* rows, act_t* out, bool flush, int held,
                                                      const RowScalars& sc, int slot, uint64_t epoch, int vhead,
-                                                     int row0) {
+                                                     int row0, const IN* q, const IN* k_j, const IN* v) {
     float q_reg[Tile::kChunksPerLane][Tile::kVec], k_reg[Tile::kChunksPerLane][Tile::kVec];
-    Tile::slice(sm.q[0], q_reg);
-    Tile::slice(sm.k[held], k_reg);
+    Tile::slice(q, q_reg);
+    Tile::slice(k_j, k_reg);
     const float total = sc.total, beta = sc.beta, rk_j = sc.rk_j, rq = sc.rq, coef_q_cur = sc.coef_q_cur;
     const int records = held + 1;
     float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
@@ -108,7 +109,7 @@ struct Kernel {
         }
       sk = group_sum<Tile::kLanesPerRow>(sk) * rk_j;
       sq = group_sum<Tile::kLanesPerRow>(sq) * rq;
-      u_j[i] = beta * (sm.v[0][r] - (total * sk + sm.pred[r]));
+      u_j[i] = beta * (to_float(v[r]) - (total * sk + sm.pred[r]));
       o[i] = total * sq + sm.osum[r] + coef_q_cur * u_j[i];
     }
     if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs
@@ -190,7 +191,7 @@ struct Kernel {
     int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
     const int held = REPLAY ? cursor[0] : 0;
     const int records = held + 1;
-    const bool flush = !REPLAY || p.flush_every_step || records >= L;
+    const bool flush = !REPLAY || records >= L;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
     k_stage.load_late(rec_k, K, held, p.speculative);
     if (REPLAY && !p.speculative) u_stage.load(rec_u, V, held);
@@ -262,7 +263,7 @@ struct Kernel {
     // 5. Rows.
     finish_rows(p, sm, s_raw, rows, out, flush, held,
                 RowScalars{sm.total_decay, sm.beta, rk_j, rq, sm.kq[held] * rk_j * rq},  // dec_j = 1
-                slot, epoch, vhead, row0);
+                slot, epoch, vhead, row0, sm.q[0], sm.k[held], sm.v[0]);
 
     if constexpr (REPLAY) {
       if (!flush && split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`

@@ -32,7 +32,7 @@ struct Records {
     alignas(16) act_t q[K];
     float g[VPH][CAP], decay[VPH][CAP];  // log-decays (ring, then this token's at [held]); dec_i
     float kk[CAP], kq[CAP], k2[CAP];     // k_i . k_j, k_i . q_j, |k_i|^2 (raw)
-    float q2, total[VPH], beta[VPH];
+    float q2, g_cur[VPH], total[VPH], beta[VPH];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
@@ -61,28 +61,24 @@ struct Records {
     copy_rows_async<act_t, K, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0,
                                         0, 1, 1);
     if (p.speculative) copy_ring(p, sm, slot, khead, kRing);
-    float g_cur = 0.f, beta_cur = 0.f;
-    if (threadIdx.x < VPH) {
+    if (threadIdx.x < VPH) {  // apart from sm.g, which the ring copies may still be filling
       const int vhead = vhead0 + threadIdx.x;
-      g_cur = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(vhead) * p.ga_stride_h];
-      beta_cur = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(vhead) * p.gb_stride_h];
+      float g = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(vhead) * p.ga_stride_h];
+      float beta = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(vhead) * p.gb_stride_h];
       if constexpr (GATES_IN_KERNEL) {
-        g_cur = -expf(p.A_log[vhead]) * softplus(g_cur + p.dt_bias[vhead]);
-        beta_cur = 1.f / (1.f + expf(-beta_cur));
+        g = -expf(p.A_log[vhead]) * softplus(g + p.dt_bias[vhead]);
+        beta = 1.f / (1.f + expf(-beta));
       }
+      sm.g_cur[threadIdx.x] = g;
+      sm.beta[threadIdx.x] = beta;
     }
 
     const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
     const int held = cursor[0], epoch = cursor[1];
     const int records = held + 1;
-    const bool flush = p.flush_every_step || records >= L;
+    const bool flush = records >= L;
     if (!p.speculative) copy_ring(p, sm, slot, khead, held);
     pipe::wait_copies();
-    __syncthreads();
-    if (threadIdx.x < VPH) {
-      sm.g[threadIdx.x][held] = g_cur;
-      sm.beta[threadIdx.x] = beta_cur;
-    }
     __syncthreads();
 
     // Dots of each k_i with k_j and q_j, |k_i|^2 and |q|^2 (a warp per record); decays (a warp
@@ -110,6 +106,8 @@ struct Records {
       }
     }
     for (int h = warp; h < VPH; h += kWarps) {
+      if (lane == 0) sm.g[h][held] = sm.g_cur[h];
+      __syncwarp();
       const float total = suffix_decays(sm.g[h], sm.decay[h], records);
       if (lane == 0) sm.total[h] = total;
     }
@@ -145,7 +143,7 @@ struct Records {
         ws.coef(row, vhead0 + h)[i] = sm.decay[h][i] * (L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f);
       }
     } else {  // append g_j and raw k_j at ring row `held` (u_j: the state kernel)
-      if (threadIdx.x < VPH) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held] = g_cur;
+      if (threadIdx.x < VPH) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held] = sm.g_cur[threadIdx.x];
       act_t* k_out = p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K;
       for (int c = threadIdx.x; c < K; c += kThreads) k_out[c] = sm.k_cur[c];
     }
@@ -167,8 +165,8 @@ struct State {
   using Workspace = gdn::Workspace<V, CAP>;
   static constexpr int kThreads = Base::kThreads, kSplits = Base::kSplits;
 
-  // Inputs land as stored (asynchronous copies), then are converted into what
-  // Base::finish_rows reads.
+  // Inputs land as stored (asynchronous copies, no staging registers next to the checkpoint
+  // rows); a flush's records are then converted into what Base::finish_rows folds.
   struct Smem {
     typename Base::Smem rows;
     alignas(16) act_t k[CAP][K];  // raw k: a flush's ring rows, this token's at [held]
@@ -223,18 +221,13 @@ struct State {
     }
     pipe::wait_copies();
     __syncthreads();
-    for (int c = threadIdx.x; c < K; c += kThreads) {
-      sm.rows.q[0][c] = to_float(sm.q[c]);
-      sm.rows.k[held][c] = to_float(sm.k[held][c]);
-    }
-    for (int r = threadIdx.x; r < ROWS; r += kThreads) sm.rows.v[0][r] = to_float(sm.v[r]);
-    if (flush) {  // u_i scaled by dec_i / |k_i|, as the per-item kernel does
-      for (int e = threadIdx.x; e < held * K; e += kThreads) sm.rows.k[e / K][e % K] = to_float(sm.k[e / K][e % K]);
+    if (flush) {  // FP32 k rows to fold; u_i scaled by dec_i / |k_i|, as the per-item kernel does
+      for (int e = threadIdx.x; e < records * K; e += kThreads) sm.rows.k[e / K][e % K] = to_float(sm.k[e / K][e % K]);
       for (int e = threadIdx.x; e < held * ROWS; e += kThreads) sm.rows.u[e / ROWS][e % ROWS] *= sm.rows.decay[e / ROWS];
+      __syncthreads();
     }
-    __syncthreads();
     const typename Base::RowScalars sc{sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3], sm.scalars[4]};
-    Base::finish_rows(p, sm.rows, s_raw, rows, out, flush, held, sc, slot, epoch, vhead, row0);
+    Base::finish_rows(p, sm.rows, s_raw, rows, out, flush, held, sc, slot, epoch, vhead, row0, sm.q, sm.k[held], sm.v);
   }
 };
 

@@ -45,7 +45,6 @@ struct Params {
   int32_t batch;
   uint64_t seed;
   bool speculative;         // issue ring loads before the cursor is read (small batches)
-  bool flush_every_step;    // per-item and split kernels: fold at every step (tiny batches)
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
 };
 
@@ -71,12 +70,15 @@ struct Kernel {
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
   // Rows: y = total (S_c . q) + extra, or the fold S <- total S + sum_k sm.x[k][r] B_k (sm.x already
-  // scaled by a(k+1:j) dt_k) and then y = S . q + extra; gated by silu(z). Shared with the split kernel.
+  // scaled by a(k+1:j) dt_k) and then y = S . q + extra; gated by silu(z). q (C) and z are in shared
+  // memory, FP32 or as stored. Shared with the split kernel.
+  template <typename IN>
   static __device__ __forceinline__ void finish_rows(const Params& p, const Smem& sm, const typename Tile::Regs& s_raw,
                                                      state_t* rows, act_t* out, bool flush, int records, float total,
-                                                     int slot, uint64_t epoch, int head, int row0) {
+                                                     int slot, uint64_t epoch, int head, int row0, const IN* q,
+                                                     const IN* z) {
     float q_reg[Tile::kChunksPerLane][Tile::kVec];
-    Tile::slice(sm.q[0], q_reg);
+    Tile::slice(q, q_reg);
     float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
     #pragma unroll
     for (int i = 0; i < Tile::kPasses; ++i)
@@ -114,7 +116,7 @@ struct Kernel {
                                    (uint64_t(slot) << 32) | epoch, (uint64_t(head) * P + row0 + r) * N + Tile::col(c));
       }
       if (Tile::row_leader()) {
-        if constexpr (HAS_Z) y *= sm.z[0][r] / (1.f + expf(-sm.z[0][r]));
+        if constexpr (HAS_Z) y *= to_float(z[r]) / (1.f + expf(-to_float(z[r])));
         out[r] = from_float<act_t>(y);
       }
     }
@@ -156,7 +158,7 @@ struct Kernel {
     int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
     const int held = REPLAY ? cursor[0] : 0;
     const int records = held + 1;
-    const bool flush = !REPLAY || p.flush_every_step || records >= L;
+    const bool flush = !REPLAY || records >= L;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
     x_stage.load_late(rec_x, P, held, p.speculative);
     b_stage.load_late(rec_b, N, held, p.speculative);
@@ -205,7 +207,7 @@ struct Kernel {
     __syncthreads();
 
     // 5. Rows.
-    finish_rows(p, sm, s_raw, rows, out, flush, records, sm.total_decay, slot, epoch, head, row0);
+    finish_rows(p, sm, s_raw, rows, out, flush, records, sm.total_decay, slot, epoch, head, row0, sm.q[0], sm.z[0]);
 
     if constexpr (REPLAY) {
       if (!flush) {  // append this token's record at ring row `held` (exact: act -> float -> act)

@@ -33,7 +33,7 @@ struct Records {
     float dt[HPG][CAP];         // ring dt (copied), then this token's at [held]
     float log_decay[HPG][CAP], coef[HPG][CAP];  // coef_i = a(i+1:j) dt_i
     float dot[CAP];             // B_i . q
-    float A[HPG], D[HPG], total[HPG];
+    float A[HPG], D[HPG], dt_cur[HPG], total[HPG];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
@@ -65,26 +65,19 @@ struct Records {
     copy_rows_async<float, 1, kThreads>(sm.A, 0, 1, p.A + head0, 0, 1, 1, HPG);
     if constexpr (HAS_D) copy_rows_async<float, 1, kThreads>(sm.D, 0, 1, p.D + head0, 0, 1, 1, HPG);
     if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing);
-    float dt_cur = 0.f;
     if (threadIdx.x < HPG) {
-      dt_cur = p.dt[int64_t(row) * p.dt_stride_b + int64_t(head0 + threadIdx.x) * p.dt_stride_h];
-      if constexpr (HAS_DT_BIAS) dt_cur += p.dt_bias[head0 + threadIdx.x];
-      if constexpr (DT_SOFTPLUS) dt_cur = dt_cur > 20.f ? dt_cur : log1pf(expf(dt_cur));
+      float dt = p.dt[int64_t(row) * p.dt_stride_b + int64_t(head0 + threadIdx.x) * p.dt_stride_h];
+      if constexpr (HAS_DT_BIAS) dt += p.dt_bias[head0 + threadIdx.x];
+      if constexpr (DT_SOFTPLUS) dt = dt > 20.f ? dt : log1pf(expf(dt));
+      sm.dt_cur[threadIdx.x] = dt;  // apart from sm.dt, which the ring copies may still be filling
     }
 
     const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
     const int held = cursor[0], epoch = cursor[1];
     const int records = held + 1;
-    const bool flush = p.flush_every_step || records >= L;
+    const bool flush = records >= L;
     if (!p.speculative) copy_ring(p, sm, slot, head0, group, held);
     pipe::wait_copies();
-    __syncthreads();
-    if (threadIdx.x < HPG) sm.dt[threadIdx.x][held] = dt_cur;
-    __syncthreads();
-    for (int e = threadIdx.x; e < HPG * records; e += kThreads) {
-      const int h = e / records, i = e % records;
-      sm.log_decay[h][i] = sm.dt[h][i] * sm.A[h];
-    }
     __syncthreads();
 
     // B_i . q (a warp per record) and each head's decays (a warp per head).
@@ -96,6 +89,10 @@ struct Records {
       if (lane == 0) sm.dot[i] = acc;
     }
     for (int h = warp; h < HPG; h += kWarps) {
+      if (lane == 0) sm.dt[h][held] = sm.dt_cur[h];
+      __syncwarp();
+      for (int i = lane; i < records; i += 32) sm.log_decay[h][i] = sm.dt[h][i] * sm.A[h];
+      __syncwarp();
       const float total = suffix_decays(sm.log_decay[h], sm.coef[h], records);
       __syncwarp();
       for (int i = lane; i < records; i += 32) sm.coef[h][i] *= sm.dt[h][i];
@@ -120,7 +117,7 @@ struct Records {
     } else {  // append this token's record at ring row `held` (copied as stored)
       for (int e = threadIdx.x; e < HPG * P; e += kThreads)
         p.rec_x[((int64_t(slot) * p.num_heads + head0 + e / P) * CAP + held) * P + e % P] = sm.x_cur[e / P][e % P];
-      if (threadIdx.x < HPG) p.rec_dt[(int64_t(slot) * p.num_heads + head0 + threadIdx.x) * CAP + held] = dt_cur;
+      if (threadIdx.x < HPG) p.rec_dt[(int64_t(slot) * p.num_heads + head0 + threadIdx.x) * CAP + held] = sm.dt_cur[threadIdx.x];
       act_t* rb = p.rec_b + ((int64_t(slot) * num_groups + group) * CAP + held) * N;
       for (int k = threadIdx.x; k < N; k += kThreads) rb[k] = sm.b_cur[k];
     }
@@ -143,7 +140,7 @@ struct State {
   static constexpr int kThreads = Base::kThreads, kSplits = Base::kSplits;
 
   // Inputs land as stored (asynchronous copies, no staging registers next to the checkpoint
-  // rows), then are converted into what Base::finish_rows reads.
+  // rows); a flush's records are then converted into what Base::finish_rows folds.
   struct Smem {
     typename Base::Smem rows;
     alignas(16) act_t x[CAP][ROWS];  // a flush's records
@@ -198,16 +195,13 @@ struct State {
     }
     pipe::wait_copies();
     __syncthreads();
-    for (int k = threadIdx.x; k < N; k += kThreads) sm.rows.q[0][k] = to_float(sm.q[k]);
-    if constexpr (HAS_Z)
-      for (int r = threadIdx.x; r < ROWS; r += kThreads) sm.rows.z[0][r] = to_float(sm.z[r]);
     if (flush) {  // x_i scaled by its weight a(i+1:j) dt_i, as the per-item kernel does
       for (int e = threadIdx.x; e < records * ROWS; e += kThreads)
         sm.rows.x[e / ROWS][e % ROWS] = to_float(sm.x[e / ROWS][e % ROWS]) * sm.rows.dt[e / ROWS];
       for (int e = threadIdx.x; e < records * N; e += kThreads) sm.rows.b[e / N][e % N] = to_float(sm.b[e / N][e % N]);
+      __syncthreads();
     }
-    __syncthreads();
-    Base::finish_rows(p, sm.rows, s_raw, rows, out, flush, records, total, slot, epoch, head, row0);
+    Base::finish_rows(p, sm.rows, s_raw, rows, out, flush, records, total, slot, epoch, head, row0, sm.q, sm.z);
   }
 };
 
