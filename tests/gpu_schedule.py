@@ -189,7 +189,7 @@ def assert_kernels_agree_bitwise(
     for step in range(3 * window + 2):
         tok = inputs.token(batch)
         outs = []
-        for cache, w in runs.values():
+        for _cache, w in runs.values():
             out = torch.full(family.out_shape(batch), float("nan"), dtype=act, device="cuda")
             inputs.run(w, tok, slot_indices, out)
             outs.append(out)

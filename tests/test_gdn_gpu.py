@@ -203,7 +203,7 @@ def test_every_row_tiling(act, state, out_bound, state_bound, monkeypatch):
 def test_every_split_tile(shape, monkeypatch):
     """Each row tile of the split kernel's state kernel, forced through
     REPLAYSSM_GDN_ROWS_PER_CTA (L = 4, padded rows)."""
-    H, HV, K, V = SHAPES[shape]
+    _, _, K, V = SHAPES[shape]
     monkeypatch.setenv(REPLAY_KERNEL_ENV, "split")
     for rows in [r for r, _ in gdn_tilings(V, K, "f32")]:
         monkeypatch.setenv(ROWS_ENV, str(rows))
@@ -223,7 +223,9 @@ BITWISE_CASES = [
 
 
 @pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", BITWISE_CASES)
-def test_split_matches_per_item_bitwise(shape, gates_in_kernel, act, state, sr, window, monkeypatch):
+def test_split_matches_per_item_bitwise(
+    shape, gates_in_kernel, act, state, sr, window, monkeypatch
+):
     """The split kernel does the per-item kernel's arithmetic in the same order."""
     family = GDN(shape, gates_in_kernel=gates_in_kernel)
     gpu_schedule.assert_kernels_agree_bitwise(

@@ -125,7 +125,9 @@ def stream_rows_env(family: str) -> str:
 # 436.3 and 465.0 us; bf16 checkpoints: 217.9 against 336.0), and loses at batch 1 (128 pairs:
 # 8.5 against 6.2). GDN runs faster per item than streamed (236.9 vs 320.5 us at qwen4b).
 PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {
-    (family, state): ("split", 2) for family in ("mamba2", "gdn") for state in ("f32", "bf16", "f16")
+    (family, state): ("split", 2)
+    for family in ("mamba2", "gdn")
+    for state in ("f32", "bf16", "f16")
 }
 
 
@@ -140,7 +142,9 @@ def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: t
     can_stream = bool(stream_rows(spec)) and hopper
     can_split = spec.family in SPLIT_FAMILIES
     if forced == "stream" and not can_stream:
-        why = "an sm_90+ device" if stream_rows(spec) else "16-byte row tiles (see spec.stream_rows)"
+        why = (
+            "an sm_90+ device" if stream_rows(spec) else "16-byte row tiles (see spec.stream_rows)"
+        )
         raise ValueError(f"{REPLAY_KERNEL_ENV}: 'stream' needs {why}, got {device} and this shape")
     if forced == "split" and not can_split:
         raise ValueError(
@@ -148,7 +152,9 @@ def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: t
         )
     if forced:
         return forced
-    kernel, min_pairs = PREFERRED_REPLAY_KERNEL.get((spec.family, spec.state_dtype), ("per-item", 0))
+    kernel, min_pairs = PREFERRED_REPLAY_KERNEL.get(
+        (spec.family, spec.state_dtype), ("per-item", 0)
+    )
     available = {"stream": can_stream, "split": can_split, "per-item": True}[kernel]
     if available and batch * num_heads >= min_pairs * sm_count(device):
         return kernel

@@ -117,7 +117,9 @@ class DecodeWrapper:
         tail = (out, slot_indices, c.pad_slot_id, self.seed, self.rows_per_cta, self.launch_flags)
         if self.mode == "replay":
             workspace = () if self._workspace is None else (self._workspace,)
-            self._module.replay_step(c.state, *c.rings.values(), c.cursors, *inputs, *tail, *workspace)
+            self._module.replay_step(
+                c.state, *c.rings.values(), c.cursors, *inputs, *tail, *workspace
+            )
         else:
             self._module.conventional_step(c.state, *inputs, *tail)
 
