@@ -120,12 +120,12 @@ def stream_rows_env(family: str) -> str:
 
 # (family, checkpoint dtype) -> (kernel, (batch row, head) pairs per SM from which it runs the
 # ReplaySSM step); smaller batches and anything not listed run per item.
-# H200, L = 16 (benchmarks/results/2026-11-29-h200-split): the split kernel's Mamba-2 cycle beats
-# the streaming and per-item kernels from batch 8 up (super120b FP32 batch 256: 315.8 against
-# 436.3 and 465.0 us; bf16 checkpoints: 217.9 against 336.0), and loses at batch 1 (128 pairs:
-# 8.5 against 6.2). GDN runs faster per item than streamed (236.9 vs 320.5 us at qwen4b).
+# H200, L = 16 (benchmarks/results/2026-11-29-h200-split): the split kernel's cycle beats the
+# streaming and per-item kernels from batch 8 up (super120b FP32 batch 256: 315.8 against 436.3
+# and 465.0 us; qwen4b: 197.4 against 235.1 per item; qwen4b batch 8: 11.5 against 12.5) and
+# loses at batch 1 (super120b, 128 pairs on 132 SMs: 8.5 against 6.2; qwen4b 6.4 against 6.2).
 PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {
-    (family, state): ("split", 2)
+    (family, state): ("split", 1)
     for family in ("mamba2", "gdn")
     for state in ("f32", "bf16", "f16")
 }
