@@ -80,14 +80,16 @@ struct Kernel {
   };
 
   // Rows: S_c.k and S_c.q from one read, u_j = beta (v - (total S_c k^ + pred)), then o, or the
-  // fold S <- total S + sum_i sm.u[i][r] k_i (sm.u already scaled by dec_i / |k_i|, sm.k FP32)
-  // + u_j k^_j and o = S.q^; writes o and (non-flush) appends u_j. This token's q, k and v rows
-  // are in shared memory, FP32 or as stored. Shared with the split kernel.
-  template <typename IN>
-  static __device__ __forceinline__ void finish_rows(const Params& p, const Smem& sm, const typename Tile::Regs& s_raw,
-                                                     state_t* rows, act_t* out, bool flush, int held,
-                                                     const RowScalars& sc, int slot, uint64_t epoch, int vhead,
-                                                     int row0, const IN* q, const IN* k_j, const IN* v) {
+  // fold S <- total S + sum_i u[i][r] k_i (u already scaled by dec_i / |k_i|, [held][ROWS]; k
+  // [records][K], this token's last) + u_j k^_j and o = S.q^; writes o and (non-flush) appends
+  // u_j. All in shared memory; q, k and v FP32 or as stored. Shared with the split kernel.
+  template <typename IN, typename REC>
+  static __device__ __forceinline__ void finish_rows(const Params& p, const typename Tile::Regs& s_raw, state_t* rows,
+                                                     act_t* out, bool flush, int held, const RowScalars& sc, int slot,
+                                                     uint64_t epoch, int vhead, int row0, const IN* q, const IN* v,
+                                                     const float* pred, const float* osum, const float* u,
+                                                     const REC* k) {
+    const REC* k_j = k + held * K;
     float q_reg[Tile::kChunksPerLane][Tile::kVec], k_reg[Tile::kChunksPerLane][Tile::kVec];
     Tile::slice(q, q_reg);
     Tile::slice(k_j, k_reg);
@@ -109,8 +111,8 @@ struct Kernel {
         }
       sk = group_sum<Tile::kLanesPerRow>(sk) * rk_j;
       sq = group_sum<Tile::kLanesPerRow>(sq) * rq;
-      u_j[i] = beta * (to_float(v[r]) - (total * sk + sm.pred[r]));
-      o[i] = total * sq + sm.osum[r] + coef_q_cur * u_j[i];
+      u_j[i] = beta * (to_float(v[r]) - (total * sk + pred[r]));
+      o[i] = total * sq + osum[r] + coef_q_cur * u_j[i];
     }
     if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs
       #pragma unroll
@@ -121,10 +123,10 @@ struct Kernel {
           for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= total;
       for (int m = 0; m < records; ++m) {
         float k_m[Tile::kChunksPerLane][Tile::kVec];
-        Tile::slice(sm.k[m], k_m);
+        Tile::slice(k + m * K, k_m);
         #pragma unroll
         for (int i = 0; i < Tile::kPasses; ++i) {
-          const float w = m == held ? rk_j * u_j[i] : sm.u[m][Tile::row(i)];
+          const float w = m == held ? rk_j * u_j[i] : u[m * ROWS + Tile::row(i)];
           #pragma unroll
           for (int c = 0; c < Tile::kChunksPerLane; ++c)
             #pragma unroll
@@ -261,9 +263,9 @@ struct Kernel {
     __syncthreads();
 
     // 5. Rows.
-    finish_rows(p, sm, s_raw, rows, out, flush, held,
+    finish_rows(p, s_raw, rows, out, flush, held,
                 RowScalars{sm.total_decay, sm.beta, rk_j, rq, sm.kq[held] * rk_j * rq},  // dec_j = 1
-                slot, epoch, vhead, row0, sm.q[0], sm.k[held], sm.v[0]);
+                slot, epoch, vhead, row0, sm.q[0], sm.v[0], sm.pred, sm.osum, &sm.u[0][0], &sm.k[0][0]);
 
     if constexpr (REPLAY) {
       if (!flush && split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`

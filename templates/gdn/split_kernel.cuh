@@ -166,13 +166,16 @@ struct State {
   static constexpr int kThreads = Base::kThreads, kSplits = Base::kSplits;
 
   // Inputs land as stored (asynchronous copies, no staging registers next to the checkpoint
-  // rows); a flush's records are then converted into what Base::finish_rows folds.
+  // rows); a flush scales its u rows in place. Kept small: shared memory comes out of the L1
+  // that holds the checkpoint loads in flight.
   struct Smem {
-    typename Base::Smem rows;
-    alignas(16) act_t k[CAP][K];  // raw k: a flush's ring rows, this token's at [held]
+    alignas(16) float u[CAP][ROWS];  // a flush's held u rows
+    alignas(16) act_t k[CAP][K];     // raw k: a flush's ring rows, this token's at [held]
     alignas(16) act_t q[K];
     alignas(16) act_t v[ROWS];
-    float scalars[5];
+    alignas(16) float pred[ROWS];
+    alignas(16) float osum[ROWS];
+    float coef[CAP], scalars[5];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
@@ -207,27 +210,27 @@ struct State {
       advance_slot_cursor(p.cursors + int64_t(slot) * kCursorWords, flush, records);
     // V divides into ROWS-row tiles, so the sums' rows are aligned to ROWS' vector width.
     const float* extra = ws.extra(row, vhead);
-    copy_rows_async<float, ROWS, kThreads>(sm.rows.pred, 0, 0, extra + row0, 0, 0, 1, 1);
-    copy_rows_async<float, ROWS, kThreads>(sm.rows.osum, 0, 0, extra + V + row0, 0, 0, 1, 1);
+    copy_rows_async<float, ROWS, kThreads>(sm.pred, 0, 0, extra + row0, 0, 0, 1, 1);
+    copy_rows_async<float, ROWS, kThreads>(sm.osum, 0, 0, extra + V + row0, 0, 0, 1, 1);
     copy_rows_async<float, 1, kThreads>(sm.scalars, 0, 1, ws.scalars(row, vhead), 0, 1, 1, 5);
     copy_rows_async<act_t, K, kThreads>(sm.k[held], 0, 0, k_cur, 0, 0, 1, 1);
     if (flush) {  // the held records to fold, and their weights
       copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
                                           0, K, 1, held);
-      copy_rows_async<float, ROWS, kThreads>(&sm.rows.u[0][0], 0, ROWS,
+      copy_rows_async<float, ROWS, kThreads>(&sm.u[0][0], 0, ROWS,
                                              p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * CAP * V + row0, 0, V, 1,
                                              held);
-      copy_rows_async<float, 1, kThreads>(sm.rows.decay, 0, 1, ws.coef(row, vhead), 0, 1, 1, held);
+      copy_rows_async<float, 1, kThreads>(sm.coef, 0, 1, ws.coef(row, vhead), 0, 1, 1, held);
     }
     pipe::wait_copies();
     __syncthreads();
-    if (flush) {  // FP32 k rows to fold; u_i scaled by dec_i / |k_i|, as the per-item kernel does
-      for (int e = threadIdx.x; e < records * K; e += kThreads) sm.rows.k[e / K][e % K] = to_float(sm.k[e / K][e % K]);
-      for (int e = threadIdx.x; e < held * ROWS; e += kThreads) sm.rows.u[e / ROWS][e % ROWS] *= sm.rows.decay[e / ROWS];
+    if (flush) {  // u_i scaled by dec_i / |k_i|, as the per-item kernel does
+      for (int e = threadIdx.x; e < held * ROWS; e += kThreads) sm.u[e / ROWS][e % ROWS] *= sm.coef[e / ROWS];
       __syncthreads();
     }
     const typename Base::RowScalars sc{sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3], sm.scalars[4]};
-    Base::finish_rows(p, sm.rows, s_raw, rows, out, flush, held, sc, slot, epoch, vhead, row0, sm.q, sm.k[held], sm.v);
+    Base::finish_rows(p, s_raw, rows, out, flush, held, sc, slot, epoch, vhead, row0, sm.q, sm.v, sm.pred, sm.osum,
+                      &sm.u[0][0], &sm.k[0][0]);
   }
 };
 

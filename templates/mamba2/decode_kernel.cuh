@@ -69,14 +69,14 @@ struct Kernel {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
-  // Rows: y = total (S_c . q) + extra, or the fold S <- total S + sum_k sm.x[k][r] B_k (sm.x already
-  // scaled by a(k+1:j) dt_k) and then y = S . q + extra; gated by silu(z). q (C) and z are in shared
-  // memory, FP32 or as stored. Shared with the split kernel.
-  template <typename IN>
-  static __device__ __forceinline__ void finish_rows(const Params& p, const Smem& sm, const typename Tile::Regs& s_raw,
-                                                     state_t* rows, act_t* out, bool flush, int records, float total,
-                                                     int slot, uint64_t epoch, int head, int row0, const IN* q,
-                                                     const IN* z) {
+  // Rows: y = total (S_c . q) + extra, or the fold S <- total S + sum_k x[k][r] B_k (x already
+  // scaled by a(k+1:j) dt_k, [records][ROWS]; B [records][N]) and then y = S . q + extra; gated by
+  // silu(z). All in shared memory; q (C), z and B FP32 or as stored. Shared with the split kernel.
+  template <typename IN, typename REC>
+  static __device__ __forceinline__ void finish_rows(const Params& p, const typename Tile::Regs& s_raw, state_t* rows,
+                                                     act_t* out, bool flush, int records, float total, int slot,
+                                                     uint64_t epoch, int head, int row0, const IN* q, const IN* z,
+                                                     const float* extra, const float* x, const REC* b) {
     float q_reg[Tile::kChunksPerLane][Tile::kVec];
     Tile::slice(q, q_reg);
     float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
@@ -89,10 +89,10 @@ struct Kernel {
     if (flush) {  // S <- a(1:j) S + sum_k (a(k+1:j) dt_k x_k[r]) B_k: exact FP32 FMAs
       for (int k = 0; k < records; ++k) {
         float b_reg[Tile::kChunksPerLane][Tile::kVec];
-        Tile::slice(sm.b[k], b_reg);
+        Tile::slice(b + k * N, b_reg);
         #pragma unroll
         for (int i = 0; i < Tile::kPasses; ++i) {
-          const float w = sm.x[k][Tile::row(i)];
+          const float w = x[k * ROWS + Tile::row(i)];
           #pragma unroll
           for (int c = 0; c < Tile::kChunksPerLane; ++c)
             #pragma unroll
@@ -108,7 +108,7 @@ struct Kernel {
       for (int c = 0; c < Tile::kChunksPerLane; ++c)
         #pragma unroll
         for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
-      float y = group_sum<Tile::kLanesPerRow>(acc) * (flush ? 1.f : total) + sm.extra[r];
+      float y = group_sum<Tile::kLanesPerRow>(acc) * (flush ? 1.f : total) + extra[r];
       if (flush) {
         #pragma unroll
         for (int c = 0; c < Tile::kChunksPerLane; ++c)
@@ -207,7 +207,8 @@ struct Kernel {
     __syncthreads();
 
     // 5. Rows.
-    finish_rows(p, sm, s_raw, rows, out, flush, records, sm.total_decay, slot, epoch, head, row0, sm.q[0], sm.z[0]);
+    finish_rows(p, s_raw, rows, out, flush, records, sm.total_decay, slot, epoch, head, row0, sm.q[0], sm.z[0],
+                sm.extra, &sm.x[0][0], &sm.b[0][0]);
 
     if constexpr (REPLAY) {
       if (!flush) {  // append this token's record at ring row `held` (exact: act -> float -> act)

@@ -140,13 +140,16 @@ struct State {
   static constexpr int kThreads = Base::kThreads, kSplits = Base::kSplits;
 
   // Inputs land as stored (asynchronous copies, no staging registers next to the checkpoint
-  // rows); a flush's records are then converted into what Base::finish_rows folds.
+  // rows); only a flush's x rows get an FP32 copy (scaled by their weights). Kept small: shared
+  // memory comes out of the L1 that holds the checkpoint loads in flight.
   struct Smem {
-    typename Base::Smem rows;
     alignas(16) act_t x[CAP][ROWS];  // a flush's records
     alignas(16) act_t b[CAP][N];
     alignas(16) act_t q[N];
     alignas(16) act_t z[ROWS];
+    alignas(16) float extra[ROWS];
+    alignas(16) float weighted_x[CAP][ROWS];  // a(i+1:j) dt_i x_i
+    float coef[CAP];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
@@ -182,7 +185,7 @@ struct State {
       advance_slot_cursor(p.cursors + int64_t(slot) * kCursorWords, flush, records);
     const float total = *ws.scalars(row, head);
     // ROWS divides P, so the extra rows are aligned to ROWS' vector width.
-    copy_rows_async<float, ROWS, kThreads>(sm.rows.extra, 0, 0, ws.extra(row, head) + row0, 0, 0, 1, 1);
+    copy_rows_async<float, ROWS, kThreads>(sm.extra, 0, 0, ws.extra(row, head) + row0, 0, 0, 1, 1);
     if (flush) {  // the records to fold (held ones from the rings, this token's from the inputs), and their weights
       copy_rows_async<act_t, ROWS, kThreads>(&sm.x[0][0], 0, ROWS, p.rec_x + (int64_t(slot) * p.num_heads + head) * CAP * P + row0,
                                              0, P, 1, held);
@@ -191,17 +194,17 @@ struct State {
       copy_rows_async<act_t, N, kThreads>(&sm.b[0][0], 0, N, p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N,
                                           0, N, 1, held);
       copy_rows_async<act_t, N, kThreads>(sm.b[held], 0, 0, b_cur, 0, 0, 1, 1);
-      copy_rows_async<float, 1, kThreads>(sm.rows.dt, 0, 1, ws.coef(row, head), 0, 1, 1, records);
+      copy_rows_async<float, 1, kThreads>(sm.coef, 0, 1, ws.coef(row, head), 0, 1, 1, records);
     }
     pipe::wait_copies();
     __syncthreads();
     if (flush) {  // x_i scaled by its weight a(i+1:j) dt_i, as the per-item kernel does
       for (int e = threadIdx.x; e < records * ROWS; e += kThreads)
-        sm.rows.x[e / ROWS][e % ROWS] = to_float(sm.x[e / ROWS][e % ROWS]) * sm.rows.dt[e / ROWS];
-      for (int e = threadIdx.x; e < records * N; e += kThreads) sm.rows.b[e / N][e % N] = to_float(sm.b[e / N][e % N]);
+        sm.weighted_x[e / ROWS][e % ROWS] = to_float(sm.x[e / ROWS][e % ROWS]) * sm.coef[e / ROWS];
       __syncthreads();
     }
-    Base::finish_rows(p, sm.rows, s_raw, rows, out, flush, records, total, slot, epoch, head, row0, sm.q, sm.z);
+    Base::finish_rows(p, s_raw, rows, out, flush, records, total, slot, epoch, head, row0, sm.q, sm.z, sm.extra,
+                      &sm.weighted_x[0][0], &sm.b[0][0]);
   }
 };
 
