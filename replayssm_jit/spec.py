@@ -317,6 +317,27 @@ def stream_rows(spec: KernelSpec) -> list[int]:
     return options[:STREAM_MAX_OPTIONS]
 
 
+# Largest dynamic shared memory of one CTA on sm_90.
+MAX_CTA_SHARED_BYTES = 227 * 1024
+
+
+def split_records_shared_bytes(spec: KernelSpec) -> int:
+    """Upper bound on the shared memory of the split kernel's records kernel (Records::Smem in
+    templates/*/split_kernel.cuh): the held records, as stored, of every head one CTA serves (a
+    Mamba-2 group's heads, a GDN key head's value heads)."""
+    act, cap = DTYPE_BYTES[spec.act_dtype], spec.capacity
+    ring = max(cap - 1, 1)
+    if spec.family == "mamba2":
+        heads, p, n = spec.dim("hpg"), spec.dim("p"), spec.dim("n")
+        records = heads * (ring + 1) * p * act + (ring + 2) * n * act
+        scalars = 4 * (3 * heads * cap + cap + 4 * heads)
+    else:
+        heads, k, v = spec.dim("vph"), spec.dim("k"), spec.dim("v")
+        records = heads * ring * v * 4 + (ring + 2) * k * act
+        scalars = 4 * (2 * heads * cap + 3 * cap + 1 + 3 * heads)
+    return records + scalars + 6 * 16  # 16-byte alignment of the record arrays
+
+
 def _tiling_context(spec: KernelSpec) -> dict:
     return {"tilings": spec_tilings(spec), "stream_rows": stream_rows(spec)}
 

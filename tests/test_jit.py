@@ -7,7 +7,7 @@ import torch
 
 from replayssm_jit.jit import build, env
 from replayssm_jit.jit.aot import PRESETS, build_aot, preset_specs
-from replayssm_jit.spec import KernelSpec, mamba2_spec, mamba2_tilings
+from replayssm_jit.spec import KernelSpec, gdn_spec, mamba2_spec, mamba2_tilings
 
 
 def test_uri_is_readable_and_unique():
@@ -147,3 +147,55 @@ def test_aot_cli_takes_a_list_of_specs(capsys):
         aot_main(["--spec", "mamba3:headdim=1", "--list"])
     with pytest.raises(SystemExit):
         aot_main(["--spec", "mamba2:headdim", "--list"])
+
+
+@pytest.mark.nvcc
+def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
+    """spec.split_records_shared_bytes (the launch choice's fit check) is an upper bound on the
+    records kernels' compiled shared memory, and a tight one."""
+    import subprocess
+
+    import tvm_ffi.libinfo
+
+    from replayssm_jit.jit.build import template_root
+    from replayssm_jit.spec import CPP_TYPES, split_records_shared_bytes
+
+    specs = [
+        mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=32),
+        mamba2_spec(headdim=80, dstate=128, heads_per_group=12, window=16, act_dtype="f32"),
+        mamba2_spec(headdim=24, dstate=64, heads_per_group=2, window=4, act_dtype="f32"),
+        gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=32),
+        gdn_spec(
+            head_k_dim=64, head_v_dim=64, value_heads_per_key_head=2, window=1, act_dtype="f32"
+        ),
+    ]
+    lines = []
+    for s in specs:
+        act, cap = CPP_TYPES[s.act_dtype], s.capacity
+        if s.family == "mamba2":
+            dims = f"{s.dim('p')}, {s.dim('n')}, {s.dim('hpg')}, {s.window}, {cap}, {act}, float, true, true, true"
+            kern = f"mamba2::Records<{dims}>"
+        else:
+            dims = f"{s.dim('k')}, {s.dim('v')}, {s.dim('vph')}, {s.window}, {cap}, {act}, float, true, true"
+            kern = f"gdn::Records<{dims}>"
+        lines.append(f'  std::printf("%zu\\n", {kern}::kSmemBytes);')
+    source = tmp_path / "sizes.cu"
+    source.write_text(
+        '#include <cstdio>\n#include "mamba2/split_kernel.cuh"\n#include "gdn/split_kernel.cuh"\n'
+        "using namespace replayssm;\nint main() {\n" + "\n".join(lines) + "\n}\n"
+    )
+    exe = tmp_path / "sizes"
+    subprocess.run(
+        ["nvcc", "-std=c++17", "--expt-relaxed-constexpr", f"-I{template_root()}",
+         f"-I{tvm_ffi.libinfo.find_include_path()}", str(source), "-o", str(exe)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    compiled = [
+        int(x)
+        for x in subprocess.run(
+            [str(exe)], check=True, capture_output=True, text=True
+        ).stdout.split()
+    ]
+    for spec, size in zip(specs, compiled, strict=True):
+        bound = split_records_shared_bytes(spec)
+        assert size <= bound <= size + 256, (spec.uri, size, bound)

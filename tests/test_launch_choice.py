@@ -6,7 +6,14 @@ import torch
 from replayssm_jit.ops import gdn as gdn_ops
 from replayssm_jit.ops import mamba2 as mamba2_ops
 from replayssm_jit.ops import tiling
-from replayssm_jit.spec import gdn_spec, mamba2_spec, spec_tilings, stream_rows
+from replayssm_jit.spec import (
+    MAX_CTA_SHARED_BYTES,
+    gdn_spec,
+    mamba2_spec,
+    spec_tilings,
+    split_records_shared_bytes,
+    stream_rows,
+)
 
 CPU = torch.device("cpu")
 
@@ -106,6 +113,21 @@ def test_split_kernel_forced(monkeypatch):
     monkeypatch.setattr(tiling, "SPLIT_FAMILIES", frozenset({"mamba2"}))
     with pytest.raises(ValueError, match=r"'split' is compiled for \['mamba2'\], got 'gdn'"):
         tiling.choose_launch(qwen, 256, 32, CPU, replay=True)
+
+
+def test_split_needs_the_records_in_shared_memory(monkeypatch):
+    # one group of 128 heads, L = 16: 128 x 16 x 64 bf16 x records alone are 256 KiB
+    wide = mamba2_spec(headdim=64, dstate=128, heads_per_group=128, window=16)
+    assert split_records_shared_bytes(wide) > MAX_CTA_SHARED_BYTES
+    assert not tiling.choose_launch(wide, 256, 128, CPU, replay=True)[1] & tiling.FLAG_SPLIT
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "split")
+    with pytest.raises(ValueError, match=r"'split' needs \d+ bytes of shared memory"):
+        tiling.choose_launch(wide, 256, 128, CPU, replay=True)
+    # the model shapes fit with room to spare
+    super120b = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=32)
+    qwen122b = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=32)
+    assert split_records_shared_bytes(super120b) < 96 * 1024
+    assert split_records_shared_bytes(qwen122b) < 96 * 1024
 
 
 def test_split_workspace_size():

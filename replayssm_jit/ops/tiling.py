@@ -6,7 +6,15 @@ import os
 
 import torch
 
-from replayssm_jit.spec import DTYPE_BYTES, STATE_DIMS, KernelSpec, spec_tilings, stream_rows
+from replayssm_jit.spec import (
+    DTYPE_BYTES,
+    MAX_CTA_SHARED_BYTES,
+    STATE_DIMS,
+    KernelSpec,
+    spec_tilings,
+    split_records_shared_bytes,
+    stream_rows,
+)
 
 # Enough CTAs to cover every SM twice before splitting a head's rows further (H200 sweeps,
 # benchmarks/results: larger row tiles win whenever the grid already fills the chip).
@@ -134,21 +142,28 @@ PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {
 def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> str:
     """Which kernel runs `spec`'s ReplaySSM step at this batch (one of REPLAY_KERNELS), from
     PREFERRED_REPLAY_KERNEL; REPLAYSSM_REPLAY_KERNEL overrides it where the kernel exists for
-    the shape and device (streaming: 16-byte row tiles and sm_90+; split: SPLIT_FAMILIES)."""
+    the shape and device (streaming: 16-byte row tiles and sm_90+; split: SPLIT_FAMILIES, and
+    the records of one group or key head must fit a CTA's shared memory)."""
     forced = os.environ.get(REPLAY_KERNEL_ENV)
     if forced and forced not in REPLAY_KERNELS:
         raise ValueError(f"{REPLAY_KERNEL_ENV}: expected one of {REPLAY_KERNELS}, got {forced!r}")
     hopper = device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
     can_stream = bool(stream_rows(spec)) and hopper
-    can_split = spec.family in SPLIT_FAMILIES
+    records_bytes = split_records_shared_bytes(spec)
+    can_split = spec.family in SPLIT_FAMILIES and records_bytes <= MAX_CTA_SHARED_BYTES
     if forced == "stream" and not can_stream:
         why = (
             "an sm_90+ device" if stream_rows(spec) else "16-byte row tiles (see spec.stream_rows)"
         )
         raise ValueError(f"{REPLAY_KERNEL_ENV}: 'stream' needs {why}, got {device} and this shape")
-    if forced == "split" and not can_split:
+    if forced == "split" and spec.family not in SPLIT_FAMILIES:
         raise ValueError(
             f"{REPLAY_KERNEL_ENV}: 'split' is compiled for {sorted(SPLIT_FAMILIES)}, got {spec.family!r}"
+        )
+    if forced == "split" and not can_split:
+        raise ValueError(
+            f"{REPLAY_KERNEL_ENV}: 'split' needs {records_bytes} bytes of shared memory for the "
+            f"records of one group or key head, at most {MAX_CTA_SHARED_BYTES}; got {spec.uri}"
         )
     if forced:
         return forced
