@@ -1,12 +1,12 @@
 // The split ReplaySSM step: a records kernel, then a state kernel. Framework-agnostic.
 //
 // The records kernel reads the cursor, replays every head's records into a few per-head scalars
-// and per-row sums, appends this token's record and advances the cursor. The state kernel then
-// streams the checkpoint with no latency chain in front of its rows (non-flush:
-// y = total (S_c q) + extra), so its CTAs keep as many bytes in flight as the conventional step's.
-// It is launched as a programmatic dependent of the records kernel (sm_90): its checkpoint reads
-// start while the records kernel is still running, and it waits for the records only where it
-// reads them.
+// and per-row sums, and appends this token's record. The state kernel then streams the checkpoint
+// with no latency chain in front of its rows (non-flush: y = total (S_c q) + extra), so its CTAs
+// keep as many bytes in flight as the conventional step's. It is launched as a programmatic
+// dependent of the records kernel (sm_90): its checkpoint reads start while the records kernel is
+// still running, and it waits for the records only where it reads them. Past that wait no records
+// CTA is left to read a cursor, so the state kernel advances the cursors with plain stores.
 #pragma once
 #include <cuda_runtime.h>
 #include "common/replay.cuh"
