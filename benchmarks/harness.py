@@ -205,29 +205,22 @@ def run_sweep(
 
 def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
     """(label, environment, kernels) per launch choice of `spec`'s module: every per-item row
-    tile (conventional and a ReplaySSM cycle), every streaming tile and, where the family
-    compiles it, every split-kernel tile (a ReplaySSM cycle; the largest also without
-    speculative ring loads)."""
+    tile (conventional and a ReplaySSM cycle) and, where the family compiles it, every
+    split-kernel tile (a ReplaySSM cycle; the largest also without speculative ring loads)."""
     from replayssm_jit.ops.tiling import (
         REPLAY_KERNEL_ENV,
         SPECULATIVE_ENV,
         SPLIT_FAMILIES,
         rows_env,
-        stream_rows_env,
     )
-    from replayssm_jit.spec import spec_tilings, stream_rows
+    from replayssm_jit.spec import spec_tilings
 
-    rows_var, stream_var = rows_env(spec.family), stream_rows_env(spec.family)
+    rows_var = rows_env(spec.family)
 
     tilings = [r for r, _ in spec_tilings(spec)]
-    stream_tiles = stream_rows(spec)
     out = [
         (f"rows{r}", {rows_var: str(r), REPLAY_KERNEL_ENV: "per-item"}, ("conventional", "cycle"))
         for r in tilings
-    ]
-    out += [
-        (f"stream{r}", {stream_var: str(r), REPLAY_KERNEL_ENV: "stream"}, ("cycle",))
-        for r in stream_tiles
     ]
     if spec.family in SPLIT_FAMILIES:
         split = {REPLAY_KERNEL_ENV: "split"}

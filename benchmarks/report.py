@@ -103,7 +103,7 @@ def table(rows: list[dict], fi: dict, family: str) -> str:
 
 
 def variants_table(rows: list[dict], family: str) -> str:
-    """Launch variants (kernel@variant rows: per-item row tiles, streaming tiles) per config."""
+    """Launch variants (kernel@variant rows: per-item and split-kernel row tiles) per config."""
     by_cfg: dict[tuple, dict[str, float]] = defaultdict(dict)
     for r in rows:
         if "@" in r["kernel"]:

@@ -280,43 +280,6 @@ def gdn_spec(
     )
 
 
-# Streaming ReplaySSM kernel: one stage holds an item's checkpoint rows, so they stay small
-# enough for two CTAs per SM with two stages each.
-STREAM_MAX_STATE_BYTES = 48 * 1024
-STREAM_MAX_OPTIONS = 3
-
-
-STREAM_MAX_STAGE_BYTES = 100 * 1024  # two stages must fit one CTA's shared memory
-
-
-def _stream_stage_bytes(spec: KernelSpec, rows: int) -> int:
-    """Upper bound on one stage of the streaming kernel (templates/*/stream_kernel.cuh)."""
-    cols = spec.dim(STATE_DIMS[spec.family][1])
-    act, state = DTYPE_BYTES[spec.act_dtype], DTYPE_BYTES[spec.state_dtype]
-    record_row = 4 if spec.family == "gdn" else act  # GDN u records are fp32
-    ring = spec.capacity * (rows * record_row + cols * act + 4)
-    return rows * cols * state + ring + 2 * (rows + cols) * act + 256
-
-
-def stream_rows(spec: KernelSpec) -> list[int]:
-    """Row tiles (largest first) compiled for the streaming ReplaySSM kernel; [] when the shape
-    cannot move as whole 16-byte bulk copies."""
-    row_dim, col_dim = STATE_DIMS[spec.family]
-    rows, cols = spec.dim(row_dim), spec.dim(col_dim)
-    act, state = DTYPE_BYTES[spec.act_dtype], DTYPE_BYTES[spec.state_dtype]
-    options = []
-    for split in (1, 2, 4, 8):
-        per = rows // split
-        if rows % split or per * act % 16 or cols * act % 16 or per * cols * state % 16:
-            continue
-        if per % 4 or per * cols * state > STREAM_MAX_STATE_BYTES:  # u records are fp32 rows
-            continue
-        if _stream_stage_bytes(spec, per) > STREAM_MAX_STAGE_BYTES:
-            continue
-        options.append(per)
-    return options[:STREAM_MAX_OPTIONS]
-
-
 # Largest dynamic shared memory of one CTA on sm_90.
 MAX_CTA_SHARED_BYTES = 227 * 1024
 
@@ -339,7 +302,7 @@ def split_records_shared_bytes(spec: KernelSpec) -> int:
 
 
 def _tiling_context(spec: KernelSpec) -> dict:
-    return {"tilings": spec_tilings(spec), "stream_rows": stream_rows(spec)}
+    return {"tilings": spec_tilings(spec)}
 
 
 _FAMILY_CONTEXT = {"mamba2": _tiling_context, "gdn": _tiling_context}

@@ -156,7 +156,7 @@ def single_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(params=["split", "stream", "per-item"])
+@pytest.fixture(params=["split", "per-item"])
 def replay_kernel(request, monkeypatch):
     """Run the test once per ReplaySSM kernel (REPLAYSSM_REPLAY_KERNEL)."""
     from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV

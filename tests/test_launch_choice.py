@@ -1,4 +1,4 @@
-"""Launch choice on the CPU: streaming-kernel tiles, kernel selection, flags and overrides."""
+"""Launch choice on the CPU: kernel selection, tiles, flags and overrides."""
 
 import pytest
 import torch
@@ -12,7 +12,6 @@ from replayssm_jit.spec import (
     mamba2_spec,
     spec_tilings,
     split_records_shared_bytes,
-    stream_rows,
 )
 
 CPU = torch.device("cpu")
@@ -23,32 +22,10 @@ def clean_env(monkeypatch):
     for var in (
         tiling.REPLAY_KERNEL_ENV,
         tiling.SPECULATIVE_ENV,
-        mamba2_ops.STREAM_ROWS_ENV,
         mamba2_ops.ROWS_ENV,
-        gdn_ops.STREAM_ROWS_ENV,
+        gdn_ops.ROWS_ENV,
     ):
         monkeypatch.delenv(var, raising=False)
-
-
-def test_stream_rows_are_whole_bulk_copies():
-    super120b = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
-    assert stream_rows(super120b) == [64, 32, 16]
-    # bf16 x rows of 20 are 40 bytes: not a whole number of 16-byte units
-    assert stream_rows(mamba2_spec(headdim=80, dstate=128, heads_per_group=8)) == [80, 40]
-    assert stream_rows(mamba2_spec(headdim=80, dstate=128, heads_per_group=8, act_dtype="f32")) == [
-        80,
-        40,
-        20,
-    ]
-    # a 128 x 128 fp32 head (64 KiB) is too large for one stage: split in two at most
-    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
-    assert stream_rows(qwen) == [64, 32, 16]
-    for spec in (super120b, qwen):
-        cols = spec.dim("n") if spec.family == "mamba2" else spec.dim("k")
-        for r in stream_rows(spec):
-            assert r * cols * 4 <= 48 * 1024 and r % 4 == 0
-    # headdim 24 in bf16: 48-byte rows; halves of 12 are 24 bytes (no)
-    assert stream_rows(mamba2_spec(headdim=24, dstate=64, heads_per_group=2)) == [24]
 
 
 def test_replay_kernel_heuristic():
@@ -57,45 +34,27 @@ def test_replay_kernel_heuristic():
     assert flags & tiling.FLAG_SPLIT and rows == 64
     assert flags & tiling.FLAG_SPECULATIVE_RECORDS
     assert tiling.choose_replay_kernel(spec, 256, 128, CPU) == "split"
-    # batch 8: 1024 (row, head) pairs, still split; smaller state tiles for more CTAs
+    # batch 8: 1024 (row, head) pairs, still split, whole heads per state CTA
     rows, flags = tiling.choose_launch(spec, 8, 128, CPU, replay=True)
     assert flags & tiling.FLAG_SPLIT and rows == 64
     # one sequence (128 pairs on 132 SMs): the per-item kernel
     rows, flags = tiling.choose_launch(spec, 1, 128, CPU, replay=True)
-    assert not flags & (tiling.FLAG_STREAM | tiling.FLAG_SPLIT)
-    # the conventional step never streams; GDN streams only when asked to
-    assert not tiling.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_STREAM
+    assert not flags & tiling.FLAG_SPLIT
+    # the conventional step is never split; GDN splits too
+    assert not tiling.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_SPLIT
     qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
-    assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & tiling.FLAG_STREAM
-
-
-def test_replay_kernel_forced_stream(monkeypatch):
-    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "stream")
-    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
-    rows, flags = tiling.choose_launch(qwen, 256, 32, CPU, replay=True)
-    assert flags & tiling.FLAG_STREAM and rows == 64
-    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
-    # forced at batch 1: the smallest tile, so that more CTAs get work
-    assert tiling.choose_launch(spec, 1, 128, CPU, replay=True)[0] == 16
+    assert tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & tiling.FLAG_SPLIT
 
 
 def test_replay_kernel_override(monkeypatch):
     spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "per-item")
     rows, flags = tiling.choose_launch(spec, 256, 32, CPU, replay=True)
-    assert not flags & tiling.FLAG_STREAM
+    assert not flags & tiling.FLAG_SPLIT
     assert rows in [r for r, _ in spec_tilings(spec)]
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=r"REPLAYSSM_REPLAY_KERNEL: expected one of .*'fast'"):
         tiling.choose_launch(spec, 256, 32, CPU, replay=True)
-
-
-def test_stream_forced_where_the_shape_cannot_stream(monkeypatch):
-    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "stream")
-    narrow = mamba2_spec(headdim=12, dstate=64, heads_per_group=2)
-    assert stream_rows(narrow) == []
-    with pytest.raises(ValueError, match="'stream' needs 16-byte row tiles"):
-        tiling.choose_launch(narrow, 256, 8, CPU, replay=True)
 
 
 def test_split_kernel_forced(monkeypatch):
@@ -103,7 +62,7 @@ def test_split_kernel_forced(monkeypatch):
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
     rows, flags = tiling.choose_launch(spec, 256, 128, CPU, replay=True)
     # the state kernel runs on the per-item tiles
-    assert flags & tiling.FLAG_SPLIT and not flags & tiling.FLAG_STREAM and rows == 64
+    assert flags & tiling.FLAG_SPLIT and rows == 64
     assert tiling.choose_launch(spec, 1, 128, CPU, replay=True)[0] == 16
     # the conventional step is never split
     assert not tiling.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_SPLIT
@@ -136,35 +95,12 @@ def test_split_workspace_size():
     assert mamba2_ops.split_workspace_floats(spec, 3, 128) == 3 * (128 * (64 + 1 + 18) + 4)
 
 
-def test_stream_rows_override(monkeypatch):
-    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
-    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "stream")
-    monkeypatch.setenv(mamba2_ops.STREAM_ROWS_ENV, "32")
-    assert tiling.choose_launch(spec, 256, 128, CPU, replay=True)[0] == 32
-    monkeypatch.setenv(mamba2_ops.STREAM_ROWS_ENV, "48")
-    with pytest.raises(
-        ValueError, match=r"REPLAYSSM_MAMBA2_STREAM_ROWS: expected one of \[64, 32, 16\], got '48'"
-    ):
-        tiling.choose_launch(spec, 256, 128, CPU, replay=True)
-
-
 def test_speculative_flag_override(monkeypatch):
     monkeypatch.setenv(tiling.SPECULATIVE_ENV, "0")
-    assert tiling.launch_flags(kernel="stream") == tiling.FLAG_STREAM
     assert tiling.launch_flags(kernel="split") == tiling.FLAG_SPLIT
     monkeypatch.setenv(tiling.SPECULATIVE_ENV, "yes")
     with pytest.raises(ValueError, match="REPLAYSSM_SPECULATIVE_RECORDS"):
         tiling.launch_flags()
-
-
-def test_stream_rows_leave_out_stages_that_do_not_fit():
-    # L = 256: a 272-row ring of B records alone is 68 KiB in bf16
-    wide = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=256, drafts=16)
-    assert stream_rows(wide) == [16, 8]
-    huge = gdn_spec(
-        head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=256, drafts=16
-    )
-    assert all(r < 64 for r in stream_rows(huge))
 
 
 def test_lane_values_and_the_bf16_gdn_tile():

@@ -10,10 +10,10 @@ import torch
 from gpu_schedule import rel_err
 
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
-from replayssm_jit.ops.mamba2 import ROWS_ENV, STREAM_ROWS_ENV
+from replayssm_jit.ops.mamba2 import ROWS_ENV
 from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
 from replayssm_jit.reference import mamba2_step_pool
-from replayssm_jit.spec import mamba2_spec, spec_tilings, stream_rows
+from replayssm_jit.spec import mamba2_spec, spec_tilings
 
 pytestmark = pytest.mark.gpu
 
@@ -173,21 +173,6 @@ def test_split_matches_per_item_bitwise(shape, act, state, sr, window, monkeypat
     gpu_schedule.assert_kernels_agree_bitwise(
         family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window
     )
-
-
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_every_stream_tile(shape, monkeypatch):
-    """Each streaming-kernel row tile, forced through REPLAYSSM_MAMBA2_STREAM_ROWS (L = 4)."""
-    H, P, N, G = SHAPES[shape]
-    spec = mamba2_spec(headdim=P, dstate=N, heads_per_group=H // G, window=4, act_dtype="f32")
-    tiles = stream_rows(spec)
-    assert tiles, spec.uri
-    monkeypatch.setenv(REPLAY_KERNEL_ENV, "stream")
-    for rows in tiles:
-        monkeypatch.setenv(STREAM_ROWS_ENV, str(rows))
-        r = run_schedule(shape, 7, 4, steps=24, has_z=shape == "odd")
-        print(f"\nstream rows={rows}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
-        assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

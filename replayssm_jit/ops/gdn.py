@@ -39,7 +39,6 @@ from replayssm_jit.ops import tiling
 from replayssm_jit.spec import TORCH_DTYPES, KernelSpec
 
 ROWS_ENV = tiling.rows_env("gdn")
-STREAM_ROWS_ENV = tiling.stream_rows_env("gdn")
 
 
 @dataclass(frozen=True)

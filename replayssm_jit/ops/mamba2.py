@@ -32,7 +32,6 @@ from replayssm_jit.ops import tiling
 from replayssm_jit.spec import TORCH_DTYPES, KernelSpec
 
 ROWS_ENV = tiling.rows_env("mamba2")
-STREAM_ROWS_ENV = tiling.stream_rows_env("mamba2")
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from replayssm_jit.spec import (
     KernelSpec,
     spec_tilings,
     split_records_shared_bytes,
-    stream_rows,
 )
 
 # Enough CTAs to cover every SM twice before splitting a head's rows further (H200 sweeps,
@@ -85,21 +84,12 @@ def choose_rows_per_cta(
     return _largest_filling_tile([r for r, _ in preferred], rows, batch, num_heads, device, env_var)
 
 
-def choose_stream_rows(
-    options: list[int], rows: int, batch: int, num_heads: int, device: torch.device, env_var: str
-) -> int:
-    """Row tile of the streaming kernel: the largest that still gives every CTA of the
-    persistent grid an item; `env_var` overrides with a compiled tile."""
-    return _largest_filling_tile(options, rows, batch, num_heads, device, env_var)
-
-
 # Bits of the modules' `flags` argument (templates/common/launch.cuh).
 FLAG_SPECULATIVE_RECORDS = 1
-FLAG_STREAM = 2
 FLAG_SPLIT = 4
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
-REPLAY_KERNELS = ("split", "stream", "per-item")
+REPLAY_KERNELS = ("split", "per-item")
 # Families whose modules compile the split kernel (a records kernel, then a state kernel).
 SPLIT_FAMILIES = frozenset({"mamba2", "gdn"})
 
@@ -113,7 +103,7 @@ def launch_flags(*, kernel: str = "per-item") -> int:
     if forced and forced not in ("0", "1"):
         raise ValueError(f"{SPECULATIVE_ENV}: expected '0' or '1', got {forced!r}")
     flags = 0 if forced == "0" else FLAG_SPECULATIVE_RECORDS
-    return flags | {"stream": FLAG_STREAM, "split": FLAG_SPLIT}.get(kernel, 0)
+    return flags | (FLAG_SPLIT if kernel == "split" else 0)
 
 
 def rows_env(family: str) -> str:
@@ -121,17 +111,13 @@ def rows_env(family: str) -> str:
     return f"REPLAYSSM_{family.upper()}_ROWS_PER_CTA"
 
 
-def stream_rows_env(family: str) -> str:
-    """The variable that forces a family's streaming tile, e.g. REPLAYSSM_GDN_STREAM_ROWS."""
-    return f"REPLAYSSM_{family.upper()}_STREAM_ROWS"
-
-
 # (family, checkpoint dtype) -> (kernel, (batch row, head) pairs per SM from which it runs the
 # ReplaySSM step); smaller batches and anything not listed run per item.
 # H200, L = 16 (benchmarks/results/2026-11-29-h200-split): the split kernel's cycle beats the
-# streaming and per-item kernels from batch 8 up (super120b FP32 batch 256: 315.8 against 436.3
-# and 465.0 us; qwen4b: 197.4 against 235.1 per item; qwen4b batch 8: 11.5 against 12.5) and
-# loses at batch 1 (super120b, 128 pairs on 132 SMs: 8.5 against 6.2; qwen4b 6.4 against 6.2).
+# per-item kernel (and the streaming kernel since removed) from batch 8 up (super120b FP32 batch
+# 256: 327.4 against 466.9 and 436.2 us; qwen4b: 200.8 against 237.1 per item; qwen4b batch 8:
+# 11.5 against 12.5) and loses at batch 1 (super120b, 128 pairs on 132 SMs: 8.1-8.9 against 6.2;
+# qwen4b 6.4 against 6.2).
 PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {
     (family, state): ("split", 1)
     for family in ("mamba2", "gdn")
@@ -142,20 +128,13 @@ PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {
 def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> str:
     """Which kernel runs `spec`'s ReplaySSM step at this batch (one of REPLAY_KERNELS), from
     PREFERRED_REPLAY_KERNEL; REPLAYSSM_REPLAY_KERNEL overrides it where the kernel exists for
-    the shape and device (streaming: 16-byte row tiles and sm_90+; split: SPLIT_FAMILIES, and
-    the records of one group or key head must fit a CTA's shared memory)."""
+    the shape (split: SPLIT_FAMILIES, and the records of one group or key head must fit a CTA's
+    shared memory)."""
     forced = os.environ.get(REPLAY_KERNEL_ENV)
     if forced and forced not in REPLAY_KERNELS:
         raise ValueError(f"{REPLAY_KERNEL_ENV}: expected one of {REPLAY_KERNELS}, got {forced!r}")
-    hopper = device.type != "cuda" or torch.cuda.get_device_capability(device) >= (9, 0)
-    can_stream = bool(stream_rows(spec)) and hopper
     records_bytes = split_records_shared_bytes(spec)
     can_split = spec.family in SPLIT_FAMILIES and records_bytes <= MAX_CTA_SHARED_BYTES
-    if forced == "stream" and not can_stream:
-        why = (
-            "an sm_90+ device" if stream_rows(spec) else "16-byte row tiles (see spec.stream_rows)"
-        )
-        raise ValueError(f"{REPLAY_KERNEL_ENV}: 'stream' needs {why}, got {device} and this shape")
     if forced == "split" and spec.family not in SPLIT_FAMILIES:
         raise ValueError(
             f"{REPLAY_KERNEL_ENV}: 'split' is compiled for {sorted(SPLIT_FAMILIES)}, got {spec.family!r}"
@@ -170,7 +149,7 @@ def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: t
     kernel, min_pairs = PREFERRED_REPLAY_KERNEL.get(
         (spec.family, spec.state_dtype), ("per-item", 0)
     )
-    available = {"stream": can_stream, "split": can_split, "per-item": True}[kernel]
+    available = can_split if kernel == "split" else True
     if available and batch * num_heads >= min_pairs * sm_count(device):
         return kernel
     return "per-item"
@@ -180,17 +159,11 @@ def choose_launch(
     spec: KernelSpec, batch: int, num_heads: int, device: torch.device, *, replay: bool
 ) -> tuple[int, int]:
     """(rows, flags) for a step of `spec`'s module at this batch: the ReplaySSM kernel from
-    choose_replay_kernel and its row tile (the streaming kernel's own tiles, or the per-item
-    tiles that the split kernel's state kernel shares). num_heads: heads of the state pool (H
-    for Mamba-2, HV for GDN)."""
+    choose_replay_kernel and its row tile (the per-item tiles, which the split kernel's state
+    kernel shares). num_heads: heads of the state pool (H for Mamba-2, HV for GDN)."""
     row_dim, col_dim = STATE_DIMS[spec.family]
     rows = spec.dim(row_dim)
     kernel = choose_replay_kernel(spec, batch, num_heads, device) if replay else "per-item"
-    if kernel == "stream":
-        tile = choose_stream_rows(
-            stream_rows(spec), rows, batch, num_heads, device, stream_rows_env(spec.family)
-        )
-        return tile, launch_flags(kernel=kernel)
     tile = choose_rows_per_cta(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
         cols=spec.dim(col_dim), state_bytes=DTYPE_BYTES[spec.state_dtype],

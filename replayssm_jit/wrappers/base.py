@@ -57,11 +57,9 @@ class DecodeWrapper:
 
     @property
     def kernel(self) -> str:
-        """Which kernel run() launches: "split" (a records kernel, then a state kernel),
-        "stream" (persistent ReplaySSM) or "per-item"."""
-        if self.launch_flags & tiling.FLAG_SPLIT:
-            return "split"
-        return "stream" if self.launch_flags & tiling.FLAG_STREAM else "per-item"
+        """Which kernel run() launches: "split" (a records kernel, then a state kernel) or
+        "per-item"."""
+        return "split" if self.launch_flags & tiling.FLAG_SPLIT else "per-item"
 
     def _plan(self, spec: KernelSpec, batch_size: int, seed: int) -> None:
         """Choose the launch for `batch_size` rows (ops/tiling.py), load the module; graph mode
