@@ -282,6 +282,13 @@ def gdn_spec(
 
 # Largest dynamic shared memory of one CTA on sm_90.
 MAX_CTA_SHARED_BYTES = 227 * 1024
+# Threads of the split kernel's records CTA (Records::kThreads): one per head for its scalars.
+SPLIT_RECORDS_THREADS = 256
+
+
+def split_records_heads(spec: KernelSpec) -> int:
+    """Heads one records CTA serves: a Mamba-2 group's heads, a GDN key head's value heads."""
+    return spec.dim("hpg") if spec.family == "mamba2" else spec.dim("vph")
 
 
 def split_records_shared_bytes(spec: KernelSpec) -> int:

@@ -80,8 +80,15 @@ def test_split_needs_the_records_in_shared_memory(monkeypatch):
     assert split_records_shared_bytes(wide) > MAX_CTA_SHARED_BYTES
     assert not tiling.choose_launch(wide, 256, 128, CPU, replay=True)[1] & tiling.FLAG_SPLIT
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "split")
-    with pytest.raises(ValueError, match=r"'split' needs \d+ bytes of shared memory"):
+    with pytest.raises(ValueError, match=r"'split' needs .* got 128 heads and \d+ bytes"):
         tiling.choose_launch(wide, 256, 128, CPU, replay=True)
+    # more heads per group than the records CTA has threads, however small the ring
+    many = mamba2_spec(headdim=16, dstate=16, heads_per_group=512, window=1)
+    assert split_records_shared_bytes(many) <= MAX_CTA_SHARED_BYTES
+    with pytest.raises(ValueError, match="got 512 heads"):
+        tiling.choose_launch(many, 4, 512, CPU, replay=True)
+    monkeypatch.delenv(tiling.REPLAY_KERNEL_ENV)
+    assert not tiling.choose_launch(many, 4, 512, CPU, replay=True)[1] & tiling.FLAG_SPLIT
     # the model shapes fit with room to spare
     super120b = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=32)
     qwen122b = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=32)

@@ -9,9 +9,11 @@ import torch
 from replayssm_jit.spec import (
     DTYPE_BYTES,
     MAX_CTA_SHARED_BYTES,
+    SPLIT_RECORDS_THREADS,
     STATE_DIMS,
     KernelSpec,
     spec_tilings,
+    split_records_heads,
     split_records_shared_bytes,
 )
 
@@ -128,21 +130,23 @@ PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {
 def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> str:
     """Which kernel runs `spec`'s ReplaySSM step at this batch (one of REPLAY_KERNELS), from
     PREFERRED_REPLAY_KERNEL; REPLAYSSM_REPLAY_KERNEL overrides it where the kernel exists for
-    the shape (split: SPLIT_FAMILIES, and the records of one group or key head must fit a CTA's
-    shared memory)."""
+    the shape (split: SPLIT_FAMILIES, at most SPLIT_RECORDS_THREADS heads per group or key head,
+    and their records must fit a CTA's shared memory)."""
     forced = os.environ.get(REPLAY_KERNEL_ENV)
     if forced and forced not in REPLAY_KERNELS:
         raise ValueError(f"{REPLAY_KERNEL_ENV}: expected one of {REPLAY_KERNELS}, got {forced!r}")
-    records_bytes = split_records_shared_bytes(spec)
-    can_split = spec.family in SPLIT_FAMILIES and records_bytes <= MAX_CTA_SHARED_BYTES
+    records_bytes, heads = split_records_shared_bytes(spec), split_records_heads(spec)
+    fits = records_bytes <= MAX_CTA_SHARED_BYTES and heads <= SPLIT_RECORDS_THREADS
+    can_split = spec.family in SPLIT_FAMILIES and fits
     if forced == "split" and spec.family not in SPLIT_FAMILIES:
         raise ValueError(
             f"{REPLAY_KERNEL_ENV}: 'split' is compiled for {sorted(SPLIT_FAMILIES)}, got {spec.family!r}"
         )
     if forced == "split" and not can_split:
         raise ValueError(
-            f"{REPLAY_KERNEL_ENV}: 'split' needs {records_bytes} bytes of shared memory for the "
-            f"records of one group or key head, at most {MAX_CTA_SHARED_BYTES}; got {spec.uri}"
+            f"{REPLAY_KERNEL_ENV}: 'split' needs at most {SPLIT_RECORDS_THREADS} heads per group "
+            f"or key head and {MAX_CTA_SHARED_BYTES} bytes of shared memory for their records; "
+            f"got {heads} heads and {records_bytes} bytes ({spec.uri})"
         )
     if forced:
         return forced
