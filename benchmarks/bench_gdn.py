@@ -26,7 +26,6 @@ from harness import (
     DTYPES,
     REPLAY_KERNELS,
     decode_timings,
-    launch_variants,
     num_sets,
     replay_traffic,
     result_rows,
@@ -38,7 +37,6 @@ from harness import (
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
 from replayssm_jit.models import get_model
-from replayssm_jit.spec import gdn_spec
 
 ACT = torch.bfloat16
 
@@ -141,19 +139,6 @@ def bench_config(shape, batch, window, state_name, args, kernels=(*REPLAY_KERNEL
     )
 
 
-def variants(cfg):
-    shape, _batch, window, state = cfg
-    model = get_model(shape)
-    spec = gdn_spec(
-        head_k_dim=model.d_k,
-        head_v_dim=model.d_v,
-        value_heads_per_key_head=model.value_heads // model.key_heads,
-        window=window,
-        state_dtype=state,
-    )
-    return launch_variants(spec)
-
-
 def main(argv=None):
     p = sweep_parser(__doc__.splitlines()[0], "qwen4b,qwen122b")
     p.add_argument("--no-fla", action="store_true", help="skip the fla peer")
@@ -161,7 +146,7 @@ def main(argv=None):
         "--fla-state-v-first", action="store_true", help="run fla on [B, HV, V, K] states"
     )
     args = p.parse_args(argv)
-    return run_sweep(args, "gdn", bench_config, variants)
+    return run_sweep(args, "gdn", bench_config)
 
 
 if __name__ == "__main__":

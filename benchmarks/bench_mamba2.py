@@ -20,7 +20,6 @@ from harness import (
     DTYPES,
     REPLAY_KERNELS,
     decode_timings,
-    launch_variants,
     num_sets,
     replay_traffic,
     result_rows,
@@ -31,7 +30,6 @@ from harness import (
 
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
 from replayssm_jit.models import get_model
-from replayssm_jit.spec import mamba2_spec
 
 
 def bytes_per_step(H, P, N, G, batch, window, state_size, act_size=2):
@@ -88,22 +86,9 @@ def bench_config(shape, batch, window, state_name, args, kernels=REPLAY_KERNELS)
     )
 
 
-def variants(cfg):
-    shape, _batch, window, state = cfg
-    model = get_model(shape)
-    spec = mamba2_spec(
-        headdim=model.d_v,
-        dstate=model.d_k,
-        heads_per_group=model.value_heads // model.key_heads,
-        window=window,
-        state_dtype=state,
-    )
-    return launch_variants(spec)
-
-
 def main(argv=None):
     args = sweep_parser(__doc__.splitlines()[0], "super120b,nano4b").parse_args(argv)
-    return run_sweep(args, "mamba2", bench_config, variants)
+    return run_sweep(args, "mamba2", bench_config)
 
 
 if __name__ == "__main__":

@@ -174,12 +174,7 @@ def tiling_sweep_configs(args) -> list[tuple[str, int, int, str]]:
     ]
 
 
-def run_sweep(
-    args,
-    name: str,
-    bench: Callable[..., list[dict]],
-    variants: Callable[[tuple], list[tuple[str, dict[str, str], tuple[str, ...]]]],
-) -> int:
+def run_sweep(args, name: str, bench: Callable[..., list[dict]]) -> int:
     """Measure the copy ceiling, then every config and variant sweep; write `name`.json after each."""
     payload = {
         "environment": environment(),
@@ -190,7 +185,7 @@ def run_sweep(
     print(f"copy ceiling measured: {payload['copy']['tbps']:.2f} TB/s", flush=True)
     jobs = [(cfg, lambda cfg=cfg: bench(*cfg, args)) for cfg in sweep_configs(args)]
     jobs += [
-        (cfg, lambda cfg=cfg: sweep_variants(bench, cfg, args, variants(cfg)))
+        (cfg, lambda cfg=cfg: sweep_variants(bench, cfg, args, model_variants(cfg)))
         for cfg in tiling_sweep_configs(args)
     ]
     for cfg, job in jobs:
@@ -205,14 +200,9 @@ def run_sweep(
 
 def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
     """(label, environment, kernels) per launch choice of `spec`'s module: every per-item row
-    tile (conventional and a ReplaySSM cycle) and, where the family compiles it, every
-    split-kernel tile (a ReplaySSM cycle; the largest also without speculative ring loads)."""
-    from replayssm_jit.ops.tiling import (
-        REPLAY_KERNEL_ENV,
-        SPECULATIVE_ENV,
-        SPLIT_FAMILIES,
-        rows_env,
-    )
+    tile (conventional and a ReplaySSM cycle) and every split-kernel tile (a ReplaySSM cycle;
+    the largest also without speculative ring loads)."""
+    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV, SPECULATIVE_ENV, rows_env
     from replayssm_jit.spec import spec_tilings
 
     rows_var = rows_env(spec.family)
@@ -222,12 +212,20 @@ def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
         (f"rows{r}", {rows_var: str(r), REPLAY_KERNEL_ENV: "per-item"}, ("conventional", "cycle"))
         for r in tilings
     ]
-    if spec.family in SPLIT_FAMILIES:
-        split = {REPLAY_KERNEL_ENV: "split"}
-        out += [(f"split{r}", {rows_var: str(r), **split}, ("cycle",)) for r in tilings]
-        nospec = {rows_var: str(tilings[0]), SPECULATIVE_ENV: "0", **split}
-        out.append((f"split{tilings[0]}-nospec", nospec, ("cycle",)))
+    split = {REPLAY_KERNEL_ENV: "split"}
+    out += [(f"split{r}", {rows_var: str(r), **split}, ("cycle",)) for r in tilings]
+    nospec = {rows_var: str(tilings[0]), SPECULATIVE_ENV: "0", **split}
+    out.append((f"split{tilings[0]}-nospec", nospec, ("cycle",)))
     return out
+
+
+def model_variants(cfg) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
+    """launch_variants of a (shape, batch, L, state dtype) config's model spec."""
+    from replayssm_jit.jit.aot import model_spec
+    from replayssm_jit.models import get_model
+
+    shape, _batch, window, state = cfg
+    return launch_variants(model_spec(get_model(shape), window=window, state_dtype=state))
 
 
 def sweep_variants(bench, cfg, args, variants) -> list[dict]:

@@ -92,15 +92,16 @@ FLAG_SPLIT = 4
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
 REPLAY_KERNELS = ("split", "per-item")
-# Families whose modules compile the split kernel (a records kernel, then a state kernel).
-SPLIT_FAMILIES = frozenset({"mamba2", "gdn"})
 
 
 def launch_flags(*, kernel: str = "per-item") -> int:
     """Kernel launch flags. Speculative ring loads: issue them before the cursor is read (one
-    dependent round trip less for a few % more ring bytes; measured faster at every batch on
-    the H200); REPLAYSSM_SPECULATIVE_RECORDS=0 turns it off. `kernel`: which ReplaySSM kernel
-    runs the step (one of REPLAY_KERNELS)."""
+    dependent round trip less for more ring bytes). On the H200 that was faster at every batch
+    for the per-item kernel, and for the split kernel at batches 1 and 8; at batch 256 the split
+    kernel ran as fast or faster without them in 6 of 7 same-tile pairs (super120b 321.5 against
+    327.4 us), which the default does not follow yet.
+    REPLAYSSM_SPECULATIVE_RECORDS=0 turns it off. `kernel`: which ReplaySSM kernel runs the
+    step (one of REPLAY_KERNELS)."""
     forced = os.environ.get(SPECULATIVE_ENV)
     if forced and forced not in ("0", "1"):
         raise ValueError(f"{SPECULATIVE_ENV}: expected '0' or '1', got {forced!r}")
@@ -113,35 +114,26 @@ def rows_env(family: str) -> str:
     return f"REPLAYSSM_{family.upper()}_ROWS_PER_CTA"
 
 
-# (family, checkpoint dtype) -> (kernel, (batch row, head) pairs per SM from which it runs the
-# ReplaySSM step); smaller batches and anything not listed run per item.
-# H200, L = 16 (benchmarks/results/2026-11-29-h200-split): the split kernel's cycle beats the
-# per-item kernel (and the streaming kernel since removed) from batch 8 up (super120b FP32 batch
-# 256: 327.4 against 466.9 and 436.2 us; qwen4b: 200.8 against 237.1 per item; qwen4b batch 8:
-# 11.5 against 12.5) and loses at batch 1 (super120b, 128 pairs on 132 SMs: 8.1-8.9 against 6.2;
-# qwen4b 6.4 against 6.2).
-PREFERRED_REPLAY_KERNEL: dict[tuple[str, str], tuple[str, float]] = {
-    (family, state): ("split", 1)
-    for family in ("mamba2", "gdn")
-    for state in ("f32", "bf16", "f16")
-}
+# (batch row, head) pairs per SM from which the split kernel runs the ReplaySSM step; below
+# it (batch 1 at the model shapes) the per-item kernel does. H200, L = 16
+# (benchmarks/results/2026-11-29-h200-split): the split kernel's cycle beats the per-item kernel
+# (and the streaming kernel since removed) from batch 8 up (super120b FP32 batch 256: 327.4
+# against 466.9 and 436.2 us; qwen4b: 200.8 against 237.1; qwen4b batch 8: 11.5 against 12.5)
+# and loses at batch 1 (super120b, 128 pairs on 132 SMs: 8.1-8.9 against 6.2; qwen4b 6.4
+# against 6.2), for both families and every checkpoint dtype measured.
+SPLIT_MIN_PAIRS_PER_SM = 1
 
 
 def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> str:
-    """Which kernel runs `spec`'s ReplaySSM step at this batch (one of REPLAY_KERNELS), from
-    PREFERRED_REPLAY_KERNEL; REPLAYSSM_REPLAY_KERNEL overrides it where the kernel exists for
-    the shape (split: SPLIT_FAMILIES, at most SPLIT_RECORDS_THREADS heads per group or key head,
-    and their records must fit a CTA's shared memory)."""
+    """Which kernel runs `spec`'s ReplaySSM step at this batch (one of REPLAY_KERNELS): split
+    from SPLIT_MIN_PAIRS_PER_SM where the shape allows it (at most SPLIT_RECORDS_THREADS heads
+    per group or key head, and their records fit a CTA's shared memory), else per item;
+    REPLAYSSM_REPLAY_KERNEL overrides."""
     forced = os.environ.get(REPLAY_KERNEL_ENV)
     if forced and forced not in REPLAY_KERNELS:
         raise ValueError(f"{REPLAY_KERNEL_ENV}: expected one of {REPLAY_KERNELS}, got {forced!r}")
     records_bytes, heads = split_records_shared_bytes(spec), split_records_heads(spec)
-    fits = records_bytes <= MAX_CTA_SHARED_BYTES and heads <= SPLIT_RECORDS_THREADS
-    can_split = spec.family in SPLIT_FAMILIES and fits
-    if forced == "split" and spec.family not in SPLIT_FAMILIES:
-        raise ValueError(
-            f"{REPLAY_KERNEL_ENV}: 'split' is compiled for {sorted(SPLIT_FAMILIES)}, got {spec.family!r}"
-        )
+    can_split = records_bytes <= MAX_CTA_SHARED_BYTES and heads <= SPLIT_RECORDS_THREADS
     if forced == "split" and not can_split:
         raise ValueError(
             f"{REPLAY_KERNEL_ENV}: 'split' needs at most {SPLIT_RECORDS_THREADS} heads per group "
@@ -150,12 +142,8 @@ def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: t
         )
     if forced:
         return forced
-    kernel, min_pairs = PREFERRED_REPLAY_KERNEL.get(
-        (spec.family, spec.state_dtype), ("per-item", 0)
-    )
-    available = can_split if kernel == "split" else True
-    if available and batch * num_heads >= min_pairs * sm_count(device):
-        return kernel
+    if can_split and batch * num_heads >= SPLIT_MIN_PAIRS_PER_SM * sm_count(device):
+        return "split"
     return "per-item"
 
 

@@ -73,11 +73,9 @@ class DecodeWrapper:
         self.launch_flags = flags
         self.seed = int(seed) & (2**63 - 1)
         self._out = None
-        # The split kernel's records -> state hand-over; families that compile it always take one.
-        self._workspace = None
-        if spec.family in tiling.SPLIT_FAMILIES:
-            floats = self._split_workspace_floats(batch_size) if flags & tiling.FLAG_SPLIT else 0
-            self._workspace = torch.empty(floats, dtype=torch.float32, device=c.device)
+        # The split kernel's records -> state hand-over (every replay_step binding takes one).
+        floats = self._split_workspace_floats(batch_size) if flags & tiling.FLAG_SPLIT else 0
+        self._workspace = torch.empty(floats, dtype=torch.float32, device=c.device)
         if self.use_cuda_graph:
             self._out = torch.empty(
                 (batch_size, *self._out_row_shape()), dtype=c.act_dtype, device=c.device
@@ -108,15 +106,14 @@ class DecodeWrapper:
 
     def _launch(self, inputs: tuple, out: torch.Tensor, slot_indices: torch.Tensor) -> None:
         """Every module binds conventional_step(state, *inputs, *tail) and
-        replay_step(state, *rings (in the cache's order), cursors, *inputs, *tail[, workspace]),
+        replay_step(state, *rings (in the cache's order), cursors, *inputs, *tail, workspace),
         with the family's token inputs first and tail = (out, slot_indices, pad_slot_id, seed,
-        rows, flags); the workspace goes to families that compile the split kernel."""
+        rows, flags)."""
         c = self.cache
         tail = (out, slot_indices, c.pad_slot_id, self.seed, self.rows_per_cta, self.launch_flags)
         if self.mode == "replay":
-            workspace = () if self._workspace is None else (self._workspace,)
             self._module.replay_step(
-                c.state, *c.rings.values(), c.cursors, *inputs, *tail, *workspace
+                c.state, *c.rings.values(), c.cursors, *inputs, *tail, self._workspace
             )
         else:
             self._module.conventional_step(c.state, *inputs, *tail)
