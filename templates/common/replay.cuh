@@ -141,6 +141,8 @@ struct RecordStager {
   }
 };
 
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
 // decay[i] = exp(sum_{m>i} log_decay[m]) for i < count, and returns exp(sum of all), in FP32.
 // One warp; log_decay and decay live in shared memory. Chunks of 32 records, top down.
 __device__ __forceinline__ float suffix_decays(const float* log_decay, float* decay, int count) {

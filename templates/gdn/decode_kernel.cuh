@@ -50,6 +50,18 @@ struct Params {
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
 };
 
+// This token's log-decay g and beta for `vhead`: given, or (GATES_IN_KERNEL) formed from a, b
+// as g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b) (per-item and split kernels).
+template <bool GATES_IN_KERNEL, typename Params>
+__device__ __forceinline__ void token_gates(const Params& p, int row, int vhead, float& g, float& beta) {
+  g = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(vhead) * p.ga_stride_h];
+  beta = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(vhead) * p.gb_stride_h];
+  if constexpr (GATES_IN_KERNEL) {
+    g = -expf(p.A_log[vhead]) * softplus(g + p.dt_bias[vhead]);
+    beta = 1.f / (1.f + expf(-beta));
+  }
+}
+
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
           bool REPLAY, bool L2NORM, bool GATES_IN_KERNEL, bool SR>
 struct Kernel {
@@ -71,8 +83,6 @@ struct Kernel {
     float total_decay, beta, q2, coef_q_cur;
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
-
-  static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
   // Per-row scalars of a replay: a(1:j), beta_j, 1/|k_j|, scale/|q_j| and the weight of u_j in o_j.
   struct RowScalars {
@@ -203,14 +213,10 @@ struct Kernel {
     v_stage.store(sm.v, 0, 1);
     for (int i = threadIdx.x; i < records; i += kThreads) {
       if (i == held) {
-        float ga = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(vhead) * p.ga_stride_h];
-        float gb = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(vhead) * p.gb_stride_h];
-        if constexpr (GATES_IN_KERNEL) {
-          ga = -expf(p.A_log[vhead]) * softplus(ga + p.dt_bias[vhead]);
-          gb = 1.f / (1.f + expf(-gb));
-        }
-        sm.g[i] = ga;
-        sm.beta = gb;
+        float g, beta;
+        token_gates<GATES_IN_KERNEL>(p, row, vhead, g, beta);
+        sm.g[i] = g;
+        sm.beta = beta;
       } else {
         sm.g[i] = rec_g[i];
       }

@@ -36,8 +36,6 @@ struct Records {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
-  static __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
-
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int khead, int count) {
     const int vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
     copy_rows_async<float, V, kThreads>(&sm.u[0][0][0], kRing * V, V,
@@ -62,13 +60,8 @@ struct Records {
                                         0, 1, 1);
     if (p.speculative) copy_ring(p, sm, slot, khead, kRing);
     if (threadIdx.x < VPH) {  // apart from sm.g, which the ring copies may still be filling
-      const int vhead = vhead0 + threadIdx.x;
-      float g = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(vhead) * p.ga_stride_h];
-      float beta = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(vhead) * p.gb_stride_h];
-      if constexpr (GATES_IN_KERNEL) {
-        g = -expf(p.A_log[vhead]) * softplus(g + p.dt_bias[vhead]);
-        beta = 1.f / (1.f + expf(-beta));
-      }
+      float g, beta;
+      token_gates<GATES_IN_KERNEL>(p, row, vhead0 + threadIdx.x, g, beta);
       sm.g_cur[threadIdx.x] = g;
       sm.beta[threadIdx.x] = beta;
     }

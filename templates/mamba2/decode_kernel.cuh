@@ -48,6 +48,15 @@ struct Params {
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
 };
 
+// This token's dt for `head`, with the bias and softplus the flags ask for (per-item and split kernels).
+template <bool HAS_DT_BIAS, bool DT_SOFTPLUS, typename Params>
+__device__ __forceinline__ float token_dt(const Params& p, int row, int head) {
+  float dt = p.dt[int64_t(row) * p.dt_stride_b + int64_t(head) * p.dt_stride_h];
+  if constexpr (HAS_DT_BIAS) dt += p.dt_bias[head];
+  if constexpr (DT_SOFTPLUS) dt = softplus(dt);
+  return dt;
+}
+
 template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
           bool REPLAY, bool HAS_D, bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR>
 struct Kernel {
@@ -169,9 +178,7 @@ struct Kernel {
     for (int i = threadIdx.x; i < records; i += kThreads) {
       float dt;
       if (i == held) {
-        dt = p.dt[int64_t(row) * p.dt_stride_b + int64_t(head) * p.dt_stride_h];
-        if constexpr (HAS_DT_BIAS) dt += p.dt_bias[head];
-        if constexpr (DT_SOFTPLUS) dt = dt > 20.f ? dt : log1pf(expf(dt));
+        dt = token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head);
       } else {
         dt = rec_dt[i];
       }

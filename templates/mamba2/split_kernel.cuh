@@ -65,12 +65,8 @@ struct Records {
     copy_rows_async<float, 1, kThreads>(sm.A, 0, 1, p.A + head0, 0, 1, 1, HPG);
     if constexpr (HAS_D) copy_rows_async<float, 1, kThreads>(sm.D, 0, 1, p.D + head0, 0, 1, 1, HPG);
     if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing);
-    if (threadIdx.x < HPG) {
-      float dt = p.dt[int64_t(row) * p.dt_stride_b + int64_t(head0 + threadIdx.x) * p.dt_stride_h];
-      if constexpr (HAS_DT_BIAS) dt += p.dt_bias[head0 + threadIdx.x];
-      if constexpr (DT_SOFTPLUS) dt = dt > 20.f ? dt : log1pf(expf(dt));
-      sm.dt_cur[threadIdx.x] = dt;  // apart from sm.dt, which the ring copies may still be filling
-    }
+    // apart from sm.dt, which the ring copies may still be filling
+    if (threadIdx.x < HPG) sm.dt_cur[threadIdx.x] = token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head0 + threadIdx.x);
 
     const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
     const int held = cursor[0], epoch = cursor[1];
