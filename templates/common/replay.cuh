@@ -205,16 +205,37 @@ __global__ void __launch_bounds__(Kern::kThreads) per_item_kernel(const typename
   Kern::run(p, *reinterpret_cast<typename Kern::Smem*>(smem_raw));
 }
 
-// Lets per_item_kernel<Kern> use more than 48 KiB of dynamic shared memory (once per instantiation).
+// Per-device facts the launchers need, looked up once per device (devices 0-63; others every call).
+struct DeviceFacts {
+  int device = 0, major = 0;
+  static cudaError_t current(DeviceFacts& facts) {
+    static int majors[64] = {};
+    if (cudaError_t err = cudaGetDevice(&facts.device); err != cudaSuccess) return err;
+    int* cached = facts.device < 64 ? &majors[facts.device] : nullptr;
+    if (cached != nullptr && *cached != 0) {
+      facts.major = *cached;
+      return cudaSuccess;
+    }
+    cudaError_t err = cudaDeviceGetAttribute(&facts.major, cudaDevAttrComputeCapabilityMajor, facts.device);
+    if (err == cudaSuccess && cached != nullptr) *cached = facts.major;
+    return err;
+  }
+};
+
+// Lets per_item_kernel<Kern> use more than 48 KiB of dynamic shared memory on the current device
+// (a function attribute is per device; set once per instantiation and device).
 template <class Kern>
 cudaError_t allow_shared_memory() {
   if (Kern::kSmemBytes <= 48 * 1024) return cudaSuccess;
-  static bool raised = false;
-  if (!raised) {
+  static uint64_t raised = 0;  // bit d: set on device d (< 64)
+  int device = 0;
+  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
+  if (bit == 0 || !(raised & bit)) {
     cudaError_t err = cudaFuncSetAttribute(per_item_kernel<Kern>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            int(Kern::kSmemBytes));
     if (err != cudaSuccess) return err;
-    raised = true;
+    raised |= bit;
   }
   return cudaSuccess;
 }

@@ -62,10 +62,8 @@ cudaError_t launch_split(const typename State::Params& p, int batch, int num_gro
   per_item_kernel<Records><<<dim3(num_groups, batch), Records::kThreads, Records::kSmemBytes, stream>>>(p);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
 
-  int device = 0, major = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  if (cudaError_t err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device); err != cudaSuccess)
-    return err;
+  DeviceFacts facts;
+  if (cudaError_t err = DeviceFacts::current(facts); err != cudaSuccess) return err;
   cudaLaunchAttribute overlap[1];
   overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap[0].val.programmaticStreamSerializationAllowed = 1;
@@ -75,7 +73,7 @@ cudaError_t launch_split(const typename State::Params& p, int batch, int num_gro
   config.dynamicSmemBytes = State::kSmemBytes;
   config.stream = stream;
   config.attrs = overlap;
-  config.numAttrs = major >= 9 ? 1 : 0;
+  config.numAttrs = facts.major >= 9 ? 1 : 0;  // programmatic dependent launch: sm_90+
   return cudaLaunchKernelEx(&config, per_item_kernel<State>, p);
 }
 
