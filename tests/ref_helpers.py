@@ -15,20 +15,20 @@ def randn(gen: torch.Generator, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=gen, dtype=F64)
 
 
-def long_random_schedule(fam, gen: torch.Generator, L: int, run_schedule) -> None:
-    """240 tokens of random flushes, verifies and commits on one sequence of family `fam`
-    (a test Family: state(), sequence(), conv, tokens): every kind of event must occur."""
+def _schedule(
+    fam, gen: torch.Generator, run_schedule, steps: int, *, L: int, T: int | None = None, **odds
+) -> dict:
+    """run_schedule's stats for `steps` tokens on a fresh sequence (window L, drafts T) of family
+    `fam` (a test Family: state(), sequence(), conv, tokens), with run_schedule's p_* `odds`."""
     state = fam.state()
-    stats = run_schedule(
-        fam.sequence(state, L=L),
-        state,
-        fam.conv,
-        fam.tokens,
-        gen,
-        240,
-        p_flush=min(0.03, 0.5 / L),
-        p_spec=0.6,
-    )
+    seq = fam.sequence(state, L=L) if T is None else fam.sequence(state, L=L, T=T)
+    return run_schedule(seq, state, fam.conv, fam.tokens, gen, steps, **odds)
+
+
+def long_random_schedule(fam, gen: torch.Generator, L: int, run_schedule) -> None:
+    """240 tokens of random flushes, verifies and commits on one sequence of family `fam`:
+    every kind of event must occur."""
+    stats = _schedule(fam, gen, run_schedule, 240, L=L, p_flush=min(0.03, 0.5 / L), p_spec=0.6)
     assert stats["tokens"] >= 200 and stats["window"] > 0 and stats["explicit"] > 0
     assert stats["chain"] > 0 and stats["tree"] > 0 and stats["accepted"] > 0
     assert stats["early"] > 0 or L > 4
@@ -37,27 +37,13 @@ def long_random_schedule(fam, gen: torch.Generator, L: int, run_schedule) -> Non
 def spec_only_schedule(fam, gen: torch.Generator, L: int, run_schedule) -> None:
     """Speculative steps only (no plain steps, no explicit flushes): the ring must still flush
     early when verified drafts would overflow it."""
-    state = fam.state()
-    stats = run_schedule(
-        fam.sequence(state, L=L),
-        state,
-        fam.conv,
-        fam.tokens,
-        gen,
-        100,
-        p_flush=0.0,
-        p_spec=1.0,
-        p_tree=0.3,
-    )
+    stats = _schedule(fam, gen, run_schedule, 100, L=L, p_flush=0.0, p_spec=1.0, p_tree=0.3)
     assert stats["early"] > 0 and stats["steps"] == 0
 
 
 def full_head_schedule(fam, gen: torch.Generator, run_schedule) -> None:
     """A short speculative schedule (L = 4, T = 3) at a model's full head count."""
-    state = fam.state()
-    stats = run_schedule(
-        fam.sequence(state, L=4, T=3), state, fam.conv, fam.tokens, gen, 10, p_spec=0.4
-    )
+    stats = _schedule(fam, gen, run_schedule, 10, L=4, T=3, p_spec=0.4)
     assert stats["window"] + stats["early"] + stats["explicit"] > 0
 
 
