@@ -116,23 +116,32 @@ GDN_FLAGS = frozenset({"qk_l2norm", "gates_in_kernel", "sr"})
 STATE_DIMS: dict[str, tuple[str, str]] = {"mamba2": ("p", "n"), "gdn": ("v", "k")}
 
 
+def lanes_per_row(rows_per_warp: int, cols: int, state_bytes: int) -> int:
+    """Lanes that share a state row in a tile with `rows_per_warp` rows per warp: the fewest of
+    8 and 16 (at most one per 16-byte chunk) that split a warp's rows into whole passes, else
+    one per chunk up to 32. Mirrors lanes_per_row() in templates/common/replay.cuh."""
+    vecs = cols // (16 // state_bytes)
+    for lanes in (8, 16):
+        if lanes <= vecs and rows_per_warp % (32 // lanes) == 0:
+            return lanes
+    return min(32, vecs)
+
+
 def rows_tilings(
     rows: int,
     cols: int,
     state_bytes: int,
     *,
     warp_options: tuple[int, ...] = (4, 8, 2, 1),
-    max_passes: int = 16,
+    max_chunks: int = 16,
 ) -> list[tuple[int, int]]:
     """(rows_per_cta, warps) pairs for a [rows, cols] state per head, largest first.
 
-    A lane holds 16-byte chunks of a state row, so a warp covers 32 / lanes_per_row rows per
-    pass; splitting the rows across CTAs buys parallelism at small batch. `max_passes` bounds
-    the state registers per lane (passes x 16 bytes).
+    A lane holds 16-byte chunks of a state row (lanes_per_row lanes share a row), so a warp
+    covers 32 / lanes_per_row rows per pass; splitting the rows across CTAs buys parallelism at
+    small batch. `max_chunks` bounds the state registers per lane (chunks x 16 bytes).
     """
     vec = 16 // state_bytes
-    lanes_per_row = min(32, cols // vec)
-    rows_per_pass = 32 // lanes_per_row
     tilings = []
     for split in (1, 2, 4, 8):
         if rows % split:
@@ -140,11 +149,11 @@ def rows_tilings(
         per_cta = rows // split
         for warps in warp_options:
             per_warp = per_cta // warps if per_cta % warps == 0 else 0
-            if (
-                per_warp
-                and per_warp % rows_per_pass == 0
-                and per_warp // rows_per_pass <= max_passes
-            ):
+            if not per_warp:
+                continue
+            rows_per_pass = 32 // lanes_per_row(per_warp, cols, state_bytes)
+            chunks = per_warp * cols // (32 * vec)
+            if per_warp % rows_per_pass == 0 and chunks <= max_chunks:
                 tilings.append((per_cta, warps))
                 break
     return tilings

@@ -54,10 +54,8 @@ MAX_LANE_VALUES = 96
 
 def lane_values(rows_per_cta: int, warps: int, cols: int, state_bytes: int) -> int:
     """State values each lane holds for a (rows_per_cta, warps) tile of a [*, cols] state."""
-    vec = 16 // state_bytes
-    lanes_per_row = min(32, cols // vec)
-    rows_per_pass = 32 // lanes_per_row
-    return rows_per_cta // warps // rows_per_pass * cols // lanes_per_row
+    del state_bytes  # a lane holds its share of the tile whatever the lane layout
+    return rows_per_cta * cols // (warps * 32)
 
 
 def choose_rows_per_cta(

@@ -10,16 +10,30 @@ namespace replayssm {
 // Cursor words per slot: records held, flush epoch (keys SR noise), CTA arrivals, spare.
 constexpr int kCursorWords = 4;
 
-// A CTA's ROWS rows of a per-head [*, COLS] state, held in registers: each lane holds 16-byte
-// chunks, a warp covers kRowsPerPass rows per pass and kPasses passes.
-template <typename state_t, int COLS, int ROWS, int WARPS>
+// Lanes that share a state row: one per 16-byte chunk up to 32 (WIDE), else the fewest of 8 and
+// 16 that split a warp's rows into whole passes (falling back to WIDE). Narrow rows mean shorter
+// shuffle reductions and fewer passes, while each load instruction still covers whole 128-byte
+// lines of a row; wide rows keep fewer values (of q, B, k) per lane. Mirrored by spec.lanes_per_row.
+template <int COLS_VECS, int ROWS_PER_WARP, bool WIDE>
+constexpr int lanes_per_row() {
+  if (!WIDE)
+    for (int lanes = 8; lanes < 32; lanes *= 2)
+      if (lanes <= COLS_VECS && ROWS_PER_WARP % (32 / lanes) == 0) return lanes;
+  return COLS_VECS < 32 ? COLS_VECS : 32;
+}
+
+// A CTA's ROWS rows of a per-head [*, COLS] state, held in registers: kLanesPerRow lanes share a
+// row, each holding kChunksPerLane 16-byte chunks; a warp covers kRowsPerPass rows per pass and
+// kPasses passes. A lane's rows are consecutive (pass-major), so per-row vectors in shared memory
+// can be read a few rows at a time.
+template <typename state_t, int COLS, int ROWS, int WARPS, bool WIDE>
 struct RowTiling {
   static constexpr int kThreads = WARPS * 32;
   static constexpr int kVec = 16 / sizeof(state_t);
-  static constexpr int kLanesPerRow = (COLS / kVec) < 32 ? (COLS / kVec) : 32;
+  static constexpr int kRowsPerWarp = ROWS / WARPS;
+  static constexpr int kLanesPerRow = lanes_per_row<COLS / kVec, kRowsPerWarp, WIDE>();
   static constexpr int kChunksPerLane = COLS / (kVec * kLanesPerRow);
   static constexpr int kRowsPerPass = 32 / kLanesPerRow;
-  static constexpr int kRowsPerWarp = ROWS / WARPS;
   static constexpr int kPasses = kRowsPerWarp / kRowsPerPass;
   static_assert(COLS % kVec == 0 && (kLanesPerRow & (kLanesPerRow - 1)) == 0, "state rows must tile 16-byte chunks");
   static_assert(ROWS % WARPS == 0 && kRowsPerWarp % kRowsPerPass == 0, "bad row tiling");
@@ -27,7 +41,7 @@ struct RowTiling {
   using Regs = Vec16<state_t>[kPasses][kChunksPerLane];
 
   static __device__ __forceinline__ int row(int pass) {  // CTA-local row of this lane in a pass
-    return (threadIdx.x / 32) * kRowsPerWarp + pass * kRowsPerPass + (threadIdx.x % 32) / kLanesPerRow;
+    return (threadIdx.x / 32) * kRowsPerWarp + ((threadIdx.x % 32) / kLanesPerRow) * kPasses + pass;
   }
   static __device__ __forceinline__ int col(int chunk) {
     return (chunk * kLanesPerRow + (threadIdx.x % 32) % kLanesPerRow) * kVec;
@@ -46,9 +60,29 @@ struct RowTiling {
   template <typename T>
   static __device__ __forceinline__ void slice(const T* v, float (&out)[kChunksPerLane][kVec]) {
     #pragma unroll
-    for (int c = 0; c < kChunksPerLane; ++c)
+    for (int c = 0; c < kChunksPerLane; ++c) chunk(v, c, out[c]);
+  }
+  // Chunk c of that slice.
+  template <typename T>
+  static __device__ __forceinline__ void chunk(const T* v, int c, float (&out)[kVec]) {
+    #pragma unroll
+    for (int e = 0; e < kVec; ++e) out[e] = to_float(v[col(c) + e]);
+  }
+
+  // This lane's rows' entries of a length-ROWS vector in shared memory (16-byte aligned when
+  // FP32): its rows are consecutive, so FP32 ones load four at a time.
+  template <typename T>
+  static __device__ __forceinline__ void row_values(const T* v, float (&out)[kPasses]) {
+    if constexpr (sizeof(T) == 4 && kPasses % 4 == 0) {
       #pragma unroll
-      for (int e = 0; e < kVec; ++e) out[c][e] = to_float(v[col(c) + e]);
+      for (int i = 0; i < kPasses; i += 4) {
+        const float4 f = *reinterpret_cast<const float4*>(v + row(i));
+        out[i] = f.x, out[i + 1] = f.y, out[i + 2] = f.z, out[i + 3] = f.w;
+      }
+    } else {
+      #pragma unroll
+      for (int i = 0; i < kPasses; ++i) out[i] = to_float(v[row(i)]);
+    }
   }
 };
 

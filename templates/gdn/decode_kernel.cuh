@@ -66,7 +66,8 @@ template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename a
           bool REPLAY, bool L2NORM, bool GATES_IN_KERNEL, bool SR>
 struct Kernel {
   using Params = gdn::Params<act_t, state_t>;
-  using Tile = RowTiling<state_t, K, ROWS, WARPS>;
+  // Conventional: wide rows (fewest values per lane, 93-96% of the copy ceiling on the H200).
+  using Tile = RowTiling<state_t, K, ROWS, WARPS, !REPLAY>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = V / ROWS;
   static constexpr int kRecords = REPLAY ? CAP : 1;
@@ -100,29 +101,38 @@ struct Kernel {
                                                      const float* pred, const float* osum, const float* u,
                                                      const REC* k) {
     const REC* k_j = k + held * K;
-    float q_reg[Tile::kChunksPerLane][Tile::kVec], k_reg[Tile::kChunksPerLane][Tile::kVec];
-    Tile::slice(q, q_reg);
-    Tile::slice(k_j, k_reg);
     const float total = sc.total, beta = sc.beta, rk_j = sc.rk_j, rq = sc.rq, coef_q_cur = sc.coef_q_cur;
     const int records = held + 1;
     float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
     float u_j[Tile::kPasses], o[Tile::kPasses];
-    #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i) {
-      const int r = Tile::row(i);
-      float sk = 0.f, sq = 0.f;
+    {
+      float q_reg[Tile::kChunksPerLane][Tile::kVec], k_reg[Tile::kChunksPerLane][Tile::kVec];
+      Tile::slice(q, q_reg);
+      Tile::slice(k_j, k_reg);
+      // The rows' record sums, read a few rows at a time where a lane has few rows.
+      constexpr bool kFewRows = Tile::kPasses <= 4;
+      float pred_r[kFewRows ? Tile::kPasses : 1], osum_r[kFewRows ? Tile::kPasses : 1];
+      if constexpr (kFewRows) {
+        Tile::row_values(pred, pred_r);
+        Tile::row_values(osum, osum_r);
+      }
       #pragma unroll
-      for (int c = 0; c < Tile::kChunksPerLane; ++c)
+      for (int i = 0; i < Tile::kPasses; ++i) {
+        const int r = Tile::row(i);
+        float sk = 0.f, sq = 0.f;
         #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) {
-          s[i][c][e] = s_raw[i][c].get(e);
-          sk = fmaf(s[i][c][e], k_reg[c][e], sk);
-          sq = fmaf(s[i][c][e], q_reg[c][e], sq);
-        }
-      sk = group_sum<Tile::kLanesPerRow>(sk) * rk_j;
-      sq = group_sum<Tile::kLanesPerRow>(sq) * rq;
-      u_j[i] = beta * (to_float(v[r]) - (total * sk + pred[r]));
-      o[i] = total * sq + osum[r] + coef_q_cur * u_j[i];
+        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          #pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) {
+            s[i][c][e] = s_raw[i][c].get(e);
+            sk = fmaf(s[i][c][e], k_reg[c][e], sk);
+            sq = fmaf(s[i][c][e], q_reg[c][e], sq);
+          }
+        sk = group_sum<Tile::kLanesPerRow>(sk) * rk_j;
+        sq = group_sum<Tile::kLanesPerRow>(sq) * rq;
+        u_j[i] = beta * (to_float(v[r]) - (total * sk + (kFewRows ? pred_r[kFewRows ? i : 0] : pred[r])));
+        o[i] = total * sq + (kFewRows ? osum_r[kFewRows ? i : 0] : osum[r]) + coef_q_cur * u_j[i];
+      }
     }
     if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs
       #pragma unroll
@@ -132,17 +142,32 @@ struct Kernel {
           #pragma unroll
           for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= total;
       for (int m = 0; m < records; ++m) {
-        float k_m[Tile::kChunksPerLane][Tile::kVec];
-        Tile::slice(k + m * K, k_m);
-        #pragma unroll
-        for (int i = 0; i < Tile::kPasses; ++i) {
-          const float w = m == held ? rk_j * u_j[i] : u[m * ROWS + Tile::row(i)];
-          #pragma unroll
-          for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        // A record's weights for this lane's rows: held in registers only when the lane has few rows.
+        constexpr bool kHoldWeights = Tile::kPasses <= 4;
+        float w[kHoldWeights ? Tile::kPasses : 1];
+        if constexpr (kHoldWeights) {
+          if (m == held) {
             #pragma unroll
-            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w, k_m[c][e], s[i][c][e]);
+            for (int i = 0; i < Tile::kPasses; ++i) w[i] = rk_j * u_j[i];
+          } else {
+            Tile::row_values(u + m * ROWS, w);
+          }
+        }
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c) {  // one chunk of k_m live at a time
+          float k_c[Tile::kVec];
+          Tile::chunk(k + m * K, c, k_c);
+          #pragma unroll
+          for (int i = 0; i < Tile::kPasses; ++i) {
+            const float w_i = kHoldWeights ? w[kHoldWeights ? i : 0]
+                                           : (m == held ? rk_j * u_j[i] : u[m * ROWS + Tile::row(i)]);
+            #pragma unroll
+            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w_i, k_c[e], s[i][c][e]);
+          }
         }
       }
+      float q_reg[Tile::kChunksPerLane][Tile::kVec];
+      Tile::slice(q, q_reg);
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
