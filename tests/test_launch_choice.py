@@ -32,14 +32,17 @@ def test_replay_kernel_heuristic():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
     rows, flags = tiling.choose_launch(spec, 256, 128, CPU, replay=True)
     assert flags & tiling.FLAG_SPLIT and rows == 64
-    assert flags & tiling.FLAG_SPECULATIVE_RECORDS
+    # 2048 records CTAs on 132 SMs: only the held ring rows are read
+    assert not flags & tiling.FLAG_SPECULATIVE_RECORDS
     assert tiling.choose_replay_kernel(spec, 256, 128, CPU) == "split"
-    # batch 8: 1024 (row, head) pairs, still split, whole heads per state CTA
+    # batch 8: 1024 (row, head) pairs, still split, whole heads per state CTA; 64 records CTAs
     rows, flags = tiling.choose_launch(spec, 8, 128, CPU, replay=True)
     assert flags & tiling.FLAG_SPLIT and rows == 64
-    # one sequence (128 pairs on 132 SMs): the per-item kernel
+    assert flags & tiling.FLAG_SPECULATIVE_RECORDS
+    # one sequence (128 pairs on 132 SMs): the per-item kernel, speculative
     rows, flags = tiling.choose_launch(spec, 1, 128, CPU, replay=True)
     assert not flags & tiling.FLAG_SPLIT
+    assert flags & tiling.FLAG_SPECULATIVE_RECORDS
     # the conventional step is never split; GDN splits too
     assert not tiling.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_SPLIT
     qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
@@ -99,7 +102,15 @@ def test_split_workspace_size():
     assert mamba2_ops.split_workspace_floats(spec, 3, 128) == 3 * (128 * (64 + 1 + 18) + 4)
 
 
-def test_speculative_flag_override(monkeypatch):
+def test_speculative_flag_threshold_and_override(monkeypatch):
+    limit = tiling.SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * 132
+    spec_split = tiling.FLAG_SPLIT | tiling.FLAG_SPECULATIVE_RECORDS
+    assert tiling.launch_flags(kernel="split", records_ctas=limit - 1, sms=132) == spec_split
+    assert tiling.launch_flags(kernel="split", records_ctas=limit, sms=132) == tiling.FLAG_SPLIT
+    big = tiling.launch_flags(kernel="per-item", records_ctas=10 * limit, sms=132)
+    assert big == tiling.FLAG_SPECULATIVE_RECORDS
+    monkeypatch.setenv(tiling.SPECULATIVE_ENV, "1")
+    assert tiling.launch_flags(kernel="split", records_ctas=limit, sms=132) == spec_split
     monkeypatch.setenv(tiling.SPECULATIVE_ENV, "0")
     assert tiling.launch_flags(kernel="split") == tiling.FLAG_SPLIT
     monkeypatch.setenv(tiling.SPECULATIVE_ENV, "yes")

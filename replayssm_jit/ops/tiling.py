@@ -92,19 +92,27 @@ REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
 REPLAY_KERNELS = ("split", "per-item")
 
 
-def launch_flags(*, kernel: str = "per-item") -> int:
-    """Kernel launch flags. Speculative ring loads: issue them before the cursor is read (one
-    dependent round trip less for more ring bytes). On the H200 that was faster at every batch
-    for the per-item kernel, and for the split kernel at batches 1 and 8; at batch 256 the split
-    kernel ran as fast or faster without them in 6 of 7 same-tile pairs (super120b 321.5 against
-    327.4 us), which the default does not follow yet.
-    REPLAYSSM_SPECULATIVE_RECORDS=0 turns it off. `kernel`: which ReplaySSM kernel runs the
-    step (one of REPLAY_KERNELS)."""
+# Records CTAs per SM from which the split kernel reads only the held ring rows (after the
+# cursor) instead of every ring row speculatively: once its grid covers the chip a few times, the
+# unneeded rows cost DRAM bandwidth rather than saving a round trip.
+SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM = 2
+
+
+def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 132) -> int:
+    """Kernel launch flags. `kernel`: which ReplaySSM kernel runs the step (one of
+    REPLAY_KERNELS). Speculative ring loads issue every ring row's loads before the cursor is
+    read (one dependent round trip less for more ring bytes): always for the per-item kernel
+    (faster at every batch on the H200), and for the split kernel below
+    SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM records CTAs (`records_ctas`) per SM (`sms`).
+    REPLAYSSM_SPECULATIVE_RECORDS=0 or 1 forces them off or on."""
     forced = os.environ.get(SPECULATIVE_ENV)
     if forced and forced not in ("0", "1"):
         raise ValueError(f"{SPECULATIVE_ENV}: expected '0' or '1', got {forced!r}")
-    flags = 0 if forced == "0" else FLAG_SPECULATIVE_RECORDS
-    return flags | (FLAG_SPLIT if kernel == "split" else 0)
+    if forced:
+        speculative = forced == "1"
+    else:
+        speculative = kernel != "split" or records_ctas < SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * sms
+    return (FLAG_SPECULATIVE_RECORDS if speculative else 0) | (FLAG_SPLIT if kernel == "split" else 0)
 
 
 def rows_env(family: str) -> str:
@@ -158,4 +166,5 @@ def choose_launch(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
         cols=spec.dim(col_dim), state_bytes=DTYPE_BYTES[spec.state_dtype],
     )  # fmt: skip
-    return tile, launch_flags(kernel=kernel)
+    records_ctas = batch * (num_heads // split_records_heads(spec))
+    return tile, launch_flags(kernel=kernel, records_ctas=records_ctas, sms=sm_count(device))
