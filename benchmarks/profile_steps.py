@@ -29,7 +29,11 @@ BENCHES = {"mamba2": bench_mamba2, "gdn": bench_gdn}
 
 def kernel_label(name: str) -> str:
     """'records', 'state' or 'per-item' from a demangled kernel name."""
-    for pattern, label in (("::Records<", "records"), ("::State<", "state"), ("::Kernel<", "per-item")):
+    for pattern, label in (
+        ("::Records<", "records"),
+        ("::State<", "state"),
+        ("::Kernel<", "per-item"),
+    ):
         if pattern in name:
             return label
     return re.sub(r"[<(].*", "", name)[:40]
@@ -56,7 +60,7 @@ def profile_calls(calls, prepare) -> tuple[dict[str, float], float]:
     return dict(per_label), start.elapsed_time(end) * 1e3 / len(calls)
 
 
-def make_profiler(window: int, held: int, results: list, config: dict):
+def make_profiler(window: int, held: int, results: list, config: dict, single: bool):
     def decode_timings(cache, window_, step, conv, replay, sets, args, kernels=()):
         def at_held(h):
             return lambda: cache.cursors[:, 0].fill_(h)
@@ -66,6 +70,12 @@ def make_profiler(window: int, held: int, results: list, config: dict):
             f"nonflush@held{held}": ([step(replay, s) for s in sets], at_held(held)),
             "flush": ([step(replay, s) for s in sets], at_held(window - 1)),
         }
+        if single:  # one step per phase, nothing timed (for a kernel profiler such as ncu)
+            for calls, prepare in phases.values():
+                prepare()
+                calls[0]()
+            torch.cuda.synchronize()
+            return {}
         for phase, (calls, prepare) in phases.items():
             kernels_us, step_us = profile_calls(calls, prepare)
             row = {**config, "phase": phase, "step_us": step_us, "kernels_us": kernels_us,
@@ -87,6 +97,7 @@ def main(argv=None) -> int:
     p.add_argument("--held", type=int, default=None)
     p.add_argument("--states", default="f32")
     p.add_argument("--min-pool-bytes", type=float, default=1.0e9)
+    p.add_argument("--single", action="store_true", help="one untimed step per phase (for ncu)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     held = args.window // 2 if args.held is None else args.held
@@ -95,7 +106,7 @@ def main(argv=None) -> int:
     for shape in args.shapes.split(","):
         for state in args.states.split(","):
             config = dict(shape=shape, batch=args.batch, window=args.window, state=state)
-            bench.decode_timings = make_profiler(args.window, held, results, config)
+            bench.decode_timings = make_profiler(args.window, held, results, config, args.single)
             bench_args = argparse.Namespace(min_pool_bytes=args.min_pool_bytes, reps=1, rounds=1)
             kernels = ("conventional", "cycle")
             bench.bench_config(shape, args.batch, args.window, state, bench_args, kernels=kernels)
