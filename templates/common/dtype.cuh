@@ -53,6 +53,31 @@ __device__ __forceinline__ void load_as_float(const T* __restrict__ src, float (
   }
 }
 
+// COUNT consecutive T (naturally aligned to their total size) as floats: vector loads where the
+// total is a whole number of 32-bit words, else one at a time.
+template <typename T, int COUNT>
+__device__ __forceinline__ void load_floats(const T* src, float (&dst)[COUNT]) {
+  if constexpr ((COUNT * sizeof(T)) % 4 == 0) {
+    load_as_float<T, COUNT>(src, dst);
+  } else {
+    #pragma unroll
+    for (int i = 0; i < COUNT; ++i) dst[i] = to_float(src[i]);
+  }
+}
+
+// COUNT floats to naturally aligned dst (16-byte stores when COUNT is 4).
+template <int COUNT>
+__device__ __forceinline__ void store_floats(float* dst, const float (&v)[COUNT]) {
+  if constexpr (COUNT == 4) {
+    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+  } else if constexpr (COUNT == 2) {
+    *reinterpret_cast<float2*>(dst) = make_float2(v[0], v[1]);
+  } else {
+    #pragma unroll
+    for (int i = 0; i < COUNT; ++i) dst[i] = v[i];
+  }
+}
+
 // 16 bytes of raw storage and its FP32 view.
 template <typename T> struct Vec16 {
   static constexpr int kCount = 16 / sizeof(T);

@@ -1,5 +1,6 @@
 // Building blocks shared by the ReplaySSM decode kernels (Mamba-2, GDN).
 #pragma once
+#include <type_traits>
 #include "common/dtype.cuh"
 #include "common/pipeline.cuh"
 #include "common/reduce.cuh"
@@ -155,6 +156,51 @@ __device__ __forceinline__ void copy_rows_async(T* dst, int64_t dst_head, int64_
   }
 }
 
+// copy_rows_async for a fixed HEADS x ROWS_MAX tile of which rows 0..count-1 of each head are
+// copied: every index is split by compile-time constants (a ring copy runs once per records CTA,
+// where run-time divisions by `count` cost more than the copies).
+template <typename T, int LEN, int HEADS, int ROWS_MAX, int THREADS>
+__device__ __forceinline__ void copy_tile_async(T* dst, int64_t dst_head, int64_t dst_row, const T* src,
+                                                int64_t src_head, int64_t src_row, int count) {
+  constexpr int kBytes = row_vector_bytes<T, LEN>();
+  constexpr int kPerRow = LEN * int(sizeof(T)) / kBytes;
+  constexpr int kTotal = HEADS * ROWS_MAX * kPerRow;
+  #pragma unroll 4
+  for (int idx = threadIdx.x; idx < kTotal; idx += THREADS) {
+    const int part = idx % kPerRow, i = idx / kPerRow % ROWS_MAX, h = idx / (kPerRow * ROWS_MAX);
+    if (i >= count) continue;
+    const char* from = reinterpret_cast<const char*>(src + h * src_head + i * src_row) + part * kBytes;
+    char* to = reinterpret_cast<char*>(dst + h * dst_head + i * dst_row) + part * kBytes;
+    if constexpr (kBytes >= 4) {
+      pipe::copy_async<kBytes>(to, from);
+    } else {
+      *reinterpret_cast<T*>(to) = *reinterpret_cast<const T*>(from);
+    }
+  }
+}
+
+// Stores HEADS rows of LEN elements of T from shared memory (src + h * src_head) to global
+// memory (dst + h * dst_head), in the widest vectors that divide a row.
+template <typename T, int LEN, int HEADS, int THREADS>
+__device__ __forceinline__ void store_rows(T* dst, int64_t dst_head, const T* src, int64_t src_head) {
+  constexpr int kBytes = row_vector_bytes<T, LEN>();
+  constexpr int kPerRow = LEN * int(sizeof(T)) / kBytes;
+  using Raw = typename RawVec<kBytes>::type;
+  for (int idx = threadIdx.x; idx < HEADS * kPerRow; idx += THREADS) {
+    const int h = idx / kPerRow, part = idx % kPerRow;
+    reinterpret_cast<Raw*>(dst + h * dst_head)[part] = reinterpret_cast<const Raw*>(src + h * src_head)[part];
+  }
+}
+
+// Largest power-of-two count of consecutive elements (<= 4) a thread takes of rows of LEN, so
+// that COUNT elements spread over at most about THREADS threads.
+template <int LEN, int COUNT, int THREADS>
+constexpr int elements_per_thread() {
+  int vec = 1;
+  while (vec < 4 && LEN % (2 * vec) == 0 && COUNT / vec > THREADS) vec *= 2;
+  return vec;
+}
+
 // A token's records: the held ones from a ring (rows 0..held-1) and this token's from the inputs
 // (row `held`). With `speculative`, the ring loads are issued before the cursor is read (all
 // CAP-1 rows: more bytes, one dependent round trip less; worth it when latency dominates).
@@ -233,8 +279,19 @@ __device__ __forceinline__ void store_chunk(state_t* dst, const float (&v)[VEC],
 
 // Grid of (heads x row splits, batch) CTAs, one per item, for a kernel struct Kern with Params,
 // Smem, kThreads, kSplits and run(params, smem).
+// CTAs per SM a kernel struct asks the register allocator to allow (Kern::kMinBlocks; 0, no
+// request, otherwise: an explicit 1 changes the allocation).
+template <class Kern, class = void>
+struct MinBlocks {
+  static constexpr int value = 0;
+};
 template <class Kern>
-__global__ void __launch_bounds__(Kern::kThreads) per_item_kernel(const typename Kern::Params p) {
+struct MinBlocks<Kern, std::void_t<decltype(Kern::kMinBlocks)>> {
+  static constexpr int value = Kern::kMinBlocks;
+};
+
+template <class Kern>
+__global__ void __launch_bounds__(Kern::kThreads, MinBlocks<Kern>::value) per_item_kernel(const typename Kern::Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Kern::run(p, *reinterpret_cast<typename Kern::Smem*>(smem_raw));
 }

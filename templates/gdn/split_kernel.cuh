@@ -31,20 +31,23 @@ struct Records {
     alignas(16) act_t k_cur[K];
     alignas(16) act_t q[K];
     float g[VPH][CAP], decay[VPH][CAP];  // log-decays (ring, then this token's at [held]); dec_i
-    float kk[CAP], kq[CAP], k2[CAP];     // k_i . k_j, k_i . q_j, |k_i|^2 (raw)
+    float kk[CAP], kq[CAP], rk[CAP];     // k_i . k_j, k_i . q_j (raw), 1/|k_i| (1 without L2 norm)
     float q2, g_cur[VPH], total[VPH], beta[VPH];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
+  // As many resident CTAs as shared memory allows (at most 8 of 256 threads): the kernel is a
+  // latency chain per CTA, so resident CTAs set its speed.
+  static constexpr int kMinBlocks = int((227 * 1024) / (kSmemBytes + 1024)) < 8 ? int((227 * 1024) / (kSmemBytes + 1024)) : 8;
 
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int khead, int count) {
     const int vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
-    copy_rows_async<float, V, kThreads>(&sm.u[0][0][0], kRing * V, V,
-                                        p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * V, CAP * V, V, VPH,
-                                        count);
-    copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K, 0,
-                                        K, 1, count);
-    copy_rows_async<float, 1, kThreads>(&sm.g[0][0], CAP, 1, p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * CAP,
-                                        CAP, 1, VPH, count);
+    copy_tile_async<float, V, VPH, kRing, kThreads>(&sm.u[0][0][0], kRing * V, V,
+                                                    p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * V, CAP * V,
+                                                    V, count);
+    copy_tile_async<act_t, K, 1, kRing, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
+                                                  0, K, count);
+    copy_tile_async<float, 1, VPH, kRing, kThreads>(&sm.g[0][0], CAP, 1,
+                                                    p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * CAP, CAP, 1, count);
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
@@ -59,22 +62,24 @@ struct Records {
     copy_rows_async<act_t, K, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0,
                                         0, 1, 1);
     if (p.speculative) copy_ring(p, sm, slot, khead, kRing);
-    if (threadIdx.x < VPH) {  // apart from sm.g, which the ring copies may still be filling
-      float g, beta;
-      token_gates<GATES_IN_KERNEL>(p, row, vhead0 + threadIdx.x, g, beta);
-      sm.g_cur[threadIdx.x] = g;
-      sm.beta[threadIdx.x] = beta;
-    }
 
     const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
     const int held = cursor[0], epoch = cursor[1];
     const int records = held + 1;
     const bool flush = records >= L;
     if (!p.speculative) copy_ring(p, sm, slot, khead, held);
+    // This token's gates once the ring copies are under way (their loads then add no round trip),
+    // apart from sm.g, which the ring copies may still be filling.
+    if (threadIdx.x < VPH) {
+      float g, beta;
+      token_gates<GATES_IN_KERNEL>(p, row, vhead0 + threadIdx.x, g, beta);
+      sm.g_cur[threadIdx.x] = g;
+      sm.beta[threadIdx.x] = beta;
+    }
     pipe::wait_copies();
     __syncthreads();
 
-    // Dots of each k_i with k_j and q_j, |k_i|^2 and |q|^2 (a warp per record); decays (a warp
+    // Dots of each k_i with k_j and q_j, 1/|k_i| and |q|^2 (a warp per record); decays (a warp
     // per value head). The per-item kernel's arithmetic, in its order.
     for (int i = warp; i <= records; i += kWarps) {
       const act_t* a = i < held ? sm.k[i] : (i == held ? sm.k_cur : sm.q);
@@ -92,7 +97,7 @@ struct Records {
         if (i < records) {
           sm.kk[i] = kk;
           sm.kq[i] = kq;
-          sm.k2[i] = aa;
+          sm.rk[i] = L2NORM ? rsqrtf(aa + kNormEps) : 1.f;
         } else {
           sm.q2 = aa;
         }
@@ -106,21 +111,32 @@ struct Records {
     }
     __syncthreads();
 
+    // Per-row sums, kVec consecutive rows of one value head per thread: each record's two
+    // weights are formed once per thread (the per-item kernel's products).
     const Workspace ws{p.workspace, p.batch, p.num_v_heads};
-    const float rk_j = L2NORM ? rsqrtf(sm.k2[held] + kNormEps) : 1.f;
+    const float rk_j = sm.rk[held];
     const float rq = (L2NORM ? rsqrtf(sm.q2 + kNormEps) : 1.f) * p.scale;
-    for (int e = threadIdx.x; e < VPH * V; e += kThreads) {
+    constexpr int kVec = elements_per_thread<V, VPH * V, kThreads>();
+    for (int e = threadIdx.x * kVec; e < VPH * V; e += kThreads * kVec) {
       const int h = e / V, r = e % V;
-      float pred = 0.f, osum = 0.f;
+      float pred[kVec], osum[kVec];
+      #pragma unroll
+      for (int v = 0; v < kVec; ++v) pred[v] = osum[v] = 0.f;
       for (int i = 0; i < held; ++i) {
-        const float rk_i = L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f;
-        const float u = sm.u[h][i][r];
-        pred = fmaf(sm.decay[h][i] * sm.kk[i] * rk_i * rk_j, u, pred);
-        osum = fmaf(sm.decay[h][i] * sm.kq[i] * rk_i * rq, u, osum);
+        const float rk_i = sm.rk[i];
+        const float w_pred = sm.decay[h][i] * sm.kk[i] * rk_i * rk_j;
+        const float w_osum = sm.decay[h][i] * sm.kq[i] * rk_i * rq;
+        float u[kVec];
+        load_floats<float, kVec>(&sm.u[h][i][r], u);
+        #pragma unroll
+        for (int v = 0; v < kVec; ++v) {
+          pred[v] = fmaf(w_pred, u[v], pred[v]);
+          osum[v] = fmaf(w_osum, u[v], osum[v]);
+        }
       }
       float* extra = ws.extra(row, vhead0 + h);
-      extra[r] = pred;
-      extra[V + r] = osum;
+      store_floats<kVec>(extra + r, pred);
+      store_floats<kVec>(extra + V + r, osum);
     }
     if (threadIdx.x < VPH) {
       float* sc = ws.scalars(row, vhead0 + threadIdx.x);
@@ -131,14 +147,13 @@ struct Records {
       sc[4] = sm.kq[held] * rk_j * rq;  // dec_j = 1
     }
     if (flush) {  // weights of the held u_i in the fold: dec_i / |k_i|
-      for (int e = threadIdx.x; e < VPH * held; e += kThreads) {
-        const int h = e / held, i = e % held;
-        ws.coef(row, vhead0 + h)[i] = sm.decay[h][i] * (L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f);
+      for (int e = threadIdx.x; e < VPH * CAP; e += kThreads) {
+        const int h = e / CAP, i = e % CAP;
+        if (i < held) ws.coef(row, vhead0 + h)[i] = sm.decay[h][i] * sm.rk[i];
       }
     } else {  // append g_j and raw k_j at ring row `held` (u_j: the state kernel)
       if (threadIdx.x < VPH) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held] = sm.g_cur[threadIdx.x];
-      act_t* k_out = p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K;
-      for (int c = threadIdx.x; c < K; c += kThreads) k_out[c] = sm.k_cur[c];
+      store_rows<act_t, K, 1, kThreads>(p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K, 0, sm.k_cur, 0);
     }
     if (khead == 0 && threadIdx.x == 0) {  // the state kernel advances the cursor from this
       int32_t* info = ws.info(row);

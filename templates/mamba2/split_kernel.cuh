@@ -36,16 +36,23 @@ struct Records {
     float A[HPG], D[HPG], dt_cur[HPG], total[HPG];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
+  // As many resident CTAs as shared memory allows (at most 8 of 256 threads): the kernel is a
+  // latency chain per CTA, so resident CTAs set its speed.
+  static constexpr int kMinBlocks = int((227 * 1024) / (kSmemBytes + 1024)) < 8 ? int((227 * 1024) / (kSmemBytes + 1024)) : 8;
 
-  static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int head0, int group, int count) {
+  // The ring's first `count` rows; a flush (with_rows false) needs only their dt, for the decays.
+  static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int head0, int group, int count,
+                                                   bool with_rows) {
     const int num_groups = p.num_heads / HPG;
-    copy_rows_async<act_t, P, kThreads>(&sm.x[0][0][0], kRing * P, P,
-                                        p.rec_x + (int64_t(slot) * p.num_heads + head0) * CAP * P, CAP * P, P, HPG,
-                                        count);
-    copy_rows_async<act_t, N, kThreads>(&sm.b[0][0], 0, N, p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N, 0,
-                                        N, 1, count);
-    copy_rows_async<float, 1, kThreads>(&sm.dt[0][0], CAP, 1, p.rec_dt + (int64_t(slot) * p.num_heads + head0) * CAP,
-                                        CAP, 1, HPG, count);
+    if (with_rows) {
+      copy_tile_async<act_t, P, HPG, kRing, kThreads>(&sm.x[0][0][0], kRing * P, P,
+                                                      p.rec_x + (int64_t(slot) * p.num_heads + head0) * CAP * P,
+                                                      CAP * P, P, count);
+      copy_tile_async<act_t, N, 1, kRing, kThreads>(&sm.b[0][0], 0, N,
+                                                    p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N, 0, N, count);
+    }
+    copy_tile_async<float, 1, HPG, kRing, kThreads>(&sm.dt[0][0], CAP, 1,
+                                                    p.rec_dt + (int64_t(slot) * p.num_heads + head0) * CAP, CAP, 1, count);
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
@@ -64,20 +71,21 @@ struct Records {
                                         0, 0, 1, 1);
     copy_rows_async<float, 1, kThreads>(sm.A, 0, 1, p.A + head0, 0, 1, 1, HPG);
     if constexpr (HAS_D) copy_rows_async<float, 1, kThreads>(sm.D, 0, 1, p.D + head0, 0, 1, 1, HPG);
-    if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing);
-    // apart from sm.dt, which the ring copies may still be filling
-    if (threadIdx.x < HPG) sm.dt_cur[threadIdx.x] = token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head0 + threadIdx.x);
+    if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing, true);
 
     const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
     const int held = cursor[0], epoch = cursor[1];
     const int records = held + 1;
     const bool flush = records >= L;
-    if (!p.speculative) copy_ring(p, sm, slot, head0, group, held);
+    if (!p.speculative) copy_ring(p, sm, slot, head0, group, held, !flush);
+    // This token's dt once the ring copies are under way (its loads then add no round trip), apart
+    // from sm.dt, which the ring copies may still be filling.
+    if (threadIdx.x < HPG) sm.dt_cur[threadIdx.x] = token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head0 + threadIdx.x);
     pipe::wait_copies();
     __syncthreads();
 
-    // B_i . q (a warp per record) and each head's decays (a warp per head).
-    for (int i = warp; i < records; i += kWarps) {
+    // B_i . q (a warp per record; not needed by a flush) and each head's decays (a warp per head).
+    for (int i = warp; i < (flush ? 0 : records); i += kWarps) {
       const act_t* b = i == held ? sm.b_cur : sm.b[i];
       float acc = 0.f;
       for (int k = lane; k < N; k += 32) acc = fmaf(to_float(b[k]), to_float(sm.q[k]), acc);
@@ -96,26 +104,41 @@ struct Records {
     }
     __syncthreads();
 
+    // Per-row sums, kVec consecutive rows of one head per thread: each record's weight
+    // a(i+1:j) dt_i (B_i . q) is formed once per thread (the per-item kernel's product).
     const Workspace ws{p.workspace, p.batch, p.num_heads};
-    for (int e = threadIdx.x; e < HPG * P; e += kThreads) {
+    constexpr int kVec = elements_per_thread<P, HPG * P, kThreads>();
+    for (int e = threadIdx.x * kVec; e < HPG * P; e += kThreads * kVec) {
       const int h = e / P, r = e % P;
-      float extra = HAS_D ? sm.D[h] * to_float(sm.x_cur[h][r]) : 0.f;
+      float x_cur[kVec], extra[kVec];
+      load_floats<act_t, kVec>(&sm.x_cur[h][r], x_cur);
+      #pragma unroll
+      for (int v = 0; v < kVec; ++v) extra[v] = HAS_D ? sm.D[h] * x_cur[v] : 0.f;
       if (!flush) {
-        for (int i = 0; i < held; ++i) extra = fmaf(sm.coef[h][i] * sm.dot[i], to_float(sm.x[h][i][r]), extra);
-        extra = fmaf(sm.coef[h][held] * sm.dot[held], to_float(sm.x_cur[h][r]), extra);
+        for (int i = 0; i < held; ++i) {
+          const float w = sm.coef[h][i] * sm.dot[i];
+          float x[kVec];
+          load_floats<act_t, kVec>(&sm.x[h][i][r], x);
+          #pragma unroll
+          for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x[v], extra[v]);
+        }
+        const float w = sm.coef[h][held] * sm.dot[held];
+        #pragma unroll
+        for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x_cur[v], extra[v]);
       }
-      ws.extra(row, head0)[e] = extra;  // a group's heads are adjacent rows of the workspace
+      store_floats<kVec>(ws.extra(row, head0) + e, extra);  // a group's heads are adjacent rows of the workspace
     }
     if (threadIdx.x < HPG) *ws.scalars(row, head0 + threadIdx.x) = sm.total[threadIdx.x];
     if (flush) {
-      for (int e = threadIdx.x; e < HPG * records; e += kThreads)
-        ws.coef(row, head0 + e / records)[e % records] = sm.coef[e / records][e % records];
+      for (int e = threadIdx.x; e < HPG * CAP; e += kThreads) {
+        const int h = e / CAP, i = e % CAP;
+        if (i < records) ws.coef(row, head0 + h)[i] = sm.coef[h][i];
+      }
     } else {  // append this token's record at ring row `held` (copied as stored)
-      for (int e = threadIdx.x; e < HPG * P; e += kThreads)
-        p.rec_x[((int64_t(slot) * p.num_heads + head0 + e / P) * CAP + held) * P + e % P] = sm.x_cur[e / P][e % P];
+      store_rows<act_t, P, HPG, kThreads>(p.rec_x + ((int64_t(slot) * p.num_heads + head0) * CAP + held) * P, CAP * P,
+                                          &sm.x_cur[0][0], P);
       if (threadIdx.x < HPG) p.rec_dt[(int64_t(slot) * p.num_heads + head0 + threadIdx.x) * CAP + held] = sm.dt_cur[threadIdx.x];
-      act_t* rb = p.rec_b + ((int64_t(slot) * num_groups + group) * CAP + held) * N;
-      for (int k = threadIdx.x; k < N; k += kThreads) rb[k] = sm.b_cur[k];
+      store_rows<act_t, N, 1, kThreads>(p.rec_b + ((int64_t(slot) * num_groups + group) * CAP + held) * N, 0, sm.b_cur, 0);
     }
     if (group == 0 && threadIdx.x == 0) {  // the state kernel advances the cursor from this
       int32_t* info = ws.info(row);
