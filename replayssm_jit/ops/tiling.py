@@ -111,8 +111,12 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
     if forced:
         speculative = forced == "1"
     else:
-        speculative = kernel != "split" or records_ctas < SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * sms
-    return (FLAG_SPECULATIVE_RECORDS if speculative else 0) | (FLAG_SPLIT if kernel == "split" else 0)
+        speculative = (
+            kernel != "split" or records_ctas < SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * sms
+        )
+    return (FLAG_SPECULATIVE_RECORDS if speculative else 0) | (
+        FLAG_SPLIT if kernel == "split" else 0
+    )
 
 
 def rows_env(family: str) -> str:
