@@ -199,3 +199,44 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
     for spec, size in zip(specs, compiled, strict=True):
         bound = split_records_shared_bytes(spec)
         assert size <= bound <= size + 256, (spec.uri, size, bound)
+
+
+@pytest.mark.nvcc
+def test_lane_layout_matches_the_python_mirror(tmp_path):
+    """spec.lanes_per_row (which decides the compiled tilings) matches RowTiling's lanes per row,
+    narrow (ReplaySSM) and wide (conventional), for every tiling of the model and test shapes."""
+    import subprocess
+
+    import tvm_ffi.libinfo
+
+    from replayssm_jit.jit.build import template_root
+    from replayssm_jit.spec import DTYPE_BYTES, lanes_per_row, rows_tilings
+
+    shapes = [(64, 128), (80, 128), (128, 128), (64, 64), (24, 64)]  # [rows, cols] per head
+    cases, lines = [], []
+    for rows, cols in shapes:
+        for state, cpp in (("f32", "float"), ("bf16", "__nv_bfloat16")):
+            size = DTYPE_BYTES[state]
+            for tile, warps in rows_tilings(rows, cols, size):
+                narrow = lanes_per_row(tile // warps, cols, size)
+                wide = min(32, cols // (16 // size))
+                cases.append((narrow, wide))
+                for flag in ("false", "true"):
+                    lines.append(
+                        f'  std::printf("%d\\n", RowTiling<{cpp}, {cols}, {tile}, {warps}, {flag}>::kLanesPerRow);'
+                    )
+    source = tmp_path / "lanes.cu"
+    source.write_text(
+        '#include <cstdio>\n#include "common/replay.cuh"\nusing namespace replayssm;\n'
+        "int main() {\n" + "\n".join(lines) + "\n}\n"
+    )
+    exe = tmp_path / "lanes"
+    subprocess.run(
+        ["nvcc", "-std=c++17", "--expt-relaxed-constexpr", f"-I{template_root()}",
+         f"-I{tvm_ffi.libinfo.find_include_path()}", str(source), "-o", str(exe)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    compiled = [int(x) for x in out]
+    assert compiled == [lanes for case in cases for lanes in case]
+    assert any(narrow < wide for narrow, wide in cases), "narrow rows must differ somewhere"

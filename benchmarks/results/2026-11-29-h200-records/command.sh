@@ -1,0 +1,111 @@
+# ---- call R (.device/call_r.sh) ----
+#!/usr/bin/env bash
+# Call R: A (93097a7, last session's final kernels) against B (narrow state rows) side by side at
+# batch 256, per-kernel profiles of both, then B's full GPU suite.
+D=$(cd "$(dirname "$0")" && pwd)
+export PYTHONUNBUFFERED=1
+for v in A B; do
+  s=$D/snap; a=$D/aot.tar.xz; [ $v = B ] && s=$D/snapB && a=$D/aotB.tar.xz
+  rm -rf /tmp/aot$v && mkdir -p /tmp/aot$v && tar xJf $a -C /tmp/aot$v --strip-components=1
+  cp $D/snapB/benchmarks/profile_steps.py $s/benchmarks/ 2>/dev/null
+done
+R=$OUT/run; mkdir -p $R
+run() {  # run VARIANT NAME TIMEOUT what [ENV=...]
+  v=$1; n=$2; t=$3; w=$4; shift 4
+  s=$D/snap; [ $v = B ] && s=$D/snapB
+  (cd $s && env "$@" DEVICE_DIR=$D REPLAYSSM_AOT_DIR=/tmp/aot$v REPLAYSSM_GIT_COMMIT=$(cd $s && cat .commit) OUT=$R/$v-$n \
+     timeout $t bash benchmarks/h200_run.sh $w > $R/$v-$n.out 2>&1)
+  grep -E "\('(super|nano|qwen)" $R/$v-$n.out | sed "s/^/$v-$n /" | cut -c1-330
+}
+M="--reps 10 --batches 256 --windows 16 --window-sweep 16 --states f32 --shapes super120b,nano4b"
+G="--reps 10 --no-fla --batches 256 --windows 16 --window-sweep 16 --states f32 --shapes qwen4b,qwen122b"
+for v in A B; do
+  run $v m2 70 bench-mamba2 BENCH_ARGS="$M"
+  run $v m2ns 50 bench-mamba2 BENCH_ARGS="$M" REPLAYSSM_SPECULATIVE_RECORDS=0
+  run $v gdn 70 bench-gdn GDN_BENCH_ARGS="$G"
+  run $v gdnns 50 bench-gdn GDN_BENCH_ARGS="$G" REPLAYSSM_SPECULATIVE_RECORDS=0
+done
+run B m2tile 70 bench-mamba2 BENCH_ARGS="--reps 10 --batches none --window-sweep 16 --states f32 --shapes super120b --tiling-sweep super120b:256:16:f32,nano4b:256:16:f32"
+run B gdntile 70 bench-gdn GDN_BENCH_ARGS="--reps 10 --no-fla --batches none --window-sweep 16 --states f32 --shapes qwen4b --tiling-sweep qwen4b:256:16:f32,qwen122b:256:16:f32"
+source $D/prelude.sh
+for v in A B; do
+  s=$D/snap; [ $v = B ] && s=$D/snapB
+  for f in mamba2:super120b,nano4b gdn:qwen4b,qwen122b; do
+    (cd $s && PYTHONPATH=$s REPLAYSSM_AOT_DIR=/tmp/aot$v timeout 40 python3 benchmarks/profile_steps.py --family ${f%%:*} --shapes ${f#*:} --out $R/prof$v) 2>&1 | grep -E "step|Error" | sed "s/^/$v /" | cut -c1-250
+  done
+done
+run B tests 240 tests PYTEST_ARGS="--maxfail=5 --durations=3"
+tail -4 $R/B-tests.out
+cd $OUT && tar czf run.tgz run && rm -rf run
+
+# ---- call S (.device/call_s.sh) ----
+#!/usr/bin/env bash
+# Call S: per-kernel times of the split step (torch.profiler, then ncu on one step per phase).
+D=$(cd "$(dirname "$0")" && pwd); S=$D/snapS
+export PYTHONUNBUFFERED=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1 REPLAYSSM_CACHE_DIR=/tmp/rc REPLAYSSM_AOT_DIR=/tmp/aotB
+[ -d /tmp/aotB ] || { mkdir -p /tmp/aotB && tar xJf $D/aotB.tar.xz -C /tmp/aotB --strip-components=1; }
+source $D/prelude.sh
+export PYTHONPATH=$S:$PYTHONPATH
+R=$OUT/run; mkdir -p $R; cd $S
+for f in mamba2:super120b,nano4b gdn:qwen4b,qwen122b; do
+  timeout 60 python3 benchmarks/profile_steps.py --family ${f%%:*} --shapes ${f#*:} --out $R 2>&1 | grep -E "step|Error" | cut -c1-250
+done
+for f in mamba2:super120b gdn:qwen122b; do
+  timeout 150 ncu --clock-control none -k regex:per_item_kernel --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats python3 benchmarks/profile_steps.py --single --family ${f%%:*} --shapes ${f#*:} --out $R/ncu > $R/ncu-${f%%:*}.txt 2>&1
+  grep -E "per_item_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Waves Per|Stall|Warp Cycles Per Issued" $R/ncu-${f%%:*}.txt | sed -E 's/void replayssm::per_item_kernel<replayssm::([a-z0-9]+)::([A-Za-z]+)<([^>]{0,60}).*/== \1 \2 <\3/' | cut -c1-150
+done
+cd $OUT && tar czf run.tgz run && rm -rf run
+
+# ---- call T (.device/call_t.sh) ----
+#!/usr/bin/env bash
+# Call T: C (faster split records kernels) at batch 256 against call R's B, per-kernel profile
+# and ncu of the records kernels, then C's full GPU suite.
+D=$(cd "$(dirname "$0")" && pwd); S=$D/snapC
+export PYTHONUNBUFFERED=1
+rm -rf /tmp/aotC && mkdir -p /tmp/aotC && tar xJf $D/aotC.tar.xz -C /tmp/aotC --strip-components=1
+R=$OUT/run; mkdir -p $R
+run() {  # run NAME TIMEOUT what [ENV=...]
+  n=$1; t=$2; w=$3; shift 3
+  (cd $S && env "$@" DEVICE_DIR=$D REPLAYSSM_AOT_DIR=/tmp/aotC REPLAYSSM_GIT_COMMIT=$(cat $S/.commit) OUT=$R/$n \
+     timeout $t bash benchmarks/h200_run.sh $w > $R/$n.out 2>&1)
+  grep -E "\('(super|nano|qwen)|passed|failed|Error" $R/$n.out | sed "s/^/$n /" | cut -c1-330
+}
+run quick 90 tests PYTEST_ARGS="tests/test_mamba2_gpu.py tests/test_gdn_gpu.py -k split_ --maxfail=3"
+run m2 70 bench-mamba2 BENCH_ARGS="--reps 10 --batches 256 --windows 16 --window-sweep 16 --states f32 --shapes super120b,nano4b"
+run gdn 70 bench-gdn GDN_BENCH_ARGS="--reps 10 --no-fla --batches 256 --windows 16 --window-sweep 16 --states f32 --shapes qwen4b,qwen122b"
+source $D/prelude.sh
+export PYTHONPATH=$S:$PYTHONPATH TVM_FFI_DISABLE_TORCH_C_DLPACK=1 REPLAYSSM_CACHE_DIR=/tmp/rc REPLAYSSM_AOT_DIR=/tmp/aotC
+cd $S
+for f in mamba2:super120b,nano4b gdn:qwen4b,qwen122b; do
+  timeout 60 python3 benchmarks/profile_steps.py --family ${f%%:*} --shapes ${f#*:} --out $R 2>&1 | grep -E "step|Error" | cut -c1-250
+done
+for f in mamba2:super120b gdn:qwen4b gdn:qwen122b; do
+  timeout 100 ncu --clock-control none -k regex:Records --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats python3 benchmarks/profile_steps.py --single --family ${f%%:*} --shapes ${f#*:} --out $R/ncu > $R/ncu-${f#*:}.txt 2>&1
+  grep -E "Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Block Limit (Reg|Shared)|Warp Cycles Per Issued" $R/ncu-${f#*:}.txt | sed "s/^/${f#*:} /" | cut -c1-120
+done
+cd $D
+run tests 240 tests PYTEST_ARGS="--maxfail=5 --durations=3"
+tail -3 $R/tests.out
+cd $OUT && tar czf run.tgz run && rm -rf run
+
+# ---- call U (.device/call_u.sh) ----
+#!/usr/bin/env bash
+# Call U: final side-by-side benchmarks on C: Mamba-2 with FlashInfer's peers, GDN with fla.
+D=$(cd "$(dirname "$0")" && pwd); S=$D/snapC
+export PYTHONUNBUFFERED=1
+[ -d /tmp/aotC ] || { mkdir -p /tmp/aotC && tar xJf $D/aotC.tar.xz -C /tmp/aotC --strip-components=1; }
+R=$OUT/run; mkdir -p $R
+cd $S
+export DEVICE_DIR=$D REPLAYSSM_AOT_DIR=/tmp/aotC REPLAYSSM_GIT_COMMIT=$(cat $S/.commit)
+PEER_ARGS="--small-batches 1,8 --big-batches 256,64 --rounds 2 --reps 20 --no-copy" OUT=$R timeout 170 bash benchmarks/h200_run.sh peers > $R/peers.out 2>&1
+grep -E "amortized|selective_state_update\[|autotune pass" $R/peers.out | tail -24 | cut -c1-200
+BENCH_ARGS="--reps 8 --batches 1,8,64,256,512 --windows 16 --window-sweep 4,8,32 --states f32,bf16 --shapes super120b,nano4b" \
+  OUT=$R/m2 timeout 190 bash benchmarks/h200_run.sh bench-mamba2 > $R/m2.out 2>&1
+grep -E "copy|\('(super|nano)" $R/m2.out | cut -c1-220
+GDN_BENCH_ARGS="--reps 8 --shapes qwen4b,qwen122b --batches 1,8,64,256,512 --windows 16 --window-sweep 4,8,32 --states f32,bf16" \
+  OUT=$R/gdn timeout 190 bash benchmarks/h200_run.sh bench-gdn > $R/gdn.out 2>&1
+grep -E "\('qwen" $R/gdn.out | cut -c1-220
+cd $OUT && tar czf run.tgz run && rm -rf run
+
