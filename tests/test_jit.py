@@ -149,15 +149,32 @@ def test_aot_cli_takes_a_list_of_specs(capsys):
         aot_main(["--spec", "mamba2:headdim", "--list"])
 
 
-@pytest.mark.nvcc
-def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
-    """spec.split_records_shared_bytes (the launch choice's fit check) is an upper bound on the
-    records kernels' compiled shared memory, and a tight one."""
+def _run_nvcc_program(tmp_path, name: str, body: str) -> list[int]:
+    """Compile a host program (templates on the include path) with nvcc, run it, and return the
+    integers it prints."""
     import subprocess
 
     import tvm_ffi.libinfo
 
     from replayssm_jit.jit.build import template_root
+
+    source = tmp_path / f"{name}.cu"
+    source.write_text(body)
+    exe = tmp_path / name
+    subprocess.run(
+        ["nvcc", "-std=c++17", "--expt-relaxed-constexpr", f"-I{template_root()}",
+         f"-I{tvm_ffi.libinfo.find_include_path()}", str(source), "-o", str(exe)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return [int(x) for x in out.split()]
+
+
+@pytest.mark.nvcc
+def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
+    """spec.split_records_shared_bytes (the launch choice's fit check) is an upper bound on the
+    records kernels' compiled shared memory, and a tight one."""
+
     from replayssm_jit.spec import CPP_TYPES, split_records_shared_bytes
 
     specs = [
@@ -179,23 +196,12 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
             dims = f"{s.dim('k')}, {s.dim('v')}, {s.dim('vph')}, {s.window}, {cap}, {act}, float, true, true"
             kern = f"gdn::Records<{dims}>"
         lines.append(f'  std::printf("%zu\\n", {kern}::kSmemBytes);')
-    source = tmp_path / "sizes.cu"
-    source.write_text(
+    compiled = _run_nvcc_program(
+        tmp_path,
+        "sizes",
         '#include <cstdio>\n#include "mamba2/split_kernel.cuh"\n#include "gdn/split_kernel.cuh"\n'
-        "using namespace replayssm;\nint main() {\n" + "\n".join(lines) + "\n}\n"
+        "using namespace replayssm;\nint main() {\n" + "\n".join(lines) + "\n}\n",
     )
-    exe = tmp_path / "sizes"
-    subprocess.run(
-        ["nvcc", "-std=c++17", "--expt-relaxed-constexpr", f"-I{template_root()}",
-         f"-I{tvm_ffi.libinfo.find_include_path()}", str(source), "-o", str(exe)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    compiled = [
-        int(x)
-        for x in subprocess.run(
-            [str(exe)], check=True, capture_output=True, text=True
-        ).stdout.split()
-    ]
     for spec, size in zip(specs, compiled, strict=True):
         bound = split_records_shared_bytes(spec)
         assert size <= bound <= size + 256, (spec.uri, size, bound)
@@ -205,11 +211,7 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
 def test_lane_layout_matches_the_python_mirror(tmp_path):
     """spec.lanes_per_row (which decides the compiled tilings) matches RowTiling's lanes per row,
     narrow (ReplaySSM) and wide (conventional), for every tiling of the model and test shapes."""
-    import subprocess
 
-    import tvm_ffi.libinfo
-
-    from replayssm_jit.jit.build import template_root
     from replayssm_jit.spec import DTYPE_BYTES, lanes_per_row, rows_tilings
 
     shapes = [(64, 128), (80, 128), (128, 128), (64, 64), (24, 64)]  # [rows, cols] per head
@@ -225,18 +227,11 @@ def test_lane_layout_matches_the_python_mirror(tmp_path):
                     lines.append(
                         f'  std::printf("%d\\n", RowTiling<{cpp}, {cols}, {tile}, {warps}, {flag}>::kLanesPerRow);'
                     )
-    source = tmp_path / "lanes.cu"
-    source.write_text(
+    compiled = _run_nvcc_program(
+        tmp_path,
+        "lanes",
         '#include <cstdio>\n#include "common/replay.cuh"\nusing namespace replayssm;\n'
-        "int main() {\n" + "\n".join(lines) + "\n}\n"
+        "int main() {\n" + "\n".join(lines) + "\n}\n",
     )
-    exe = tmp_path / "lanes"
-    subprocess.run(
-        ["nvcc", "-std=c++17", "--expt-relaxed-constexpr", f"-I{template_root()}",
-         f"-I{tvm_ffi.libinfo.find_include_path()}", str(source), "-o", str(exe)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
-    compiled = [int(x) for x in out]
     assert compiled == [lanes for case in cases for lanes in case]
     assert any(narrow < wide for narrow, wide in cases), "narrow rows must differ somewhere"
