@@ -39,23 +39,6 @@ struct SplitWorkspace {
   }
 };
 
-// Visits `held` ring rows STAGE at a time, in order: body(first, count) per stage. Each stage after
-// the first is copied in by copy(first, count) once every thread is done with the one before (the
-// caller has issued the first stage's copies and waited for them).
-template <int STAGE, class Copy, class Body>
-__device__ __forceinline__ void for_each_stage(int held, Copy&& copy, Body&& body) {
-  for (int first = 0; first < held; first += STAGE) {
-    const int count = held - first < STAGE ? held - first : STAGE;
-    if (first > 0) {
-      __syncthreads();
-      copy(first, count);
-      pipe::wait_copies();
-      __syncthreads();
-    }
-    body(first, count);
-  }
-}
-
 // Programmatic dependent launch (sm_90; no-ops elsewhere and when launched without the attribute).
 __device__ __forceinline__ void wait_for_prior_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

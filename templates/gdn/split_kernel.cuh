@@ -135,27 +135,32 @@ struct Records {
     for (int it = 0; it < kIters; ++it)
       #pragma unroll
       for (int v = 0; v < kVec; ++v) pred[it][v] = osum[it][v] = 0.f;
-    for_each_stage<kStage>(
-        held, [&](int first, int count) { copy_u_stage(p, sm, slot, vhead0, first, count); },
-        [&](int first, int count) {
+    for (int first = 0; first < held; first += kStage) {
+      const int count = held - first < kStage ? held - first : kStage;
+      if (first > 0) {  // the next stage, once every thread is done with this one
+        __syncthreads();
+        copy_u_stage(p, sm, slot, vhead0, first, count);
+        pipe::wait_copies();
+        __syncthreads();
+      }
+      #pragma unroll
+      for (int it = 0; it < kIters; ++it) {
+        const int e = (it * kThreads + threadIdx.x) * kVec, h = e / V, r = e % V;
+        if (e >= VPH * V) continue;
+        for (int i = 0; i < count; ++i) {
+          const float rk_i = sm.rk[first + i];
+          const float w_pred = sm.decay[h][first + i] * sm.kk[first + i] * rk_i * rk_j;
+          const float w_osum = sm.decay[h][first + i] * sm.kq[first + i] * rk_i * rq;
+          float u[kVec];
+          load_floats<float, kVec>(&sm.u[h][i][r], u);
           #pragma unroll
-          for (int it = 0; it < kIters; ++it) {
-            const int e = (it * kThreads + threadIdx.x) * kVec, h = e / V, r = e % V;
-            if (e >= VPH * V) continue;
-            for (int i = 0; i < count; ++i) {
-              const float rk_i = sm.rk[first + i];
-              const float w_pred = sm.decay[h][first + i] * sm.kk[first + i] * rk_i * rk_j;
-              const float w_osum = sm.decay[h][first + i] * sm.kq[first + i] * rk_i * rq;
-              float u[kVec];
-              load_floats<float, kVec>(&sm.u[h][i][r], u);
-              #pragma unroll
-              for (int v = 0; v < kVec; ++v) {
-                pred[it][v] = fmaf(w_pred, u[v], pred[it][v]);
-                osum[it][v] = fmaf(w_osum, u[v], osum[it][v]);
-              }
-            }
+          for (int v = 0; v < kVec; ++v) {
+            pred[it][v] = fmaf(w_pred, u[v], pred[it][v]);
+            osum[it][v] = fmaf(w_osum, u[v], osum[it][v]);
           }
-        });
+        }
+      }
+    }
     #pragma unroll
     for (int it = 0; it < kIters; ++it) {
       const int e = (it * kThreads + threadIdx.x) * kVec, h = e / V, r = e % V;

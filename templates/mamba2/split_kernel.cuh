@@ -132,22 +132,27 @@ struct Records {
       }
     }
     if (!flush) {
-      for_each_stage<kStage>(
-          held, [&](int first, int count) { copy_x_stage(p, sm, slot, head0, first, count); },
-          [&](int first, int count) {
+      for (int first = 0; first < held; first += kStage) {
+        const int count = held - first < kStage ? held - first : kStage;
+        if (first > 0) {  // the next stage, once every thread is done with this one
+          __syncthreads();
+          copy_x_stage(p, sm, slot, head0, first, count);
+          pipe::wait_copies();
+          __syncthreads();
+        }
+        #pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+          const int e = (it * kThreads + threadIdx.x) * kVec, h = e / P, r = e % P;
+          if (e >= HPG * P) continue;
+          for (int i = 0; i < count; ++i) {
+            const float w = sm.coef[h][first + i] * sm.dot[first + i];
+            float x[kVec];
+            load_floats<act_t, kVec>(&sm.x[h][i][r], x);
             #pragma unroll
-            for (int it = 0; it < kIters; ++it) {
-              const int e = (it * kThreads + threadIdx.x) * kVec, h = e / P, r = e % P;
-              if (e >= HPG * P) continue;
-              for (int i = 0; i < count; ++i) {
-                const float w = sm.coef[h][first + i] * sm.dot[first + i];
-                float x[kVec];
-                load_floats<act_t, kVec>(&sm.x[h][i][r], x);
-                #pragma unroll
-                for (int v = 0; v < kVec; ++v) extra[it][v] = fmaf(w, x[v], extra[it][v]);
-              }
-            }
-          });
+            for (int v = 0; v < kVec; ++v) extra[it][v] = fmaf(w, x[v], extra[it][v]);
+          }
+        }
+      }
     }
     #pragma unroll
     for (int it = 0; it < kIters; ++it) {
