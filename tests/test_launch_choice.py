@@ -75,17 +75,13 @@ def test_split_kernel_forced(monkeypatch):
 
 
 def test_split_needs_the_records_in_shared_memory(monkeypatch):
-    # one group of 256 heads of headdim 256: this token's x and one staged ring row of x
-    # (bf16) alone are 256 KiB
-    wide = mamba2_spec(headdim=256, dstate=128, heads_per_group=256, window=16)
+    # one group of 128 heads, L = 16: 128 x 16 x 64 bf16 x records alone are 256 KiB
+    wide = mamba2_spec(headdim=64, dstate=128, heads_per_group=128, window=16)
     assert split_records_shared_bytes(wide) > MAX_CTA_SHARED_BYTES
-    assert not tiling.choose_launch(wide, 256, 256, CPU, replay=True)[1] & tiling.FLAG_SPLIT
+    assert not tiling.choose_launch(wide, 256, 128, CPU, replay=True)[1] & tiling.FLAG_SPLIT
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "split")
-    with pytest.raises(ValueError, match=r"'split' needs .* got 256 heads and \d+ bytes"):
-        tiling.choose_launch(wide, 256, 256, CPU, replay=True)
-    # x rows are staged a few at a time: 128 heads of headdim 64 fit since they are
-    staged = mamba2_spec(headdim=64, dstate=128, heads_per_group=128, window=16)
-    assert split_records_shared_bytes(staged) <= MAX_CTA_SHARED_BYTES
+    with pytest.raises(ValueError, match=r"'split' needs .* got 128 heads and \d+ bytes"):
+        tiling.choose_launch(wide, 256, 128, CPU, replay=True)
     # more heads per group than the records CTA has threads, however small the ring
     many = mamba2_spec(headdim=16, dstate=16, heads_per_group=512, window=1)
     assert split_records_shared_bytes(many) <= MAX_CTA_SHARED_BYTES
