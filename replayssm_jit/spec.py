@@ -300,28 +300,19 @@ def split_records_heads(spec: KernelSpec) -> int:
     return spec.dim("hpg") if spec.family == "mamba2" else spec.dim("vph")
 
 
-# Bytes of ring rows the records kernels stage at once (x for Mamba-2, u for GDN; Records::kStageRows).
-MAMBA2_RECORDS_STAGE_BYTES = 16384
-GDN_RECORDS_STAGE_BYTES = 16384
-
-
 def split_records_shared_bytes(spec: KernelSpec) -> int:
     """Upper bound on the shared memory of the split kernel's records kernel (Records::Smem in
     templates/*/split_kernel.cuh): the held records, as stored, of every head one CTA serves (a
-    Mamba-2 group's heads, whose x rows it stages a few at a time; a GDN key head's value heads)."""
+    Mamba-2 group's heads, a GDN key head's value heads)."""
     act, cap = DTYPE_BYTES[spec.act_dtype], spec.capacity
     ring = max(cap - 1, 1)
     if spec.family == "mamba2":
         heads, p, n = spec.dim("hpg"), spec.dim("p"), spec.dim("n")
-        stage = max(
-            1, min(ring, MAMBA2_RECORDS_STAGE_BYTES // (heads * p * act))
-        )  # Records::kStage
-        records = heads * (stage + 1) * p * act + (ring + 2) * n * act
+        records = heads * (ring + 1) * p * act + (ring + 2) * n * act
         scalars = 4 * (3 * heads * cap + cap + 4 * heads)
     else:
         heads, k, v = spec.dim("vph"), spec.dim("k"), spec.dim("v")
-        stage = max(1, min(ring, GDN_RECORDS_STAGE_BYTES // (heads * v * 4)))  # Records::kStage
-        records = heads * stage * v * 4 + (ring + 2) * k * act
+        records = heads * ring * v * 4 + (ring + 2) * k * act
         scalars = 4 * (2 * heads * cap + 3 * cap + 1 + 3 * heads)
     return records + scalars + 6 * 16  # 16-byte alignment of the record arrays
 

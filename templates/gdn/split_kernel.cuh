@@ -24,13 +24,9 @@ struct Records {
   using Workspace = gdn::Workspace<V, CAP>;
   static constexpr int kWarps = 8, kThreads = kWarps * 32;
   static constexpr int kRing = CAP > 1 ? CAP - 1 : 1;  // ring rows held before this token, at most
-  // u ring rows staged at once (about 16 KB, spec.GDN_RECORDS_STAGE_BYTES): small enough for 8
-  // resident CTAs per SM, whose latency chains overlap; a slot holding more is read in further stages.
-  static constexpr int kStageRows = 16384 / (VPH * V * 4);
-  static constexpr int kStage = kStageRows < 1 ? 1 : (kStageRows < kRing ? kStageRows : kRing);
 
   struct Smem {
-    alignas(16) float u[VPH][kStage][V];  // u ring rows first .. first + kStage - 1 of the value heads
+    alignas(16) float u[VPH][kRing][V];  // u ring rows of the key head's value heads
     alignas(16) act_t k[kRing][K];       // raw k ring rows
     alignas(16) act_t k_cur[K];
     alignas(16) act_t q[K];
@@ -43,18 +39,11 @@ struct Records {
   // latency chain per CTA, so resident CTAs set its speed.
   static constexpr int kMinBlocks = int((227 * 1024) / (kSmemBytes + 1024)) < 8 ? int((227 * 1024) / (kSmemBytes + 1024)) : 8;
 
-  // u ring rows first .. first + count - 1 (count <= kStage) into the stage.
-  static __device__ __forceinline__ void copy_u_stage(const Params& p, Smem& sm, int slot, int vhead0, int first,
-                                                      int count) {
-    copy_tile_async<float, V, VPH, kStage, kThreads>(&sm.u[0][0][0], kStage * V, V,
-                                                     p.rec_u + ((int64_t(slot) * p.num_v_heads + vhead0) * CAP + first) * V,
-                                                     CAP * V, V, count);
-  }
-
-  // The ring's first `count` rows (u: the first stage of them).
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int khead, int count) {
     const int vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
-    copy_u_stage(p, sm, slot, vhead0, 0, count < kStage ? count : kStage);
+    copy_tile_async<float, V, VPH, kRing, kThreads>(&sm.u[0][0][0], kRing * V, V,
+                                                    p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * V, CAP * V,
+                                                    V, count);
     copy_tile_async<act_t, K, 1, kRing, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
                                                   0, K, count);
     copy_tile_async<float, 1, VPH, kRing, kThreads>(&sm.g[0][0], CAP, 1,
@@ -122,52 +111,32 @@ struct Records {
     }
     __syncthreads();
 
-    // Per-row sums, kVec consecutive rows of one value head per thread (kIters groups of them):
-    // each record's two weights are formed once per thread (the per-item kernel's products), and
-    // the records are summed in order, a stage of u rows at a time.
+    // Per-row sums, kVec consecutive rows of one value head per thread: each record's two
+    // weights are formed once per thread (the per-item kernel's products).
     const Workspace ws{p.workspace, p.batch, p.num_v_heads};
     const float rk_j = sm.rk[held];
     const float rq = (L2NORM ? rsqrtf(sm.q2 + kNormEps) : 1.f) * p.scale;
     constexpr int kVec = elements_per_thread<V, VPH * V, kThreads>();
-    constexpr int kIters = (VPH * V + kThreads * kVec - 1) / (kThreads * kVec);
-    float pred[kIters][kVec], osum[kIters][kVec];
-    #pragma unroll
-    for (int it = 0; it < kIters; ++it)
+    for (int e = threadIdx.x * kVec; e < VPH * V; e += kThreads * kVec) {
+      const int h = e / V, r = e % V;
+      float pred[kVec], osum[kVec];
       #pragma unroll
-      for (int v = 0; v < kVec; ++v) pred[it][v] = osum[it][v] = 0.f;
-    for (int first = 0; first < held; first += kStage) {
-      const int count = held - first < kStage ? held - first : kStage;
-      if (first > 0) {  // the next stage, once every thread is done with this one
-        __syncthreads();
-        copy_u_stage(p, sm, slot, vhead0, first, count);
-        pipe::wait_copies();
-        __syncthreads();
-      }
-      #pragma unroll
-      for (int it = 0; it < kIters; ++it) {
-        const int e = (it * kThreads + threadIdx.x) * kVec, h = e / V, r = e % V;
-        if (e >= VPH * V) continue;
-        for (int i = 0; i < count; ++i) {
-          const float rk_i = sm.rk[first + i];
-          const float w_pred = sm.decay[h][first + i] * sm.kk[first + i] * rk_i * rk_j;
-          const float w_osum = sm.decay[h][first + i] * sm.kq[first + i] * rk_i * rq;
-          float u[kVec];
-          load_floats<float, kVec>(&sm.u[h][i][r], u);
-          #pragma unroll
-          for (int v = 0; v < kVec; ++v) {
-            pred[it][v] = fmaf(w_pred, u[v], pred[it][v]);
-            osum[it][v] = fmaf(w_osum, u[v], osum[it][v]);
-          }
+      for (int v = 0; v < kVec; ++v) pred[v] = osum[v] = 0.f;
+      for (int i = 0; i < held; ++i) {
+        const float rk_i = sm.rk[i];
+        const float w_pred = sm.decay[h][i] * sm.kk[i] * rk_i * rk_j;
+        const float w_osum = sm.decay[h][i] * sm.kq[i] * rk_i * rq;
+        float u[kVec];
+        load_floats<float, kVec>(&sm.u[h][i][r], u);
+        #pragma unroll
+        for (int v = 0; v < kVec; ++v) {
+          pred[v] = fmaf(w_pred, u[v], pred[v]);
+          osum[v] = fmaf(w_osum, u[v], osum[v]);
         }
       }
-    }
-    #pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int e = (it * kThreads + threadIdx.x) * kVec, h = e / V, r = e % V;
-      if (e >= VPH * V) continue;
       float* extra = ws.extra(row, vhead0 + h);
-      store_floats<kVec>(extra + r, pred[it]);
-      store_floats<kVec>(extra + V + r, osum[it]);
+      store_floats<kVec>(extra + r, pred);
+      store_floats<kVec>(extra + V + r, osum);
     }
     if (threadIdx.x < VPH) {
       float* sc = ws.scalars(row, vhead0 + threadIdx.x);

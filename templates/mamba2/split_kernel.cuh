@@ -21,15 +21,11 @@ struct Records {
   using Workspace = SplitWorkspace<P, 1, CAP>;  // scalars: a(1:j)
   static constexpr int kWarps = 8, kThreads = kWarps * 32;
   static constexpr int kRing = CAP > 1 ? CAP - 1 : 1;  // ring rows held before this token, at most
-  // x ring rows staged at once (about 16 KB, spec.MAMBA2_RECORDS_STAGE_BYTES): small enough for 8
-  // resident CTAs per SM, whose latency chains overlap; a slot holding more is read in further stages.
-  static constexpr int kStageRows = 16384 / (HPG * P * int(sizeof(act_t)));
-  static constexpr int kStage = kStageRows < 1 ? 1 : (kStageRows < kRing ? kStageRows : kRing);
 
   // Records as stored (copied asynchronously: no staging registers); this token's apart, so
   // that its copies can start before the cursor says which ring row it is.
   struct Smem {
-    alignas(16) act_t x[HPG][kStage][P];  // ring rows first .. first + kStage - 1
+    alignas(16) act_t x[HPG][kRing][P];
     alignas(16) act_t x_cur[HPG][P];
     alignas(16) act_t b[kRing][N];
     alignas(16) act_t b_cur[N];
@@ -44,21 +40,14 @@ struct Records {
   // latency chain per CTA, so resident CTAs set its speed.
   static constexpr int kMinBlocks = int((227 * 1024) / (kSmemBytes + 1024)) < 8 ? int((227 * 1024) / (kSmemBytes + 1024)) : 8;
 
-  // x ring rows first .. first + count - 1 (count <= kStage) into the stage.
-  static __device__ __forceinline__ void copy_x_stage(const Params& p, Smem& sm, int slot, int head0, int first,
-                                                      int count) {
-    copy_tile_async<act_t, P, HPG, kStage, kThreads>(&sm.x[0][0][0], kStage * P, P,
-                                                     p.rec_x + ((int64_t(slot) * p.num_heads + head0) * CAP + first) * P,
-                                                     CAP * P, P, count);
-  }
-
-  // The ring's first `count` rows (x: the first stage of them); a flush (with_rows false) needs
-  // only their dt, for the decays.
+  // The ring's first `count` rows; a flush (with_rows false) needs only their dt, for the decays.
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int head0, int group, int count,
                                                    bool with_rows) {
     const int num_groups = p.num_heads / HPG;
     if (with_rows) {
-      copy_x_stage(p, sm, slot, head0, 0, count < kStage ? count : kStage);
+      copy_tile_async<act_t, P, HPG, kRing, kThreads>(&sm.x[0][0][0], kRing * P, P,
+                                                      p.rec_x + (int64_t(slot) * p.num_heads + head0) * CAP * P,
+                                                      CAP * P, P, count);
       copy_tile_async<act_t, N, 1, kRing, kThreads>(&sm.b[0][0], 0, N,
                                                     p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N, 0, N, count);
     }
@@ -115,55 +104,29 @@ struct Records {
     }
     __syncthreads();
 
-    // Per-row sums, kVec consecutive rows of one head per thread (kIters groups of them): each
-    // record's weight a(i+1:j) dt_i (B_i . q) is formed once per thread (the per-item kernel's
-    // product), and the records are summed in order, a stage of x rows at a time.
+    // Per-row sums, kVec consecutive rows of one head per thread: each record's weight
+    // a(i+1:j) dt_i (B_i . q) is formed once per thread (the per-item kernel's product).
     const Workspace ws{p.workspace, p.batch, p.num_heads};
     constexpr int kVec = elements_per_thread<P, HPG * P, kThreads>();
-    constexpr int kIters = (HPG * P + kThreads * kVec - 1) / (kThreads * kVec);
-    float x_cur[kIters][kVec], extra[kIters][kVec];
-    #pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int e = (it * kThreads + threadIdx.x) * kVec, h = e / P, r = e % P;
-      if (e < HPG * P) {
-        load_floats<act_t, kVec>(&sm.x_cur[h][r], x_cur[it]);
-        #pragma unroll
-        for (int v = 0; v < kVec; ++v) extra[it][v] = HAS_D ? sm.D[h] * x_cur[it][v] : 0.f;
-      }
-    }
-    if (!flush) {
-      for (int first = 0; first < held; first += kStage) {
-        const int count = held - first < kStage ? held - first : kStage;
-        if (first > 0) {  // the next stage, once every thread is done with this one
-          __syncthreads();
-          copy_x_stage(p, sm, slot, head0, first, count);
-          pipe::wait_copies();
-          __syncthreads();
+    for (int e = threadIdx.x * kVec; e < HPG * P; e += kThreads * kVec) {
+      const int h = e / P, r = e % P;
+      float x_cur[kVec], extra[kVec];
+      load_floats<act_t, kVec>(&sm.x_cur[h][r], x_cur);
+      #pragma unroll
+      for (int v = 0; v < kVec; ++v) extra[v] = HAS_D ? sm.D[h] * x_cur[v] : 0.f;
+      if (!flush) {
+        for (int i = 0; i < held; ++i) {
+          const float w = sm.coef[h][i] * sm.dot[i];
+          float x[kVec];
+          load_floats<act_t, kVec>(&sm.x[h][i][r], x);
+          #pragma unroll
+          for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x[v], extra[v]);
         }
-        #pragma unroll
-        for (int it = 0; it < kIters; ++it) {
-          const int e = (it * kThreads + threadIdx.x) * kVec, h = e / P, r = e % P;
-          if (e >= HPG * P) continue;
-          for (int i = 0; i < count; ++i) {
-            const float w = sm.coef[h][first + i] * sm.dot[first + i];
-            float x[kVec];
-            load_floats<act_t, kVec>(&sm.x[h][i][r], x);
-            #pragma unroll
-            for (int v = 0; v < kVec; ++v) extra[it][v] = fmaf(w, x[v], extra[it][v]);
-          }
-        }
-      }
-    }
-    #pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int e = (it * kThreads + threadIdx.x) * kVec, h = e / P;
-      if (e >= HPG * P) continue;
-      if (!flush) {  // this token's record last
         const float w = sm.coef[h][held] * sm.dot[held];
         #pragma unroll
-        for (int v = 0; v < kVec; ++v) extra[it][v] = fmaf(w, x_cur[it][v], extra[it][v]);
+        for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x_cur[v], extra[v]);
       }
-      store_floats<kVec>(ws.extra(row, head0) + e, extra[it]);  // a group's heads are adjacent rows of the workspace
+      store_floats<kVec>(ws.extra(row, head0) + e, extra);  // a group's heads are adjacent rows of the workspace
     }
     if (threadIdx.x < HPG) *ws.scalars(row, head0 + threadIdx.x) = sm.total[threadIdx.x];
     if (flush) {
