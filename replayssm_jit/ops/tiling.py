@@ -130,7 +130,8 @@ def rows_env(family: str) -> str:
 # (and the streaming kernel since removed) from batch 8 up (super120b FP32 batch 256: 327.4
 # against 466.9 and 436.2 us; qwen4b: 200.8 against 237.1; qwen4b batch 8: 11.5 against 12.5)
 # and loses at batch 1 (super120b, 128 pairs on 132 SMs: 8.1-8.9 against 6.2; qwen4b 6.4
-# against 6.2), for both families and every checkpoint dtype measured.
+# against 6.2), for both families and every checkpoint dtype measured. With narrow rows
+# (2026-11-29-h200-records) the gap at batch 256 stays: super120b 328.6 against 393.0 us.
 SPLIT_MIN_PAIRS_PER_SM = 1
 
 

@@ -109,3 +109,32 @@ GDN_BENCH_ARGS="--reps 8 --shapes qwen4b,qwen122b --batches 1,8,64,256,512 --win
 grep -E "\('qwen" $R/gdn.out | cut -c1-220
 cd $OUT && tar czf run.tgz run && rm -rf run
 
+# ---- call V (.device/call_v.sh) ----
+#!/usr/bin/env bash
+# Call V: D (staged ring rows in the records kernels): split tests, the final side-by-side sweeps
+# (FlashInfer peers, fla), per-kernel profile, then the full GPU suite.
+D=$(cd "$(dirname "$0")" && pwd); S=$D/snapD
+export PYTHONUNBUFFERED=1
+rm -rf /tmp/aotD && mkdir -p /tmp/aotD && tar xJf $D/aotD.tar.xz -C /tmp/aotD --strip-components=1
+R=$OUT/run; mkdir -p $R
+cd $S
+export DEVICE_DIR=$D REPLAYSSM_AOT_DIR=/tmp/aotD REPLAYSSM_GIT_COMMIT=$(cat $S/.commit)
+PYTEST_ARGS="tests/test_mamba2_gpu.py tests/test_gdn_gpu.py -k split_ --maxfail=3" OUT=$R/quick timeout 90 bash benchmarks/h200_run.sh tests > $R/quick.out 2>&1
+tail -1 $R/quick.out
+PEER_ARGS="--small-batches 1,8 --big-batches 256,64 --rounds 2 --reps 20 --no-copy" OUT=$R timeout 170 bash benchmarks/h200_run.sh peers > $R/peers.out 2>&1
+grep -E "tuned amortized" $R/peers.out | cut -c1-120
+BENCH_ARGS="--reps 8 --batches 1,8,64,256,512 --windows 16 --window-sweep 4,8,32 --states f32,bf16 --shapes super120b,nano4b" \
+  OUT=$R/m2 timeout 190 bash benchmarks/h200_run.sh bench-mamba2 > $R/m2.out 2>&1
+grep -E "\('(super|nano)', (1|8|256), 16, 'f32'" $R/m2.out | cut -c1-200
+GDN_BENCH_ARGS="--reps 8 --shapes qwen4b,qwen122b --batches 1,8,64,256,512 --windows 16 --window-sweep 4,8,32 --states f32,bf16" \
+  OUT=$R/gdn timeout 190 bash benchmarks/h200_run.sh bench-gdn > $R/gdn.out 2>&1
+grep -E "\('qwen(4|122)b', (1|8|256), 16, 'f32'" $R/gdn.out | cut -c1-200
+source $D/prelude.sh
+export PYTHONPATH=$S:$PYTHONPATH TVM_FFI_DISABLE_TORCH_C_DLPACK=1 REPLAYSSM_CACHE_DIR=/tmp/rc
+for f in mamba2:super120b,nano4b gdn:qwen4b,qwen122b; do
+  timeout 60 python3 benchmarks/profile_steps.py --family ${f%%:*} --shapes ${f#*:} --out $R 2>&1 | grep -E "held|flush:|Error" | cut -c60-250
+done
+cd $D/snapD
+PYTEST_ARGS="--maxfail=5 --durations=3" OUT=$R/tests timeout 240 bash benchmarks/h200_run.sh tests > $R/tests.out 2>&1
+tail -2 $R/tests.out
+cd $OUT && tar czf run.tgz run && rm -rf run
