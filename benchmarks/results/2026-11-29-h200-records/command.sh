@@ -138,3 +138,22 @@ cd $D/snapD
 PYTEST_ARGS="--maxfail=5 --durations=3" OUT=$R/tests timeout 240 bash benchmarks/h200_run.sh tests > $R/tests.out 2>&1
 tail -2 $R/tests.out
 cd $OUT && tar czf run.tgz run && rm -rf run
+# ---- call W (.device/call_w.sh) ----
+#!/usr/bin/env bash
+# Call W: ncu detail on C's records kernels (where their ~30 us per step go): instruction mix,
+# stall reasons, scheduler statistics, for a non-flush and a flush step at batch 256.
+D=$(cd "$(dirname "$0")" && pwd); S=$D/snapC
+export PYTHONUNBUFFERED=1
+rm -rf /tmp/aotC && mkdir -p /tmp/aotC && tar xJf $D/aotC.tar.xz -C /tmp/aotC --strip-components=1
+source $D/prelude.sh
+export PYTHONPATH=$S:$PYTHONPATH TVM_FFI_DISABLE_TORCH_C_DLPACK=1 REPLAYSSM_CACHE_DIR=/tmp/rc REPLAYSSM_AOT_DIR=/tmp/aotC
+R=$OUT/run; mkdir -p $R; cd $S
+for f in mamba2:super120b gdn:qwen4b; do
+  timeout 200 ncu --clock-control none --kernel-name-base demangled -k regex:Records \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \
+    --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    --metrics smsp__pcsamp_warps_issue_stalled_long_scoreboard,smsp__pcsamp_warps_issue_stalled_barrier,smsp__pcsamp_warps_issue_stalled_short_scoreboard,smsp__pcsamp_warps_issue_stalled_wait,smsp__pcsamp_warps_issue_stalled_math_pipe_throttle,smsp__pcsamp_warps_issue_stalled_lg_throttle,smsp__pcsamp_warps_issue_stalled_mio_throttle,smsp__pcsamp_warps_issue_stalled_selected,smsp__pcsamp_warps_issue_stalled_not_selected,smsp__pcsamp_warps_issue_stalled_membar,smsp__pcsamp_warps_issue_stalled_drain,smsp__pcsamp_warps_issue_stalled_dispatch_stall,smsp__pcsamp_warps_issue_stalled_no_instructions,smsp__pcsamp_warps_issue_stalled_imc_miss,smsp__pcsamp_warps_issue_stalled_branch_resolving,smsp__pcsamp_warps_issue_stalled_sleeping,smsp__inst_executed.sum,smsp__cycles_active.avg \
+    python3 benchmarks/profile_steps.py --single --family ${f%%:*} --shapes ${f#*:} --out $R/x > $R/ncu-${f#*:}.txt 2>&1
+  grep -E "Records<|Duration|Executed Instructions |Issue Slots Busy|Issued Warp Per Scheduler|No Eligible|Achieved Occupancy|inst_executed.sum|stalled_(long|barrier|short|wait|mio|lg|math|selected|not_sel|no_inst|branch|dispatch)" $R/ncu-${f#*:}.txt | cut -c1-120
+done
+cd $OUT && tar czf run.tgz run && rm -rf run
