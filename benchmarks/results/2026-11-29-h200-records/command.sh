@@ -157,3 +157,19 @@ for f in mamba2:super120b gdn:qwen4b; do
   grep -E "Records<|Duration|Executed Instructions |Issue Slots Busy|Issued Warp Per Scheduler|No Eligible|Achieved Occupancy|inst_executed.sum|stalled_(long|barrier|short|wait|mio|lg|math|selected|not_sel|no_inst|branch|dispatch)" $R/ncu-${f#*:}.txt | cut -c1-120
 done
 cd $OUT && tar czf run.tgz run && rm -rf run
+# ---- call X (.device/call_x.sh; modules: python -m replayssm_jit.aot with REPLAYSSM_JIT_DEBUG=1 for the two benchmark specs at L = 16 and L = 1) ----
+#!/usr/bin/env bash
+# Call X: per-instruction executed counts and stall samples of C's records kernels (a -lineinfo
+# build of the benchmark specs), a non-flush (held 8) and a flush step at batch 256.
+D=$(cd "$(dirname "$0")" && pwd); S=$D/snapC
+export PYTHONUNBUFFERED=1
+source $D/prelude.sh
+export PYTHONPATH=$S:$PYTHONPATH TVM_FFI_DISABLE_TORCH_C_DLPACK=1 REPLAYSSM_CACHE_DIR=/tmp/rc REPLAYSSM_AOT_DIR=$D/aotL REPLAYSSM_JIT_DEBUG=1 REPLAYSSM_DISABLE_JIT=1
+R=$OUT/run; mkdir -p $R; cd $S
+for f in mamba2:super120b gdn:qwen4b; do
+  timeout 120 ncu --clock-control none --kernel-name-base demangled -k regex:Records --section SourceCounters \
+    --page source --print-source sass --csv \
+    python3 benchmarks/profile_steps.py --single --family ${f%%:*} --shapes ${f#*:} --out $R/x > $R/src-${f#*:}.csv 2> $R/src-${f#*:}.err
+  echo "${f#*:}: $(wc -l < $R/src-${f#*:}.csv) lines"; tail -2 $R/src-${f#*:}.err
+done
+cd $OUT && tar czf run.tgz run && rm -rf run
