@@ -119,10 +119,10 @@ def test_speculative_flag_threshold_and_override(monkeypatch):
 
 
 def test_lane_values_and_the_bf16_gdn_tile():
-    # fp32 [64, 128] head on 4 warps: 16 passes of one 4-value chunk per lane
-    assert tiling.lane_values(64, 4, 128, 4) == 64
-    # bf16 [128, 128] head on 4 warps: 16 passes of one 8-value chunk: too many values per lane
-    assert tiling.lane_values(128, 4, 128, 2) == 128 > tiling.MAX_LANE_VALUES
+    # fp32 [64, 128] head on 4 warps (128 lanes): 64 values per lane, whatever the lane layout
+    assert tiling.lane_values(64, 4, 128) == 64
+    # bf16 [128, 128] head on 4 warps: 128 values per lane, too many
+    assert tiling.lane_values(128, 4, 128) == 128 > tiling.MAX_LANE_VALUES
     qwen_bf16 = gdn_spec(
         head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, state_dtype="bf16"
     )

@@ -7,7 +7,6 @@ import os
 import torch
 
 from replayssm_jit.spec import (
-    DTYPE_BYTES,
     MAX_CTA_SHARED_BYTES,
     SPLIT_RECORDS_THREADS,
     STATE_DIMS,
@@ -52,9 +51,9 @@ def _largest_filling_tile(
 MAX_LANE_VALUES = 96
 
 
-def lane_values(rows_per_cta: int, warps: int, cols: int, state_bytes: int) -> int:
-    """State values each lane holds for a (rows_per_cta, warps) tile of a [*, cols] state."""
-    del state_bytes  # a lane holds its share of the tile whatever the lane layout
+def lane_values(rows_per_cta: int, warps: int, cols: int) -> int:
+    """State values each lane holds for a (rows_per_cta, warps) tile of a [*, cols] state (its
+    share of the tile, whatever the lane layout)."""
     return rows_per_cta * cols // (warps * 32)
 
 
@@ -67,19 +66,16 @@ def choose_rows_per_cta(
     env_var: str,
     *,
     cols: int | None = None,
-    state_bytes: int | None = None,
 ) -> int:
     """Largest row tile (of the preferred warp count, at most MAX_LANE_VALUES state values per
-    lane when cols and state_bytes are given) that still gives enough CTAs; `env_var` overrides
-    with any compiled tile."""
+    lane when `cols` is given) that still gives enough CTAs; `env_var` overrides with any
+    compiled tile."""
     options = [r for r, _ in tilings]
     if os.environ.get(env_var):
         return _largest_filling_tile(options, rows, batch, num_heads, device, env_var)
     preferred = [(r, w) for r, w in tilings if w == PREFERRED_WARPS] or list(tilings)
-    if cols is not None and state_bytes is not None:
-        light = [
-            (r, w) for r, w in preferred if lane_values(r, w, cols, state_bytes) <= MAX_LANE_VALUES
-        ]
+    if cols is not None:
+        light = [(r, w) for r, w in preferred if lane_values(r, w, cols) <= MAX_LANE_VALUES]
         preferred = light or preferred
     return _largest_filling_tile([r for r, _ in preferred], rows, batch, num_heads, device, env_var)
 
@@ -169,7 +165,7 @@ def choose_launch(
     kernel = choose_replay_kernel(spec, batch, num_heads, device) if replay else "per-item"
     tile = choose_rows_per_cta(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
-        cols=spec.dim(col_dim), state_bytes=DTYPE_BYTES[spec.state_dtype],
+        cols=spec.dim(col_dim),
     )  # fmt: skip
     records_ctas = batch * (num_heads // split_records_heads(spec))
     return tile, launch_flags(kernel=kernel, records_ctas=records_ctas, sms=sm_count(device))
