@@ -300,6 +300,15 @@ def split_records_heads(spec: KernelSpec) -> int:
     return spec.dim("hpg") if spec.family == "mamba2" else spec.dim("vph")
 
 
+def split_workspace_floats(spec: KernelSpec, batch: int, num_heads: int) -> int:
+    """float32 elements the split kernel's records kernel hands to its state kernel
+    (SplitWorkspace in templates/common/split.cuh): per (batch row, head) the per-row sums
+    (Mamba-2: P; GDN: pred and osum, 2 V), the replay scalars (1; 5) and a flush's record
+    weights (CAP); per batch row 4 info words. num_heads: heads of the state pool."""
+    extra, scalars = (spec.dim("p"), 1) if spec.family == "mamba2" else (2 * spec.dim("v"), 5)
+    return batch * (num_heads * (extra + scalars + spec.capacity) + 4)
+
+
 def split_records_shared_bytes(spec: KernelSpec) -> int:
     """Upper bound on the shared memory of the split kernel's records kernel (Records::Smem in
     templates/*/split_kernel.cuh): the held records, as stored, of every head one CTA serves (a

@@ -12,6 +12,7 @@ from replayssm_jit.spec import (
     mamba2_spec,
     spec_tilings,
     split_records_shared_bytes,
+    split_workspace_floats,
 )
 
 CPU = torch.device("cpu")
@@ -99,7 +100,10 @@ def test_split_needs_the_records_in_shared_memory(monkeypatch):
 def test_split_workspace_size():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, window=16, drafts=2)
     # per batch row: extra [H, P], total [H], coef [H, CAP], info [4]
-    assert mamba2_ops.split_workspace_floats(spec, 3, 128) == 3 * (128 * (64 + 1 + 18) + 4)
+    assert split_workspace_floats(spec, 3, 128) == 3 * (128 * (64 + 1 + 18) + 4)
+    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=16)
+    # per batch row: pred and osum [HV, 2 V], 5 scalars [HV], coef [HV, CAP], info [4]
+    assert split_workspace_floats(qwen, 2, 32) == 2 * (32 * (2 * 128 + 5 + 17) + 4)
 
 
 def test_speculative_flag_threshold_and_override(monkeypatch):

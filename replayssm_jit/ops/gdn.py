@@ -18,7 +18,7 @@ Records (ReplaySSM):
     rec_u [slots, HV, CAP, V] float32 (computed corrections u), rec_k [slots, H, CAP, K] act
     (k as given; normalised again on replay), rec_g [slots, HV, CAP] float32 (log-decay g)
     cursors [slots, 4] int32: records held, flush epoch, CTA arrivals (scratch), spare
-Split kernel workspace (float32; templates/common/split.cuh): per (batch row, value head)
+Split kernel workspace (float32; spec.split_workspace_floats, templates/common/split.cuh): per (batch row, value head)
     [pred | osum] [2 V], 5 replay scalars, coef [CAP]; per batch row info [4] int32
 """
 
@@ -47,11 +47,6 @@ class GDNDims:
     num_v_heads: int  # HV
     head_k_dim: int  # K
     head_v_dim: int  # V
-
-
-def split_workspace_floats(spec: KernelSpec, batch: int, num_v_heads: int) -> int:
-    """float32 elements the split kernel's records kernel hands to its state kernel."""
-    return batch * (num_v_heads * (2 * spec.dim("v") + 5 + spec.capacity) + 4)
 
 
 def dims_of(spec: KernelSpec, num_v_heads: int) -> GDNDims:

@@ -11,7 +11,7 @@ Shapes (tied head dim; G groups, H heads, P headdim, N dstate, CAP = L + T ring 
 Records (ReplaySSM):
     rec_x  [slots, H, CAP, P] act, rec_b [slots, G, CAP, N] act, rec_dt [slots, H, CAP] f32
     cursors [slots, 4] int32: records held, flush epoch, CTA arrivals (scratch), spare
-Split kernel workspace (float32; templates/common/split.cuh): per (batch row, head)
+Split kernel workspace (float32; spec.split_workspace_floats, templates/common/split.cuh): per (batch row, head)
     extra [P], total [1], coef [CAP]; per batch row info [4] int32
 """
 
@@ -40,11 +40,6 @@ class Mamba2Dims:
     ngroups: int
     headdim: int
     dstate: int
-
-
-def split_workspace_floats(spec: KernelSpec, batch: int, num_heads: int) -> int:
-    """float32 elements the split kernel's records kernel hands to its state kernel."""
-    return batch * (num_heads * (spec.dim("p") + 1 + spec.capacity) + 4)
 
 
 def dims_of(spec: KernelSpec, num_heads: int) -> Mamba2Dims:

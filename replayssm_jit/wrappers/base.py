@@ -7,7 +7,7 @@ import torch
 from replayssm_jit.checks import check_slot_indices
 from replayssm_jit.jit.build import load_module
 from replayssm_jit.ops import tiling
-from replayssm_jit.spec import KernelSpec
+from replayssm_jit.spec import KernelSpec, split_workspace_floats
 from replayssm_jit.wrappers.cache import SlotCache
 
 MODES = ("replay", "conventional")
@@ -65,8 +65,9 @@ class DecodeWrapper:
         """Choose the launch for `batch_size` rows (ops/tiling.py), load the module; graph mode
         also gets its output buffer."""
         c = self.cache
+        heads = c.state.shape[1]  # H (Mamba-2) or HV (GDN)
         rows, flags = tiling.choose_launch(
-            spec, batch_size, c.state.shape[1], c.device, replay=self.mode == "replay"
+            spec, batch_size, heads, c.device, replay=self.mode == "replay"
         )
         self._module = load_module(spec)
         self.spec, self.batch_size, self.rows_per_cta = spec, batch_size, rows
@@ -74,7 +75,7 @@ class DecodeWrapper:
         self.seed = int(seed) & (2**63 - 1)
         self._out = None
         # The split kernel's records -> state hand-over (every replay_step binding takes one).
-        floats = self._split_workspace_floats(batch_size) if flags & tiling.FLAG_SPLIT else 0
+        floats = split_workspace_floats(spec, batch_size, heads) if flags & tiling.FLAG_SPLIT else 0
         self._workspace = torch.empty(floats, dtype=torch.float32, device=c.device)
         if self.use_cuda_graph:
             self._out = torch.empty(
@@ -119,8 +120,4 @@ class DecodeWrapper:
             self._module.conventional_step(c.state, *inputs, *tail)
 
     def _out_row_shape(self) -> tuple[int, ...]:
-        raise NotImplementedError
-
-    def _split_workspace_floats(self, batch_size: int) -> int:
-        """float32 elements of the split kernel's workspace at `batch_size` rows."""
         raise NotImplementedError

@@ -136,9 +136,6 @@ class GDNDecodeWrapper(DecodeWrapper):
     def _out_row_shape(self) -> tuple[int, ...]:
         return (self.cache.num_v_heads, self.cache.head_v_dim)
 
-    def _split_workspace_floats(self, batch_size: int) -> int:
-        return ops.split_workspace_floats(self.spec, batch_size, self.cache.num_v_heads)
-
     def run(
         self,
         q: torch.Tensor,

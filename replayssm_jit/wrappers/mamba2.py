@@ -114,9 +114,6 @@ class Mamba2DecodeWrapper(DecodeWrapper):
     def _out_row_shape(self) -> tuple[int, ...]:
         return (self.cache.num_heads, self.cache.headdim)
 
-    def _split_workspace_floats(self, batch_size: int) -> int:
-        return ops.split_workspace_floats(self.spec, batch_size, self.cache.num_heads)
-
     def run(
         self,
         x: torch.Tensor,
