@@ -3,8 +3,9 @@
 For each (shape, batch, L, state): the conventional step, a ReplaySSM non-flush step at
 held = --held (default L // 2) and a flush step (held = L - 1), each over every slot set, with
 each kernel's mean duration per step (the split kernel's records and state kernels apart) next
-to the step's CUDA-event time. A programmatic dependent launch starts before its primary ends,
-so the two kernels' durations can add up to more than the step.
+to the step's CUDA-event time (eager launches, so launch gaps included). A programmatic dependent
+launch starts before its primary ends, so the two kernels' durations can add up to more than the
+step.
 
     python benchmarks/profile_steps.py --family mamba2 --shapes super120b --out DIR
 """
@@ -62,6 +63,8 @@ def profile_calls(calls, prepare) -> tuple[dict[str, float], float]:
 
 def make_profiler(window: int, held: int, results: list, config: dict, single: bool):
     def decode_timings(cache, window_, step, conv, replay, sets, args, kernels=()):
+        # eager steps: no host read of the slot ids, so no sync between launches
+        conv.check_slot_values = replay.check_slot_values = False
         def at_held(h):
             return lambda: cache.cursors[:, 0].fill_(h)
 
