@@ -37,6 +37,24 @@ struct SplitWorkspace {
   __host__ __device__ int32_t* info(int row) const {
     return reinterpret_cast<int32_t*>(base + batch * heads * (EXTRA + SCALARS + CAP)) + int64_t(row) * 4;
   }
+
+  // A batch row's cursor as the records kernel read it, and its flush decision: written by the
+  // row's first records CTA, read by every state CTA of the row (which advance the cursor).
+  struct RowInfo {
+    int held;
+    bool flush;
+    int epoch;
+  };
+  __device__ __forceinline__ void set_row_info(int row, int held, bool flush, int epoch) const {
+    int32_t* words = info(row);
+    words[0] = held;
+    words[1] = flush;
+    words[2] = epoch;
+  }
+  __device__ __forceinline__ RowInfo row_info(int row) const {
+    const int32_t* words = info(row);
+    return RowInfo{words[0], words[1] != 0, words[2]};
+  }
 };
 
 // Programmatic dependent launch (sm_90; no-ops elsewhere and when launched without the attribute).

@@ -155,12 +155,8 @@ struct Records {
       if (threadIdx.x < VPH) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held] = sm.g_cur[threadIdx.x];
       store_rows<act_t, K, 1, kThreads>(p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K, 0, sm.k_cur, 0);
     }
-    if (khead == 0 && threadIdx.x == 0) {  // the state kernel advances the cursor from this
-      int32_t* info = ws.info(row);
-      info[0] = held;
-      info[1] = flush;
-      info[2] = epoch;
-    }
+    // the state kernel advances the cursor from this
+    if (khead == 0 && threadIdx.x == 0) ws.set_row_info(row, held, flush, epoch);
   }
 };
 
@@ -210,10 +206,10 @@ struct State {
 
     wait_for_prior_grid();  // from here on the records kernel has finished: no cursor readers left
     const Workspace ws{p.workspace, p.batch, p.num_v_heads};
-    const int32_t* info = ws.info(row);
-    const int held = info[0], records = held + 1;
-    const bool flush = info[1] != 0;
-    const uint64_t epoch = SR ? uint64_t(info[2]) : 0;
+    const auto info = ws.row_info(row);
+    const int held = info.held, records = held + 1;
+    const bool flush = info.flush;
+    const uint64_t epoch = SR ? uint64_t(info.epoch) : 0;
     if (vhead == 0 && split == 0 && threadIdx.x == 0)
       advance_slot_cursor(p.cursors + int64_t(slot) * kCursorWords, flush, records);
     // V divides into ROWS-row tiles, so the sums' rows are aligned to ROWS' vector width.
