@@ -65,6 +65,7 @@ def make_profiler(window: int, held: int, results: list, config: dict, single: b
     def decode_timings(cache, window_, step, conv, replay, sets, args, kernels=()):
         # eager steps: no host read of the slot ids, so no sync between launches
         conv.check_slot_values = replay.check_slot_values = False
+
         def at_held(h):
             return lambda: cache.cursors[:, 0].fill_(h)
 

@@ -163,11 +163,17 @@ def assert_kernels_agree_bitwise(
     batch: int = 9,
     num_slots: int = 12,
     window: int = 4,
+    speculative: str | None = None,
 ) -> None:
     """Run the same steps (three flush cycles, padded rows, random checkpoints) through two
     ReplaySSM kernels (REPLAYSSM_REPLAY_KERNEL) and require bit-identical outputs, checkpoints,
-    rings and cursors: for kernels that do the same arithmetic in the same order."""
-    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
+    rings and cursors: for kernels that do the same arithmetic in the same order. `speculative`
+    forces REPLAYSSM_SPECULATIVE_RECORDS ("0": ring rows read after the cursor, as the split
+    kernel does by default at large batch)."""
+    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV, SPECULATIVE_ENV
+
+    if speculative is not None:
+        monkeypatch.setenv(SPECULATIVE_ENV, speculative)
 
     pad = -1
     gen = torch.Generator(device="cuda").manual_seed(7)

@@ -233,6 +233,16 @@ def test_split_matches_per_item_bitwise(
     )
 
 
+@pytest.mark.parametrize("shape", ["qwen122b", "k64"])
+def test_split_matches_per_item_bitwise_without_speculative_loads(shape, monkeypatch):
+    """The ring rows read after the cursor (the split kernel's default at large batch) give the
+    same bits on both kernels."""
+    gpu_schedule.assert_kernels_agree_bitwise(
+        GDN(shape, gates_in_kernel=True), ("split", "per-item"), monkeypatch, act=torch.float32,
+        state=torch.float32, sr=False, speculative="0",
+    )  # fmt: skip
+
+
 def sr_run(seed):
     """The bf16 checkpoints after 40 SR steps (2 flushes per slot at L=16) with `seed`."""
     dims = SHAPES["qwen4b"]
