@@ -57,6 +57,15 @@ struct SplitWorkspace {
   }
 };
 
+// CTAs of THREADS threads and SMEM_BYTES of shared memory that fit on one sm_90 SM by shared
+// memory (227 KiB, 1 KiB reserved per CTA) and threads (2048): a records kernel's launch bounds
+// ask for this many, so that registers are never the tighter limit.
+template <size_t SMEM_BYTES, int THREADS>
+constexpr int shared_memory_resident_ctas() {
+  const int by_smem = int((227 * 1024) / (SMEM_BYTES + 1024)), by_threads = 2048 / THREADS;
+  return by_smem < by_threads ? by_smem : by_threads;
+}
+
 // Programmatic dependent launch (sm_90; no-ops elsewhere and when launched without the attribute).
 __device__ __forceinline__ void wait_for_prior_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

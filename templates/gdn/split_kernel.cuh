@@ -35,9 +35,7 @@ struct Records {
     float q2, g_cur[VPH], total[VPH], beta[VPH];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
-  // As many resident CTAs as shared memory allows (at most 8 of 256 threads): the kernel is a
-  // latency chain per CTA, so resident CTAs set its speed.
-  static constexpr int kMinBlocks = int((227 * 1024) / (kSmemBytes + 1024)) < 8 ? int((227 * 1024) / (kSmemBytes + 1024)) : 8;
+  static constexpr int kMinBlocks = shared_memory_resident_ctas<kSmemBytes, kThreads>();
 
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int khead, int count) {
     const int vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;

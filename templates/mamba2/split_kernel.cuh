@@ -36,9 +36,7 @@ struct Records {
     float A[HPG], D[HPG], dt_cur[HPG], total[HPG];
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
-  // As many resident CTAs as shared memory allows (at most 8 of 256 threads): the kernel is a
-  // latency chain per CTA, so resident CTAs set its speed.
-  static constexpr int kMinBlocks = int((227 * 1024) / (kSmemBytes + 1024)) < 8 ? int((227 * 1024) / (kSmemBytes + 1024)) : 8;
+  static constexpr int kMinBlocks = shared_memory_resident_ctas<kSmemBytes, kThreads>();
 
   // The ring's first `count` rows; a flush (with_rows false) needs only their dt, for the decays.
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int head0, int group, int count,
