@@ -90,7 +90,9 @@ REPLAY_KERNELS = ("split", "per-item")
 
 # Records CTAs per SM from which the split kernel reads only the held ring rows (after the
 # cursor) instead of every ring row speculatively: once its grid covers the chip a few times, the
-# unneeded rows cost DRAM bandwidth rather than saving a round trip.
+# unneeded rows cost DRAM bandwidth rather than saving a round trip. H200: speculative loads won
+# at batch 8 (under 1 CTA per SM) and lost 1.5-1.8% at batch 256 (15-31 per SM;
+# benchmarks/results/2026-11-29-h200-records); the threshold between is not measured.
 SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM = 2
 
 
