@@ -156,32 +156,9 @@ __device__ __forceinline__ void copy_rows_async(T* dst, int64_t dst_head, int64_
   }
 }
 
-// copy_rows_async for a fixed HEADS x ROWS_MAX tile of which rows 0..count-1 of each head are
-// copied: every index is split by compile-time constants (a ring copy runs once per records CTA,
-// where run-time divisions by `count` cost more than the copies).
-template <typename T, int LEN, int HEADS, int ROWS_MAX, int THREADS>
-__device__ __forceinline__ void copy_tile_async(T* dst, int64_t dst_head, int64_t dst_row, const T* src,
-                                                int64_t src_head, int64_t src_row, int count) {
-  constexpr int kBytes = row_vector_bytes<T, LEN>();
-  constexpr int kPerRow = LEN * int(sizeof(T)) / kBytes;
-  constexpr int kTotal = HEADS * ROWS_MAX * kPerRow;
-  #pragma unroll 4
-  for (int idx = threadIdx.x; idx < kTotal; idx += THREADS) {
-    const int part = idx % kPerRow, i = idx / kPerRow % ROWS_MAX, h = idx / (kPerRow * ROWS_MAX);
-    if (i >= count) continue;
-    const char* from = reinterpret_cast<const char*>(src + h * src_head + i * src_row) + part * kBytes;
-    char* to = reinterpret_cast<char*>(dst + h * dst_head + i * dst_row) + part * kBytes;
-    if constexpr (kBytes >= 4) {
-      pipe::copy_async<kBytes>(to, from);
-    } else {
-      *reinterpret_cast<T*>(to) = *reinterpret_cast<const T*>(from);
-    }
-  }
-}
-
-// copy_tile_async with each thread on fixed 16-byte columns of the tile: THREADS / (HEADS x
-// chunks per row) thread groups take every group-th row, so a row costs a copy and two adds
-// rather than an index split.
+// Asynchronous copy of rows 0..count-1 of HEADS heads (as copy_rows_async), each thread on fixed
+// 16-byte columns: THREADS / (HEADS x chunks per row) thread groups take every group-th row, so a
+// row costs a copy and two adds rather than an index split (a records CTA's main cost otherwise).
 template <typename T, int LEN, int HEADS, int THREADS>
 __device__ __forceinline__ void copy_columns_async(T* dst, int64_t dst_head, int64_t dst_row, const T* src,
                                                    int64_t src_head, int64_t src_row, int count) {
