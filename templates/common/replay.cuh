@@ -156,25 +156,29 @@ __device__ __forceinline__ void copy_rows_async(T* dst, int64_t dst_head, int64_
   }
 }
 
-// copy_rows_async for a fixed HEADS x ROWS_MAX tile of which rows 0..count-1 of each head are
-// copied: every index is split by compile-time constants (a ring copy runs once per records CTA,
-// where run-time divisions by `count` cost more than the copies).
-template <typename T, int LEN, int HEADS, int ROWS_MAX, int THREADS>
-__device__ __forceinline__ void copy_tile_async(T* dst, int64_t dst_head, int64_t dst_row, const T* src,
-                                                int64_t src_head, int64_t src_row, int count) {
+// Asynchronous copy of rows 0..count-1 of HEADS heads (as copy_rows_async), each thread on fixed
+// 16-byte columns: THREADS / (HEADS x chunks per row) thread groups take every group-th row, so a
+// row costs a copy and two adds rather than an index split (a records CTA's main cost otherwise).
+template <typename T, int LEN, int HEADS, int THREADS>
+__device__ __forceinline__ void copy_columns_async(T* dst, int64_t dst_head, int64_t dst_row, const T* src,
+                                                   int64_t src_head, int64_t src_row, int count) {
   constexpr int kBytes = row_vector_bytes<T, LEN>();
   constexpr int kPerRow = LEN * int(sizeof(T)) / kBytes;
-  constexpr int kTotal = HEADS * ROWS_MAX * kPerRow;
-  #pragma unroll 4
-  for (int idx = threadIdx.x; idx < kTotal; idx += THREADS) {
-    const int part = idx % kPerRow, i = idx / kPerRow % ROWS_MAX, h = idx / (kPerRow * ROWS_MAX);
-    if (i >= count) continue;
-    const char* from = reinterpret_cast<const char*>(src + h * src_head + i * src_row) + part * kBytes;
-    char* to = reinterpret_cast<char*>(dst + h * dst_head + i * dst_row) + part * kBytes;
-    if constexpr (kBytes >= 4) {
-      pipe::copy_async<kBytes>(to, from);
-    } else {
-      *reinterpret_cast<T*>(to) = *reinterpret_cast<const T*>(from);
+  constexpr int kColumns = HEADS * kPerRow;
+  constexpr int kGroups = kColumns < THREADS ? THREADS / kColumns : 1;
+  for (int t = threadIdx.x; t < kColumns * kGroups; t += THREADS) {
+    const int column = t % kColumns, group = t / kColumns;
+    const int h = column / kPerRow, part = column % kPerRow;
+    const char* from = reinterpret_cast<const char*>(src + h * src_head + group * src_row) + part * kBytes;
+    char* to = reinterpret_cast<char*>(dst + h * dst_head + group * dst_row) + part * kBytes;
+    for (int i = group; i < count; i += kGroups) {
+      if constexpr (kBytes >= 4) {
+        pipe::copy_async<kBytes>(to, from);
+      } else {
+        *reinterpret_cast<T*>(to) = *reinterpret_cast<const T*>(from);
+      }
+      from += kGroups * src_row * int64_t(sizeof(T));
+      to += kGroups * dst_row * int64_t(sizeof(T));
     }
   }
 }
@@ -241,6 +245,22 @@ __device__ __forceinline__ float suffix_decays(const float* log_decay, float* de
     carry += __shfl_sync(0xffffffffu, suffix, 0);
   }
   return expf(carry);
+}
+
+// suffix_decays for count <= 32, with this lane's log-decay in a register: lane l holds record
+// i = count - 32 + l (la = 0 for i < 0). Sets decay_i to record i's decay and returns exp(sum of
+// all): the same arithmetic, in the same order, without the shared-memory round trips.
+__device__ __forceinline__ float suffix_decay_lane(float la, float& decay_i) {
+  const int lane = threadIdx.x % 32;
+  const float carry = 0.f;
+  float suffix = la;  // inclusive suffix sum
+  #pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float other = __shfl_down_sync(0xffffffffu, suffix, offset);
+    if (lane + offset < 32) suffix += other;
+  }
+  decay_i = expf(carry + suffix - la);
+  return expf(carry + __shfl_sync(0xffffffffu, suffix, 0));
 }
 
 // Run by the last arrival of a slot's batch row: records held (none after a flush), the flush

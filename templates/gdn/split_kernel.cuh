@@ -39,12 +39,12 @@ struct Records {
 
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int khead, int count) {
     const int vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
-    copy_tile_async<float, V, VPH, kRing, kThreads>(&sm.u[0][0][0], kRing * V, V,
+    copy_columns_async<float, V, VPH, kThreads>(&sm.u[0][0][0], kRing * V, V,
                                                     p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * V, CAP * V,
                                                     V, count);
-    copy_tile_async<act_t, K, 1, kRing, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
+    copy_columns_async<act_t, K, 1, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
                                                   0, K, count);
-    copy_tile_async<float, 1, VPH, kRing, kThreads>(&sm.g[0][0], CAP, 1,
+    copy_columns_async<float, 1, VPH, kThreads>(&sm.g[0][0], CAP, 1,
                                                     p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * CAP, CAP, 1, count);
   }
 
@@ -55,10 +55,8 @@ struct Records {
     const int slot = p.slot_indices[row];
     if (slot == p.pad_slot_id) return;  // the state kernel writes the padded row's zeros
 
-    copy_rows_async<act_t, K, kThreads>(sm.k_cur, 0, 0, p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h,
-                                        0, 0, 1, 1);
-    copy_rows_async<act_t, K, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0,
-                                        0, 1, 1);
+    copy_columns_async<act_t, K, 1, kThreads>(sm.k_cur, 0, 0, p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h, 0, 0, 1);
+    copy_columns_async<act_t, K, 1, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0, 0, 1);
     if (p.speculative) copy_ring(p, sm, slot, khead, kRing);
 
     const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
@@ -102,6 +100,14 @@ struct Records {
       }
     }
     for (int h = warp; h < VPH; h += kWarps) {
+      if (records <= 32) {  // one scan, in registers: lane l holds record records - 32 + l
+        const int i = records - 32 + lane;
+        float decay_i;
+        const float total = suffix_decay_lane(i < 0 ? 0.f : (i == held ? sm.g_cur[h] : sm.g[h][i]), decay_i);
+        if (i >= 0) sm.decay[h][i] = decay_i;
+        if (lane == 0) sm.total[h] = total;
+        continue;
+      }
       if (lane == 0) sm.g[h][held] = sm.g_cur[h];
       __syncwarp();
       const float total = suffix_decays(sm.g[h], sm.decay[h], records);

@@ -43,13 +43,13 @@ struct Records {
                                                    bool with_rows) {
     const int num_groups = p.num_heads / HPG;
     if (with_rows) {
-      copy_tile_async<act_t, P, HPG, kRing, kThreads>(&sm.x[0][0][0], kRing * P, P,
+      copy_columns_async<act_t, P, HPG, kThreads>(&sm.x[0][0][0], kRing * P, P,
                                                       p.rec_x + (int64_t(slot) * p.num_heads + head0) * CAP * P,
                                                       CAP * P, P, count);
-      copy_tile_async<act_t, N, 1, kRing, kThreads>(&sm.b[0][0], 0, N,
+      copy_columns_async<act_t, N, 1, kThreads>(&sm.b[0][0], 0, N,
                                                     p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N, 0, N, count);
     }
-    copy_tile_async<float, 1, HPG, kRing, kThreads>(&sm.dt[0][0], CAP, 1,
+    copy_columns_async<float, 1, HPG, kThreads>(&sm.dt[0][0], CAP, 1,
                                                     p.rec_dt + (int64_t(slot) * p.num_heads + head0) * CAP, CAP, 1, count);
   }
 
@@ -61,14 +61,12 @@ struct Records {
     if (slot == p.pad_slot_id) return;  // the state kernel writes the padded row's zeros
 
     // This token's inputs and per-head parameters, and (speculative) every ring row.
-    copy_rows_async<act_t, P, kThreads>(&sm.x_cur[0][0], P, 0, p.x + int64_t(row) * p.x_stride_b +
-                                        int64_t(head0) * p.x_stride_h, p.x_stride_h, 0, HPG, 1);
-    copy_rows_async<act_t, N, kThreads>(sm.b_cur, 0, 0, p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g,
-                                        0, 0, 1, 1);
-    copy_rows_async<act_t, N, kThreads>(sm.q, 0, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g,
-                                        0, 0, 1, 1);
-    copy_rows_async<float, 1, kThreads>(sm.A, 0, 1, p.A + head0, 0, 1, 1, HPG);
-    if constexpr (HAS_D) copy_rows_async<float, 1, kThreads>(sm.D, 0, 1, p.D + head0, 0, 1, 1, HPG);
+    copy_columns_async<act_t, P, HPG, kThreads>(&sm.x_cur[0][0], P, 0, p.x + int64_t(row) * p.x_stride_b +
+                                        int64_t(head0) * p.x_stride_h, p.x_stride_h, 0, 1);
+    copy_columns_async<act_t, N, 1, kThreads>(sm.b_cur, 0, 0, p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g, 0, 0, 1);
+    copy_columns_async<act_t, N, 1, kThreads>(sm.q, 0, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g, 0, 0, 1);
+    copy_columns_async<float, 1, 1, kThreads>(sm.A, 0, 1, p.A + head0, 0, 1, HPG);
+    if constexpr (HAS_D) copy_columns_async<float, 1, 1, kThreads>(sm.D, 0, 1, p.D + head0, 0, 1, HPG);
     if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing, true);
 
     const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
@@ -91,6 +89,15 @@ struct Records {
       if (lane == 0) sm.dot[i] = acc;
     }
     for (int h = warp; h < HPG; h += kWarps) {
+      if (records <= 32) {  // one scan, in registers: lane l holds record records - 32 + l
+        const int i = records - 32 + lane;
+        const float dt_i = i < 0 ? 0.f : (i == held ? sm.dt_cur[h] : sm.dt[h][i]);
+        float decay_i;
+        const float total = suffix_decay_lane(i < 0 ? 0.f : dt_i * sm.A[h], decay_i);
+        if (i >= 0) sm.coef[h][i] = decay_i * dt_i;
+        if (lane == 0) sm.total[h] = total;
+        continue;
+      }
       if (lane == 0) sm.dt[h][held] = sm.dt_cur[h];
       __syncwarp();
       for (int i = lane; i < records; i += 32) sm.log_decay[h][i] = sm.dt[h][i] * sm.A[h];

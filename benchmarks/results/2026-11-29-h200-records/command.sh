@@ -173,3 +173,22 @@ for f in mamba2:super120b gdn:qwen4b; do
   echo "${f#*:}: $(wc -l < $R/src-${f#*:}.csv) lines"; tail -2 $R/src-${f#*:}.err
 done
 cd $OUT && tar czf run.tgz run && rm -rf run
+# ---- call Y (.device/call_y.sh) ----
+#!/usr/bin/env bash
+# Call Y: W (records kernels with column copies and register decay scans): split tests, then
+# batch 8 and 256 at L = 16 for both families.
+D=$(cd "$(dirname "$0")" && pwd); S=$D/snapW
+export PYTHONUNBUFFERED=1
+rm -rf /tmp/aotW && mkdir -p /tmp/aotW && tar xJf $D/aotW.tar.xz -C /tmp/aotW --strip-components=1
+R=$OUT/run; mkdir -p $R
+cd $S
+export DEVICE_DIR=$D REPLAYSSM_AOT_DIR=/tmp/aotW REPLAYSSM_GIT_COMMIT=$(cat $S/.commit)
+PYTEST_ARGS="tests/test_mamba2_gpu.py tests/test_gdn_gpu.py -k split_ --maxfail=3" OUT=$R/quick timeout 60 bash benchmarks/h200_run.sh tests > $R/quick.out 2>&1
+tail -1 $R/quick.out
+BENCH_ARGS="--reps 8 --batches 8,256 --windows 16 --window-sweep 16 --states f32 --shapes super120b,nano4b" \
+  OUT=$R/m2 timeout 60 bash benchmarks/h200_run.sh bench-mamba2 > $R/m2.out 2>&1
+grep -E "\('(super|nano)" $R/m2.out | cut -c1-200
+GDN_BENCH_ARGS="--reps 8 --no-fla --batches 8,256 --windows 16 --window-sweep 16 --states f32 --shapes qwen4b,qwen122b" \
+  OUT=$R/gdn timeout 60 bash benchmarks/h200_run.sh bench-gdn > $R/gdn.out 2>&1
+grep -E "\('qwen" $R/gdn.out | cut -c1-200
+cd $OUT && tar czf run.tgz run && rm -rf run
