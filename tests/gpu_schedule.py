@@ -79,8 +79,11 @@ def run_schedule(
     sr: bool = False,
     pad_slot_id: int = -1,
     seed: int = 0,
+    switch: tuple[int, str] | None = None,
 ) -> ScheduleResult:
-    """Decode `steps` tokens through the wrapper and the reference side by side."""
+    """Decode `steps` tokens through the wrapper and the reference side by side. `switch` =
+    (step, kernel): from that step on, a wrapper planned with REPLAYSSM_REPLAY_KERNEL=kernel
+    takes over the same cache (records held by the first kernel carry over)."""
     gen = torch.Generator(device="cuda").manual_seed(1000 * batch + window + seed)
     steps = steps or max(3 * window + 5, 40)
     num_slots = 2 * batch + 5
@@ -106,14 +109,20 @@ def run_schedule(
     ref_pool = torch.zeros(cache.state.shape, dtype=torch.float64, device="cuda")
     ref_pool[slots.long()] = init.double()
     ref_ckpt = ref_pool.clone()
-    tokens_seen = torch.zeros(num_slots, dtype=torch.long)
     start = {s: i % max(window, 1) for i, s in enumerate(slots.tolist())}  # staggered joins
 
     inputs = family.inputs(gen, act)
     wrapper = family.wrapper(cache, mode=mode, batch=batch, sr=sr, seed=seed)
     out = torch.empty(family.out_shape(batch), dtype=act, device="cuda")
     worst_out = 0.0
+    held = dict.fromkeys(slots.tolist(), 0)
+    epochs = dict.fromkeys(slots.tolist(), 0)
+    flushes = dict.fromkeys(slots.tolist(), 0)
     for t in range(steps):
+        if switch is not None and t == switch[0]:
+            wrapper = _planned_with_kernel(family, cache, switch[1], mode, batch, sr, seed)
+        # conventional steps and ReplaySSM steps that flush every token leave the full state
+        every_token = mode == "conventional" or wrapper.kernel == "flush-every-step"
         active = [s for s in slots.tolist() if start[s] <= t]
         row_slots = active + [pad_slot_id] * (batch - len(active))
         perm = torch.randperm(batch, generator=torch.Generator().manual_seed(t)).tolist()
@@ -133,23 +142,44 @@ def run_schedule(
         if live_rows:
             worst_out = max(worst_out, rel_err(out[live_rows], y_ref[live_rows]))
         for s in active:
-            tokens_seen[s] += 1
-            if mode == "conventional" or tokens_seen[s] % window == 0:
+            if mode == "conventional":
+                flushes[s] += 1
                 ref_ckpt[s] = ref_pool[s]
+            elif every_token or held[s] + 1 >= window:
+                held[s] = 0
+                epochs[s] += 1
+                flushes[s] += 1
+                ref_ckpt[s] = ref_pool[s]
+            else:
+                held[s] += 1
     torch.cuda.synchronize()
-    seen = [int(tokens_seen[s]) for s in slots.tolist()]
-    replay = mode != "conventional"
-    expected_held = [n % window if replay else 0 for n in seen]
-    expected_epochs = [n // window if replay else 0 for n in seen]
     cursors = cache.cursors[slots.long()].cpu()
-    assert cursors[:, 0].tolist() == expected_held, "record counts"
-    assert cursors[:, 1].tolist() == expected_epochs, "flush epochs"
+    assert cursors[:, 0].tolist() == [held[s] for s in slots.tolist()], "record counts"
+    assert cursors[:, 1].tolist() == [epochs[s] for s in slots.tolist()], "flush epochs"
     assert cursors[:, 2].tolist() == [0] * live, "arrival scratch reset"
     state_err = rel_err(cache.state[slots.long()], ref_ckpt[slots.long()])
     for name, t in [("state", cache.state), *cache.rings.items()]:
         assert torch.equal(t[untouched], before[name]), f"unnamed slots' {name} changed"
-    flushes = [n // window for n in seen] if replay else seen
-    return ScheduleResult(worst_out, state_err, min(flushes), steps)
+    return ScheduleResult(worst_out, state_err, min(flushes.values()), steps)
+
+
+def _planned_with_kernel(family: Family, cache, kernel: str, mode: str, batch: int, sr, seed):
+    """A wrapper over `cache` planned with REPLAYSSM_REPLAY_KERNEL=kernel (restored after)."""
+    import os
+
+    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
+
+    before = os.environ.get(REPLAY_KERNEL_ENV)
+    os.environ[REPLAY_KERNEL_ENV] = kernel
+    try:
+        wrapper = family.wrapper(cache, mode=mode, batch=batch, sr=sr, seed=seed)
+    finally:
+        if before is None:
+            del os.environ[REPLAY_KERNEL_ENV]
+        else:
+            os.environ[REPLAY_KERNEL_ENV] = before
+    assert wrapper.kernel == kernel, (wrapper.kernel, kernel)
+    return wrapper
 
 
 def assert_kernels_agree_bitwise(

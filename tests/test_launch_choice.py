@@ -40,10 +40,15 @@ def test_replay_kernel_heuristic():
     rows, flags = tiling.choose_launch(spec, 8, 128, CPU, replay=True)
     assert flags & tiling.FLAG_SPLIT and rows == 64
     assert flags & tiling.FLAG_SPECULATIVE_RECORDS
-    # one sequence (128 pairs on 132 SMs): the per-item kernel, speculative
+    # one sequence (128 pairs on 132 SMs), FP32 checkpoints: the per-item kernel flushing every
+    # token, with nothing held to load speculatively
     rows, flags = tiling.choose_launch(spec, 1, 128, CPU, replay=True)
-    assert not flags & tiling.FLAG_SPLIT
-    assert flags & tiling.FLAG_SPECULATIVE_RECORDS
+    assert flags == tiling.FLAG_FLUSH_EVERY_STEP
+    assert tiling.choose_replay_kernel(spec, 1, 128, CPU) == "flush-every-step"
+    # low-precision checkpoints keep their window: the per-item kernel, speculative
+    bf16 = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, state_dtype="bf16")
+    rows, flags = tiling.choose_launch(bf16, 1, 128, CPU, replay=True)
+    assert flags == tiling.FLAG_SPECULATIVE_RECORDS
     # the conventional step is never split; GDN splits too
     assert not tiling.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_SPLIT
     qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
@@ -56,6 +61,9 @@ def test_replay_kernel_override(monkeypatch):
     rows, flags = tiling.choose_launch(spec, 256, 32, CPU, replay=True)
     assert not flags & tiling.FLAG_SPLIT
     assert rows in [r for r, _ in spec_tilings(spec)]
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "flush-every-step")
+    flags = tiling.choose_launch(spec, 256, 32, CPU, replay=True)[1]
+    assert flags == tiling.FLAG_FLUSH_EVERY_STEP
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=r"REPLAYSSM_REPLAY_KERNEL: expected one of .*'fast'"):
         tiling.choose_launch(spec, 256, 32, CPU, replay=True)

@@ -186,6 +186,34 @@ def test_split_matches_per_item_bitwise_without_speculative_loads(shape, monkeyp
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("batch", [1, 7, 64])
+@pytest.mark.parametrize("window", [1, 4, 16])
+def test_flush_every_step_fp32_matches_reference(shape, batch, window, monkeypatch):
+    """The per-item kernel flushing every token (the default below one (row, head) pair per SM
+    with FP32 checkpoints): the checkpoint is the full state after every step."""
+    monkeypatch.setenv(REPLAY_KERNEL_ENV, "flush-every-step")
+    r = run_schedule(shape, batch, window, steps=40, has_z=shape == "odd")
+    assert r.out_err < 1e-5 and r.state_err < 1e-5 and r.min_flushes >= 3, r
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize(
+    "first,then",
+    [
+        ("split", "flush-every-step"),
+        ("per-item", "flush-every-step"),
+        ("flush-every-step", "split"),
+    ],
+)
+def test_switching_kernels_carries_held_records(shape, first, then, monkeypatch):
+    """A wrapper planned for another batch takes over the cache mid-window: records held by one
+    kernel are folded or replayed by the next (L = 16, switch after 21 steps)."""
+    monkeypatch.setenv(REPLAY_KERNEL_ENV, first)
+    r = run_schedule(shape, 7, 16, steps=48, switch=(21, then), has_z=shape == "odd")
+    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 64, 256])
 def test_conventional_fp32_matches_reference(shape, batch):
     r = run_schedule(shape, batch, 1, mode="conventional", steps=64, has_z=shape == "odd")

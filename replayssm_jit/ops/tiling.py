@@ -83,9 +83,10 @@ def choose_rows_per_cta(
 # Bits of the modules' `flags` argument (templates/common/launch.cuh).
 FLAG_SPECULATIVE_RECORDS = 1
 FLAG_SPLIT = 4
+FLAG_FLUSH_EVERY_STEP = 8
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
-REPLAY_KERNELS = ("split", "per-item")
+REPLAY_KERNELS = ("split", "per-item", "flush-every-step")
 
 
 # Records CTAs per SM from which the split kernel reads only the held ring rows (after the
@@ -108,13 +109,18 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
         raise ValueError(f"{SPECULATIVE_ENV}: expected '0' or '1', got {forced!r}")
     if forced:
         speculative = forced == "1"
+    elif kernel == "flush-every-step":
+        speculative = False  # nothing is held: every ring row loaded would be wasted
     else:
         speculative = (
             kernel != "split" or records_ctas < SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * sms
         )
-    return (FLAG_SPECULATIVE_RECORDS if speculative else 0) | (
-        FLAG_SPLIT if kernel == "split" else 0
-    )
+    flags = FLAG_SPECULATIVE_RECORDS if speculative else 0
+    if kernel == "split":
+        flags |= FLAG_SPLIT
+    elif kernel == "flush-every-step":
+        flags |= FLAG_FLUSH_EVERY_STEP
+    return flags
 
 
 def rows_env(family: str) -> str:
@@ -132,12 +138,19 @@ def rows_env(family: str) -> str:
 # (2026-11-29-h200-records) the gap at batch 256 stays: super120b 328.6 against 393.0 us.
 SPLIT_MIN_PAIRS_PER_SM = 1
 
+# Below SPLIT_MIN_PAIRS_PER_SM, a step with FP32 checkpoints flushes every token on the per-item
+# kernel ("flush-every-step"): with nothing held, the step is the conventional one plus a cursor
+# read, at the latency of a launch that moves a few MiB. Low-precision checkpoints keep the
+# window, so that they are rounded once per L tokens rather than every token.
+SMALL_BATCH_FLUSH_EVERY_STEP = True
+
 
 def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: torch.device) -> str:
     """Which kernel runs `spec`'s ReplaySSM step at this batch (one of REPLAY_KERNELS): split
     from SPLIT_MIN_PAIRS_PER_SM where the shape allows it (at most SPLIT_RECORDS_THREADS heads
-    per group or key head, and their records fit a CTA's shared memory), else per item;
-    REPLAYSSM_REPLAY_KERNEL overrides."""
+    per group or key head, and their records fit a CTA's shared memory), else per item, flushing
+    every token for FP32 checkpoints (SMALL_BATCH_FLUSH_EVERY_STEP); REPLAYSSM_REPLAY_KERNEL
+    overrides."""
     forced = os.environ.get(REPLAY_KERNEL_ENV)
     if forced and forced not in REPLAY_KERNELS:
         raise ValueError(f"{REPLAY_KERNEL_ENV}: expected one of {REPLAY_KERNELS}, got {forced!r}")
@@ -153,6 +166,8 @@ def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: t
         return forced
     if can_split and batch * num_heads >= SPLIT_MIN_PAIRS_PER_SM * sm_count(device):
         return "split"
+    if SMALL_BATCH_FLUSH_EVERY_STEP and spec.state_dtype == "f32":
+        return "flush-every-step"
     return "per-item"
 
 

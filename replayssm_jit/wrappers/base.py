@@ -17,7 +17,10 @@ class DecodeWrapper:
     """plan() once per batch shape (choose and load the kernel), run() once per decode step.
 
     mode="replay": ReplaySSM (non-flush steps read the checkpoint and append a record; every
-    L-th step of a slot flushes). mode="conventional": read, update and write the state.
+    L-th step of a slot flushes). At batches too small to fill the GPU, steps with FP32
+    checkpoints flush every token instead (`kernel == "flush-every-step"`: the cursor stays at
+    zero records and the epoch counts steps), which is faster there and gives the same outputs.
+    mode="conventional": read, update and write the state.
     With use_cuda_graph=True, run() writes into a fixed output buffer and does not read slot
     values on the host (that would sync), so a step can be captured in a CUDA graph.
     check_slot_values=False skips that read in eager mode too: out-of-range or repeated slot ids
@@ -57,9 +60,14 @@ class DecodeWrapper:
 
     @property
     def kernel(self) -> str:
-        """Which kernel run() launches: "split" (a records kernel, then a state kernel) or
-        "per-item"."""
-        return "split" if self.launch_flags & tiling.FLAG_SPLIT else "per-item"
+        """Which kernel run() launches: "split" (a records kernel, then a state kernel),
+        "per-item", or "flush-every-step" (the per-item kernel flushing every token, so that no
+        record stays held; small batches with FP32 checkpoints)."""
+        if self.launch_flags & tiling.FLAG_SPLIT:
+            return "split"
+        if self.launch_flags & tiling.FLAG_FLUSH_EVERY_STEP:
+            return "flush-every-step"
+        return "per-item"
 
     def _plan(self, spec: KernelSpec, batch_size: int, seed: int) -> None:
         """Choose the launch for `batch_size` rows (ops/tiling.py), load the module; graph mode

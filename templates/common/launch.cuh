@@ -14,6 +14,7 @@ inline cudaStream_t current_stream(const tvm::ffi::TensorView& t) {
 // Bits of the bindings' `flags` argument (replayssm_jit/ops/tiling.py sets them).
 constexpr int64_t kFlagSpeculativeRecords = 1;  // issue ring loads before the cursor is read
 constexpr int64_t kFlagSplit = 4;               // ReplaySSM step as a records kernel, then a state kernel
+constexpr int64_t kFlagFlushEveryStep = 8;      // per-item ReplaySSM step that flushes every token
 
 // The split kernel's workspace (sized by the wrapper; checked again here): float32, contiguous,
 // at least `needed` elements.

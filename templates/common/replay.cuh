@@ -281,6 +281,20 @@ __device__ __forceinline__ void advance_cursor(int32_t* cursor, int ctas_per_row
   }
 }
 
+// End of a per-item ReplaySSM step, once the CTA has read the cursor. A step that flushes every
+// token (flush_every_step) with nothing held changes only the flush epoch, which no CTA of the
+// launch reads unless SR keys its rounding: then the row's first CTA bumps it alone, with no
+// arrival count. Otherwise advance_cursor.
+template <bool SR>
+__device__ __forceinline__ void finish_step_cursor(int32_t* cursor, int ctas_per_row, bool first_cta,
+                                                   bool flush_every_step, bool flushed, int records) {
+  if (!SR && flush_every_step && records == 1) {
+    if (first_cta && threadIdx.x == 0) cursor[1] += 1;
+  } else {
+    advance_cursor(cursor, ctas_per_row, flushed, records);
+  }
+}
+
 // Convert a row chunk to storage type, stochastically rounded when SR (key: slot/epoch, element).
 template <typename state_t, bool SR, int VEC>
 __device__ __forceinline__ void store_chunk(state_t* dst, const float (&v)[VEC], uint64_t seed, uint64_t stream,

@@ -47,6 +47,7 @@ struct Params {
   float scale;
   uint64_t seed;
   bool speculative;         // issue ring loads before the cursor is read (small batches)
+  bool flush_every_step;    // per-item ReplaySSM: flush every token (nothing stays held)
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
 };
 
@@ -228,7 +229,7 @@ struct Kernel {
     int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
     const int held = REPLAY ? cursor[0] : 0;
     const int records = held + 1;
-    const bool flush = !REPLAY || records >= L;
+    const bool flush = !REPLAY || records >= L || p.flush_every_step;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
     k_stage.load_late(rec_k, K, held, p.speculative);
     if (REPLAY && !p.speculative) u_stage.load(rec_u, V, held);
@@ -306,7 +307,8 @@ struct Kernel {
           for (int c = threadIdx.x; c < K; c += kThreads) k_out[c] = from_float<act_t>(sm.k[held][c]);
         }
       }
-      advance_cursor(cursor, p.num_v_heads * kSplits, flush, records);
+      finish_step_cursor<SR>(cursor, p.num_v_heads * kSplits, vhead == 0 && split == 0, p.flush_every_step, flush,
+                             records);
     }
   }
 };

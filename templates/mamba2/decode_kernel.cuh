@@ -45,6 +45,7 @@ struct Params {
   int32_t batch;
   uint64_t seed;
   bool speculative;         // issue ring loads before the cursor is read (small batches)
+  bool flush_every_step;    // per-item ReplaySSM: flush every token (nothing stays held)
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
 };
 
@@ -169,7 +170,7 @@ struct Kernel {
     int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
     const int held = REPLAY ? cursor[0] : 0;
     const int records = held + 1;
-    const bool flush = !REPLAY || records >= L;
+    const bool flush = !REPLAY || records >= L || p.flush_every_step;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
     x_stage.load_late(rec_x, P, held, p.speculative);
     b_stage.load_late(rec_b, N, held, p.speculative);
@@ -230,7 +231,7 @@ struct Kernel {
             for (int k = threadIdx.x; k < N; k += kThreads) rb[k] = from_float<act_t>(sm.b[held][k]);
         }
       }
-      advance_cursor(cursor, p.num_heads * kSplits, flush, records);
+      finish_step_cursor<SR>(cursor, p.num_heads * kSplits, head == 0 && split == 0, p.flush_every_step, flush, records);
     }
   }
 };
