@@ -279,7 +279,8 @@ def decode_timings(
 
     conventional: one step per set. cycle: L steps per set (one flush each). nonflush: L - 1
     steps per set from held = 0 (cursors zeroed in the graph). flush: one step per set at
-    held = L - 1. amortized: ((L - 1) nonflush + flush) / L.
+    held = L - 1. amortized: ((L - 1) nonflush + flush) / L, except for the flush-every-step
+    kernel, whose every step flushes with nothing held: there it is the cycle's time.
     """
     kw = dict(reps=args.reps, rounds=args.rounds)
     res = {}
@@ -299,6 +300,8 @@ def decode_timings(
         res["amortized"] = {
             "us": ((window - 1) * res["nonflush"]["us"] + res["flush"]["us"]) / window
         }
+        if replay.kernel == "flush-every-step":
+            res["amortized"] = {"us": res.get("cycle", res["nonflush"])["us"]}
     return res
 
 
@@ -325,8 +328,14 @@ def result_rows(
     rows_per_cta: per kernel name; missing names take rows_per_cta["replay"].
     """
     rows = []
+    # flush-every-step: every step reads and writes the checkpoint (its "flush" row is the fold
+    # of L - 1 held records, from another kernel's window)
+    every_step = config.get("replay_kernel") == "flush-every-step"
     for kernel, t in timings.items():
-        b = traffic["amortized" if kernel == "cycle" else kernel]
+        if every_step and kernel in ("cycle", "nonflush", "amortized"):
+            b = traffic["conventional"]
+        else:
+            b = traffic["amortized" if kernel == "cycle" else kernel]
         tbps = b / (t["us"] * 1e-6) / 1e12
         rows.append(
             dict(
