@@ -203,8 +203,8 @@ def run_sweep(args, name: str, bench: Callable[..., list[dict]]) -> int:
 
 def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
     """(label, environment, kernels) per launch choice of `spec`'s module: every per-item row
-    tile (conventional and a ReplaySSM cycle) and every split-kernel tile (a ReplaySSM cycle;
-    the largest also without speculative ring loads)."""
+    tile (conventional and a ReplaySSM cycle), every flush-every-step tile (a cycle) and every
+    split-kernel tile (a ReplaySSM cycle; the largest also without speculative ring loads)."""
     from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV, SPECULATIVE_ENV, rows_env
     from replayssm_jit.spec import spec_tilings
 
@@ -215,6 +215,8 @@ def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
         (f"rows{r}", {rows_var: str(r), REPLAY_KERNEL_ENV: "per-item"}, ("conventional", "cycle"))
         for r in tilings
     ]
+    every = {REPLAY_KERNEL_ENV: "flush-every-step"}
+    out += [(f"every{r}", {rows_var: str(r), **every}, ("cycle",)) for r in tilings]
     split = {REPLAY_KERNEL_ENV: "split"}
     out += [(f"split{r}", {rows_var: str(r), **split}, ("cycle",)) for r in tilings]
     nospec = {rows_var: str(tilings[0]), SPECULATIVE_ENV: "0", **split}
