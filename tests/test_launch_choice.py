@@ -147,3 +147,17 @@ def test_bf16_checkpoints_split_too():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, state_dtype="bf16")
     rows, flags = tiling.choose_launch(spec, 256, 128, CPU, replay=True)
     assert flags & tiling.FLAG_SPLIT and rows == 64
+
+
+def test_mamba2_conventional_step_takes_smaller_tiles_at_small_batch():
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    # batch 8: 16-row tiles (4096 CTAs) rather than 64 (1024); batch 1: the smallest tile
+    assert tiling.choose_launch(spec, 8, 128, CPU, replay=False)[0] == 16
+    assert tiling.choose_launch(spec, 1, 128, CPU, replay=False)[0] == 8
+    # from batch 64 the grid fills the chip with the largest tile, as before
+    assert tiling.choose_launch(spec, 64, 128, CPU, replay=False)[0] == 64
+    # the ReplaySSM kernels keep TARGET_CTAS_PER_SM
+    assert tiling.choose_launch(spec, 8, 128, CPU, replay=True)[0] == 64
+    # GDN's conventional step keeps it too
+    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    assert tiling.choose_launch(qwen, 8, 32, CPU, replay=False)[0] == 64

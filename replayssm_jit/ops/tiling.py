@@ -19,6 +19,12 @@ from replayssm_jit.spec import (
 # Enough CTAs to cover every SM twice before splitting a head's rows further (H200 sweeps,
 # benchmarks/results: larger row tiles win whenever the grid already fills the chip).
 TARGET_CTAS_PER_SM = 2
+# The Mamba-2 conventional step below that: more, smaller tiles. H200, FP32, L = 16
+# (benchmarks/results/2026-11-29-h200-flush-every-step/experiments/callG1-*): super120b batch 8
+# ran 23.1 us on 64-row tiles (1024 CTAs), 21.5 on 16 (4096) and 21.2 on 8; batch 1 ran 5.7 on
+# 16 rows and 5.3 on 8; nano4b batch 8 ran 21.2 on 80 rows, 20.0 on 20 (3072 CTAs). GDN's
+# conventional step did not follow (qwen4b batch 8: 12.5 us on 64 rows, 13.4 on 16).
+MAMBA2_CONVENTIONAL_TARGET_CTAS_PER_SM = 16
 # 4-warp tiles beat 8-warp tiles of twice the rows in the H200 sweeps (nano4b, batch 256).
 PREFERRED_WARPS = 4
 
@@ -31,9 +37,15 @@ def sm_count(device: torch.device) -> int:
 
 
 def _largest_filling_tile(
-    options: list[int], rows: int, batch: int, num_heads: int, device: torch.device, env_var: str
+    options: list[int],
+    rows: int,
+    batch: int,
+    num_heads: int,
+    device: torch.device,
+    env_var: str,
+    ctas_per_sm: int = TARGET_CTAS_PER_SM,
 ) -> int:
-    """The largest tile (options largest first) whose items cover every SM TARGET_CTAS_PER_SM
+    """The largest tile (options largest first) whose items cover every SM `ctas_per_sm`
     times, else the smallest; `env_var` overrides with one of `options`."""
     forced = os.environ.get(env_var)
     if forced:
@@ -41,7 +53,7 @@ def _largest_filling_tile(
             raise ValueError(f"{env_var}: expected one of {options}, got {forced!r}")
         return int(forced)
     for r in options:
-        if batch * num_heads * (rows // r) >= TARGET_CTAS_PER_SM * sm_count(device):
+        if batch * num_heads * (rows // r) >= ctas_per_sm * sm_count(device):
             return r
     return options[-1]
 
@@ -66,10 +78,11 @@ def choose_rows_per_cta(
     env_var: str,
     *,
     cols: int | None = None,
+    ctas_per_sm: int = TARGET_CTAS_PER_SM,
 ) -> int:
     """Largest row tile (of the preferred warp count, at most MAX_LANE_VALUES state values per
-    lane when `cols` is given) that still gives enough CTAs; `env_var` overrides with any
-    compiled tile."""
+    lane when `cols` is given) that still gives `ctas_per_sm` CTAs per SM; `env_var` overrides
+    with any compiled tile."""
     options = [r for r, _ in tilings]
     if os.environ.get(env_var):
         return _largest_filling_tile(options, rows, batch, num_heads, device, env_var)
@@ -77,7 +90,9 @@ def choose_rows_per_cta(
     if cols is not None:
         light = [(r, w) for r, w in preferred if lane_values(r, w, cols) <= MAX_LANE_VALUES]
         preferred = light or preferred
-    return _largest_filling_tile([r for r, _ in preferred], rows, batch, num_heads, device, env_var)
+    return _largest_filling_tile(
+        [r for r, _ in preferred], rows, batch, num_heads, device, env_var, ctas_per_sm
+    )
 
 
 # Bits of the modules' `flags` argument (templates/common/launch.cuh).
@@ -180,9 +195,11 @@ def choose_launch(
     row_dim, col_dim = STATE_DIMS[spec.family]
     rows = spec.dim(row_dim)
     kernel = choose_replay_kernel(spec, batch, num_heads, device) if replay else "per-item"
+    conventional_mamba2 = not replay and spec.family == "mamba2"
     tile = choose_rows_per_cta(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
         cols=spec.dim(col_dim),
+        ctas_per_sm=MAMBA2_CONVENTIONAL_TARGET_CTAS_PER_SM if conventional_mamba2 else TARGET_CTAS_PER_SM,
     )  # fmt: skip
     records_ctas = batch * (num_heads // split_records_heads(spec))
     return tile, launch_flags(kernel=kernel, records_ctas=records_ctas, sms=sm_count(device))
