@@ -19,12 +19,12 @@ from replayssm_jit.spec import (
 # Enough CTAs to cover every SM twice before splitting a head's rows further (H200 sweeps,
 # benchmarks/results: larger row tiles win whenever the grid already fills the chip).
 TARGET_CTAS_PER_SM = 2
-# The Mamba-2 conventional step below that: more, smaller tiles. H200, FP32, L = 16
-# (benchmarks/results/2026-11-29-h200-flush-every-step/experiments/callG1-*): super120b batch 8
-# ran 23.1 us on 64-row tiles (1024 CTAs), 21.5 on 16 (4096) and 21.2 on 8; batch 1 ran 5.7 on
-# 16 rows and 5.3 on 8; nano4b batch 8 ran 21.2 on 80 rows, 20.0 on 20 (3072 CTAs). GDN's
-# conventional step did not follow (qwen4b batch 8: 12.5 us on 64 rows, 13.4 on 16).
-MAMBA2_CONVENTIONAL_TARGET_CTAS_PER_SM = 16
+# The conventional step's target per family. Mamba-2 wants more, smaller tiles. H200, FP32,
+# L = 16 (benchmarks/results/2026-11-29-h200-flush-every-step/experiments/callG1-*): super120b
+# batch 8 ran 23.1 us on 64-row tiles (1024 CTAs), 21.5 on 16 (4096) and 21.2 on 8; batch 1 ran
+# 5.7 on 16 rows and 5.3 on 8; nano4b batch 8 ran 21.2 on 80 rows, 20.0 on 20 (3072 CTAs). GDN's
+# did not follow (qwen4b batch 8: 12.5 us on 64 rows, 13.4 on 16).
+CONVENTIONAL_TARGET_CTAS_PER_SM = {"mamba2": 16, "gdn": TARGET_CTAS_PER_SM}
 # 4-warp tiles beat 8-warp tiles of twice the rows in the H200 sweeps (nano4b, batch 256).
 PREFERRED_WARPS = 4
 
@@ -195,11 +195,10 @@ def choose_launch(
     row_dim, col_dim = STATE_DIMS[spec.family]
     rows = spec.dim(row_dim)
     kernel = choose_replay_kernel(spec, batch, num_heads, device) if replay else "per-item"
-    conventional_mamba2 = not replay and spec.family == "mamba2"
+    ctas_per_sm = TARGET_CTAS_PER_SM if replay else CONVENTIONAL_TARGET_CTAS_PER_SM[spec.family]
     tile = choose_rows_per_cta(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
-        cols=spec.dim(col_dim),
-        ctas_per_sm=MAMBA2_CONVENTIONAL_TARGET_CTAS_PER_SM if conventional_mamba2 else TARGET_CTAS_PER_SM,
+        cols=spec.dim(col_dim), ctas_per_sm=ctas_per_sm,
     )  # fmt: skip
     records_ctas = batch * (num_heads // split_records_heads(spec))
     return tile, launch_flags(kernel=kernel, records_ctas=records_ctas, sms=sm_count(device))
