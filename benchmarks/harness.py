@@ -299,11 +299,12 @@ def decode_timings(
             [lambda: cache.cursors[:, 0].fill_(window - 1), *[step(replay, s) for s in sets]], **kw
         )
         res["flush"] = {**t, "us": t["us"] * (len(sets) + 1) / len(sets)}
-        res["amortized"] = {
-            "us": ((window - 1) * res["nonflush"]["us"] + res["flush"]["us"]) / window
-        }
         if replay.kernel == "flush-every-step":
             res["amortized"] = {"us": res.get("cycle", res["nonflush"])["us"]}
+        else:
+            res["amortized"] = {
+                "us": ((window - 1) * res["nonflush"]["us"] + res["flush"]["us"]) / window
+            }
     return res
 
 
