@@ -227,6 +227,18 @@ struct RecordStager {
 
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
+// Inclusive suffix sum over a warp's lanes: lane l gets the sum of la over lanes l..31.
+__device__ __forceinline__ float warp_suffix_sum(float la) {
+  const int lane = threadIdx.x % 32;
+  float suffix = la;
+  #pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const float other = __shfl_down_sync(0xffffffffu, suffix, offset);
+    if (lane + offset < 32) suffix += other;
+  }
+  return suffix;
+}
+
 // decay[i] = exp(sum_{m>i} log_decay[m]) for i < count, and returns exp(sum of all), in FP32.
 // One warp; log_decay and decay live in shared memory. Chunks of 32 records, top down.
 __device__ __forceinline__ float suffix_decays(const float* log_decay, float* decay, int count) {
@@ -235,12 +247,7 @@ __device__ __forceinline__ float suffix_decays(const float* log_decay, float* de
   for (int top = count; top > 0; top -= 32) {
     const int i = top - 32 + lane;
     const float la = i >= 0 ? log_decay[i] : 0.f;
-    float suffix = la;  // inclusive suffix sum within the chunk
-    #pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const float other = __shfl_down_sync(0xffffffffu, suffix, offset);
-      if (lane + offset < 32) suffix += other;
-    }
+    const float suffix = warp_suffix_sum(la);  // within the chunk
     if (i >= 0) decay[i] = expf(carry + suffix - la);
     carry += __shfl_sync(0xffffffffu, suffix, 0);
   }
@@ -251,16 +258,9 @@ __device__ __forceinline__ float suffix_decays(const float* log_decay, float* de
 // i = count - 32 + l (la = 0 for i < 0). Sets decay_i to record i's decay and returns exp(sum of
 // all): the same arithmetic, in the same order, without the shared-memory round trips.
 __device__ __forceinline__ float suffix_decay_lane(float la, float& decay_i) {
-  const int lane = threadIdx.x % 32;
-  const float carry = 0.f;
-  float suffix = la;  // inclusive suffix sum
-  #pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const float other = __shfl_down_sync(0xffffffffu, suffix, offset);
-    if (lane + offset < 32) suffix += other;
-  }
-  decay_i = expf(carry + suffix - la);
-  return expf(carry + __shfl_sync(0xffffffffu, suffix, 0));
+  const float suffix = warp_suffix_sum(la);
+  decay_i = expf(0.f + suffix - la);  // suffix_decays' first chunk, carry 0
+  return expf(0.f + __shfl_sync(0xffffffffu, suffix, 0));
 }
 
 // Run by the last arrival of a slot's batch row: records held (none after a flush), the flush
@@ -311,8 +311,6 @@ __device__ __forceinline__ void store_chunk(state_t* dst, const float (&v)[VEC],
   out.store(dst);
 }
 
-// Grid of (heads x row splits, batch) CTAs, one per item, for a kernel struct Kern with Params,
-// Smem, kThreads, kSplits and run(params, smem).
 // CTAs per SM a kernel struct asks the register allocator to allow (Kern::kMinBlocks; 0, no
 // request, otherwise: an explicit 1 changes the allocation).
 template <class Kern, class = void>
@@ -324,6 +322,8 @@ struct MinBlocks<Kern, std::void_t<decltype(Kern::kMinBlocks)>> {
   static constexpr int value = Kern::kMinBlocks;
 };
 
+// One CTA per item (the launcher sets the grid) for a kernel struct Kern with Params, Smem,
+// kThreads and run(params, smem).
 template <class Kern>
 __global__ void __launch_bounds__(Kern::kThreads, MinBlocks<Kern>::value) per_item_kernel(const typename Kern::Params p) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -347,14 +347,12 @@ struct DeviceFacts {
   }
 };
 
-// Lets per_item_kernel<Kern> use more than 48 KiB of dynamic shared memory on the current device
-// (a function attribute is per device; set once per instantiation and device).
+// Lets per_item_kernel<Kern> use more than 48 KiB of dynamic shared memory on `device` (a
+// function attribute is per device; set once per instantiation and device, devices 0-63).
 template <class Kern>
-cudaError_t allow_shared_memory() {
+cudaError_t allow_shared_memory(int device) {
   if (Kern::kSmemBytes <= 48 * 1024) return cudaSuccess;
-  static uint64_t raised = 0;  // bit d: set on device d (< 64)
-  int device = 0;
-  if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  static uint64_t raised = 0;  // bit d: set on device d
   const uint64_t bit = device < 64 ? uint64_t(1) << device : 0;
   if (bit == 0 || !(raised & bit)) {
     cudaError_t err = cudaFuncSetAttribute(per_item_kernel<Kern>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -369,7 +367,11 @@ template <class Kern>
 cudaError_t launch_per_item(const typename Kern::Params& p, int batch, int num_heads, cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
   auto kernel = per_item_kernel<Kern>;
-  if (cudaError_t err = allow_shared_memory<Kern>(); err != cudaSuccess) return err;
+  if constexpr (Kern::kSmemBytes > 48 * 1024) {  // the device lookup only where it matters
+    int device = 0;
+    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+    if (cudaError_t err = allow_shared_memory<Kern>(device); err != cudaSuccess) return err;
+  }
   dim3 grid(num_heads * Kern::kSplits, batch);
   kernel<<<grid, Kern::kThreads, Kern::kSmemBytes, stream>>>(p);
   return cudaGetLastError();

@@ -84,13 +84,13 @@ template <class Records, class State>
 cudaError_t launch_split(const typename State::Params& p, int batch, int num_groups, int num_heads,
                          cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
-  if (cudaError_t err = allow_shared_memory<Records>(); err != cudaSuccess) return err;
-  if (cudaError_t err = allow_shared_memory<State>(); err != cudaSuccess) return err;
+  DeviceFacts facts;  // one device lookup for both kernels
+  if (cudaError_t err = DeviceFacts::current(facts); err != cudaSuccess) return err;
+  if (cudaError_t err = allow_shared_memory<Records>(facts.device); err != cudaSuccess) return err;
+  if (cudaError_t err = allow_shared_memory<State>(facts.device); err != cudaSuccess) return err;
   per_item_kernel<Records><<<dim3(num_groups, batch), Records::kThreads, Records::kSmemBytes, stream>>>(p);
   if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
 
-  DeviceFacts facts;
-  if (cudaError_t err = DeviceFacts::current(facts); err != cudaSuccess) return err;
   cudaLaunchAttribute overlap[1];
   overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   overlap[0].val.programmaticStreamSerializationAllowed = 1;
