@@ -5,7 +5,8 @@ held = --held (default L // 2) and a flush step (held = L - 1), each over every 
 each kernel's mean duration per step (the split kernel's records and state kernels apart) next
 to the step's CUDA-event time (eager launches, so launch gaps included). A programmatic dependent
 launch starts before its primary ends, so the two kernels' durations can add up to more than the
-step.
+step. At batch 1 with FP32 checkpoints the default kernel is flush-every-step: there every phase
+flushes, and its steady state is --held 0.
 
     python benchmarks/profile_steps.py --family mamba2 --shapes super120b --out DIR
 """
