@@ -231,21 +231,32 @@ struct Kernel {
     const int records = held + 1;
     const bool flush = !REPLAY || records >= L || p.flush_every_step;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
-    k_stage.load_late(rec_k, K, held, p.speculative);
-    if (REPLAY && !p.speculative) u_stage.load(rec_u, V, held);
-    k_stage.store(sm.k, held);
-    if (REPLAY) u_stage.store(sm.u, 0, held);
-    q_stage.store(sm.q, 0, 1);
-    v_stage.store(sm.v, 0, 1);
-    for (int i = threadIdx.x; i < records; i += kThreads) {
-      if (i == held) {
-        float g, beta;
-        token_gates<GATES_IN_KERNEL>(p, row, vhead, g, beta);
-        sm.g[i] = g;
-        sm.beta = beta;
-      } else {
-        sm.g[i] = rec_g[i];
+    // The held records from the rings at [0, n), this token's k and gates at [n] (and q, v).
+    auto stage_records = [&](int n) {
+      k_stage.load_late(rec_k, K, n, p.speculative);
+      if (REPLAY && !p.speculative) u_stage.load(rec_u, V, n);
+      k_stage.store(sm.k, n);
+      if (REPLAY) u_stage.store(sm.u, 0, n);
+      q_stage.store(sm.q, 0, 1);
+      v_stage.store(sm.v, 0, 1);
+      for (int i = threadIdx.x; i <= n; i += kThreads) {
+        if (i == n) {
+          float g, beta;
+          token_gates<GATES_IN_KERNEL>(p, row, vhead, g, beta);
+          sm.g[i] = g;
+          sm.beta = beta;
+        } else {
+          sm.g[i] = rec_g[i];
+        }
       }
+    };
+    // flush_every_step's steady state holds nothing: this token's record is staged at [0] while
+    // the cursor read is in flight, then again after any records another kernel left (held > 0).
+    #pragma unroll 1
+    for (int staged = REPLAY && p.flush_every_step ? 0 : held;; staged = held) {
+      stage_records(staged);
+      if (staged == held) break;
+      __syncthreads();  // every thread's [0] is written before ring row 0 replaces it
     }
     __syncthreads();
 

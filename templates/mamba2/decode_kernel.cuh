@@ -172,21 +172,28 @@ struct Kernel {
     const int records = held + 1;
     const bool flush = !REPLAY || records >= L || p.flush_every_step;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
-    x_stage.load_late(rec_x, P, held, p.speculative);
-    b_stage.load_late(rec_b, N, held, p.speculative);
-    x_stage.store(sm.x, held);
-    b_stage.store(sm.b, held);
-    q_stage.store(sm.q, 0, 1);
-    if constexpr (HAS_Z) z_stage.store(sm.z, 0, 1);
-    for (int i = threadIdx.x; i < records; i += kThreads) {
-      float dt;
-      if (i == held) {
-        dt = token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head);
-      } else {
-        dt = rec_dt[i];
+    // The held records from the rings at [0, n), this token's at [n], with their dt and log-decays
+    // (and q, z).
+    auto stage_records = [&](int n) {
+      x_stage.load_late(rec_x, P, n, p.speculative);
+      b_stage.load_late(rec_b, N, n, p.speculative);
+      x_stage.store(sm.x, n);
+      b_stage.store(sm.b, n);
+      q_stage.store(sm.q, 0, 1);
+      if constexpr (HAS_Z) z_stage.store(sm.z, 0, 1);
+      for (int i = threadIdx.x; i <= n; i += kThreads) {
+        const float dt = i == n ? token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head) : rec_dt[i];
+        sm.dt[i] = dt;
+        sm.log_decay[i] = dt * p.A[head];
       }
-      sm.dt[i] = dt;
-      sm.log_decay[i] = dt * p.A[head];
+    };
+    // flush_every_step's steady state holds nothing: this token's record is staged at [0] while
+    // the cursor read is in flight, then again after any records another kernel left (held > 0).
+    #pragma unroll 1
+    for (int staged = REPLAY && p.flush_every_step ? 0 : held;; staged = held) {
+      stage_records(staged);
+      if (staged == held) break;
+      __syncthreads();  // every thread's [0] is written before ring row 0 replaces it
     }
     __syncthreads();
 
