@@ -312,16 +312,17 @@ def split_workspace_floats(spec: KernelSpec, batch: int, num_heads: int) -> int:
 def split_records_shared_bytes(spec: KernelSpec) -> int:
     """Upper bound on the shared memory of the split kernel's records kernel (Records::Smem in
     templates/*/split_kernel.cuh): the held records, as stored, of every head one CTA serves (a
-    Mamba-2 group's heads, a GDN key head's value heads)."""
+    Mamba-2 group's heads, a GDN key head's value heads). The held x (Mamba-2) and u (GDN) rows
+    stay out of shared memory: B or k rows, this token's x, and scalars."""
     act, cap = DTYPE_BYTES[spec.act_dtype], spec.capacity
     ring = max(cap - 1, 1)
     if spec.family == "mamba2":
         heads, p, n = spec.dim("hpg"), spec.dim("p"), spec.dim("n")
-        records = heads * (ring + 1) * p * act + (ring + 2) * n * act
+        records = heads * p * act + (ring + 2) * n * act
         scalars = 4 * (3 * heads * cap + cap + 4 * heads)
     else:
         heads, k, v = spec.dim("vph"), spec.dim("k"), spec.dim("v")
-        records = heads * ring * v * 4 + (ring + 2) * k * act
+        records = (ring + 2) * k * act
         scalars = 4 * (2 * heads * cap + 3 * cap + 1 + 3 * heads)
     return records + scalars + 6 * 16  # 16-byte alignment of the record arrays
 

@@ -84,12 +84,12 @@ def test_split_kernel_forced(monkeypatch):
 
 
 def test_split_needs_the_records_in_shared_memory(monkeypatch):
-    # one group of 128 heads, L = 16: 128 x 16 x 64 bf16 x records alone are 256 KiB
-    wide = mamba2_spec(headdim=64, dstate=128, heads_per_group=128, window=16)
+    # dstate 1024, L = 128: the group's 128 bf16 B records alone are 256 KiB
+    wide = mamba2_spec(headdim=64, dstate=1024, heads_per_group=8, window=128)
     assert split_records_shared_bytes(wide) > MAX_CTA_SHARED_BYTES
     assert not tiling.choose_launch(wide, 256, 128, CPU, replay=True)[1] & tiling.FLAG_SPLIT
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "split")
-    with pytest.raises(ValueError, match=r"'split' needs .* got 128 heads and \d+ bytes"):
+    with pytest.raises(ValueError, match=r"'split' needs .* got 8 heads and \d+ bytes"):
         tiling.choose_launch(wide, 256, 128, CPU, replay=True)
     # more heads per group than the records CTA has threads, however small the ring
     many = mamba2_spec(headdim=16, dstate=16, heads_per_group=512, window=1)

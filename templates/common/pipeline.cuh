@@ -1,4 +1,4 @@
-// Asynchronous global -> shared copies (cp.async, sm_80+). Framework-agnostic.
+// Asynchronous global -> shared copies (cp.async, sm_80+) and L2 prefetches (sm_90). Framework-agnostic.
 #pragma once
 #include <cstdint>
 #include <type_traits>
@@ -26,6 +26,15 @@ __device__ __forceinline__ void copy_async(void* dst, const void* src) {
 __device__ __forceinline__ void wait_copies() {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+// Starts moving `bytes` at src (both multiples of 16) from DRAM into L2, holding no registers or
+// shared memory: a later plain load of those bytes is then an L2 hit. sm_90 bulk prefetch; a
+// no-op elsewhere (the later loads stay correct, only slower).
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (bytes > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
 #endif
 }
 

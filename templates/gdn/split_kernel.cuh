@@ -25,8 +25,9 @@ struct Records {
   static constexpr int kWarps = 8, kThreads = kWarps * 32;
   static constexpr int kRing = CAP > 1 ? CAP - 1 : 1;  // ring rows held before this token, at most
 
+  // The u ring rows stay out of shared memory (prefetched into L2, read once where they are
+  // summed): they would be most of a CTA's shared memory, and cap the records CTAs per SM.
   struct Smem {
-    alignas(16) float u[VPH][kRing][V];  // u ring rows of the key head's value heads
     alignas(16) act_t k[kRing][K];       // raw k ring rows
     alignas(16) act_t k_cur[K];
     alignas(16) act_t q[K];
@@ -36,12 +37,16 @@ struct Records {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
   static constexpr int kMinBlocks = shared_memory_resident_ctas<kSmemBytes, kThreads>();
+  // u ring rows summed per batch of loads: their L2 round trips overlap.
+  static constexpr int kLoadBatch = 2;
 
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int khead, int count) {
     const int vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
-    copy_columns_async<float, V, VPH, kThreads>(&sm.u[0][0][0], kRing * V, V,
-                                                    p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * V, CAP * V,
-                                                    V, count);
+    if constexpr ((V * sizeof(float)) % 16 == 0) {  // a value head's rows 0..count-1 are contiguous
+      if (threadIdx.x < VPH)
+        pipe::prefetch_l2(p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP * V,
+                          uint32_t(count) * V * sizeof(float));
+    }
     copy_columns_async<act_t, K, 1, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
                                                   0, K, count);
     copy_columns_async<float, 1, VPH, kThreads>(&sm.g[0][0], CAP, 1,
@@ -126,16 +131,24 @@ struct Records {
       float pred[kVec], osum[kVec];
       #pragma unroll
       for (int v = 0; v < kVec; ++v) pred[v] = osum[v] = 0.f;
-      for (int i = 0; i < held; ++i) {
-        const float rk_i = sm.rk[i];
-        const float w_pred = sm.decay[h][i] * sm.kk[i] * rk_i * rk_j;
-        const float w_osum = sm.decay[h][i] * sm.kq[i] * rk_i * rq;
-        float u[kVec];
-        load_floats<float, kVec>(&sm.u[h][i][r], u);
+      const float* ring_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0 + h) * CAP * V + r;
+      for (int i0 = 0; i0 < held; i0 += kLoadBatch) {
+        float u[kLoadBatch][kVec];
         #pragma unroll
-        for (int v = 0; v < kVec; ++v) {
-          pred[v] = fmaf(w_pred, u[v], pred[v]);
-          osum[v] = fmaf(w_osum, u[v], osum[v]);
+        for (int b = 0; b < kLoadBatch; ++b)
+          if (i0 + b < held) load_floats<float, kVec>(ring_u + int64_t(i0 + b) * V, u[b]);
+        #pragma unroll
+        for (int b = 0; b < kLoadBatch; ++b) {
+          const int i = i0 + b;
+          if (i >= held) break;
+          const float rk_i = sm.rk[i];
+          const float w_pred = sm.decay[h][i] * sm.kk[i] * rk_i * rk_j;
+          const float w_osum = sm.decay[h][i] * sm.kq[i] * rk_i * rq;
+          #pragma unroll
+          for (int v = 0; v < kVec; ++v) {
+            pred[v] = fmaf(w_pred, u[b][v], pred[v]);
+            osum[v] = fmaf(w_osum, u[b][v], osum[v]);
+          }
         }
       }
       float* extra = ws.extra(row, vhead0 + h);

@@ -22,10 +22,11 @@ struct Records {
   static constexpr int kWarps = 8, kThreads = kWarps * 32;
   static constexpr int kRing = CAP > 1 ? CAP - 1 : 1;  // ring rows held before this token, at most
 
-  // Records as stored (copied asynchronously: no staging registers); this token's apart, so
-  // that its copies can start before the cursor says which ring row it is.
+  // B records as stored (copied asynchronously: no staging registers); this token's apart, so
+  // that its copies can start before the cursor says which ring row it is. The x rows stay out of
+  // shared memory (prefetched into L2, read once where they are summed): at L = 16 they would be
+  // most of a CTA's shared memory, and cap the records CTAs resident per SM.
   struct Smem {
-    alignas(16) act_t x[HPG][kRing][P];
     alignas(16) act_t x_cur[HPG][P];
     alignas(16) act_t b[kRing][N];
     alignas(16) act_t b_cur[N];
@@ -37,15 +38,19 @@ struct Records {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
   static constexpr int kMinBlocks = shared_memory_resident_ctas<kSmemBytes, kThreads>();
+  // Ring rows of x summed per batch of loads: their L2 round trips overlap.
+  static constexpr int kLoadBatch = 2;
 
   // The ring's first `count` rows; a flush (with_rows false) needs only their dt, for the decays.
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int head0, int group, int count,
                                                    bool with_rows) {
     const int num_groups = p.num_heads / HPG;
     if (with_rows) {
-      copy_columns_async<act_t, P, HPG, kThreads>(&sm.x[0][0][0], kRing * P, P,
-                                                      p.rec_x + (int64_t(slot) * p.num_heads + head0) * CAP * P,
-                                                      CAP * P, P, count);
+      if constexpr ((P * sizeof(act_t)) % 16 == 0) {  // a head's rows 0..count-1 are contiguous
+        if (threadIdx.x < HPG)
+          pipe::prefetch_l2(p.rec_x + (int64_t(slot) * p.num_heads + head0 + threadIdx.x) * CAP * P,
+                            uint32_t(count) * P * sizeof(act_t));
+      }
       copy_columns_async<act_t, N, 1, kThreads>(&sm.b[0][0], 0, N,
                                                     p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N, 0, N, count);
     }
@@ -120,12 +125,19 @@ struct Records {
       #pragma unroll
       for (int v = 0; v < kVec; ++v) extra[v] = HAS_D ? sm.D[h] * x_cur[v] : 0.f;
       if (!flush) {
-        for (int i = 0; i < held; ++i) {
-          const float w = sm.coef[h][i] * sm.dot[i];
-          float x[kVec];
-          load_floats<act_t, kVec>(&sm.x[h][i][r], x);
+        const act_t* ring_x = p.rec_x + (int64_t(slot) * p.num_heads + head0 + h) * CAP * P + r;
+        for (int i0 = 0; i0 < held; i0 += kLoadBatch) {
+          float x[kLoadBatch][kVec];
           #pragma unroll
-          for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x[v], extra[v]);
+          for (int b = 0; b < kLoadBatch; ++b)
+            if (i0 + b < held) load_floats<act_t, kVec>(ring_x + int64_t(i0 + b) * P, x[b]);
+          #pragma unroll
+          for (int b = 0; b < kLoadBatch; ++b) {
+            if (i0 + b >= held) break;
+            const float w = sm.coef[h][i0 + b] * sm.dot[i0 + b];
+            #pragma unroll
+            for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x[b][v], extra[v]);
+          }
         }
         const float w = sm.coef[h][held] * sm.dot[held];
         #pragma unroll
