@@ -293,6 +293,10 @@ def gdn_spec(
 MAX_CTA_SHARED_BYTES = 227 * 1024
 # Threads of the split kernel's records CTA (Records::kThreads): one per head for its scalars.
 SPLIT_RECORDS_THREADS = 256
+# sm_90 per-SM limits (shared_memory_resident_ctas in templates/common/split.cuh)
+MAX_THREADS_PER_SM = 2048
+SHARED_BYTES_PER_SM = 227 * 1024
+SHARED_BYTES_RESERVED_PER_CTA = 1024
 
 
 def split_records_heads(spec: KernelSpec) -> int:
@@ -311,20 +315,24 @@ def split_workspace_floats(spec: KernelSpec, batch: int, num_heads: int) -> int:
 
 def split_records_shared_bytes(spec: KernelSpec) -> int:
     """Upper bound on the shared memory of the split kernel's records kernel (Records::Smem in
-    templates/*/split_kernel.cuh): the held records, as stored, of every head one CTA serves (a
-    Mamba-2 group's heads, a GDN key head's value heads). The held x (Mamba-2) and u (GDN) rows
-    stay out of shared memory: B or k rows, this token's x, and scalars."""
+    templates/*/split_kernel.cuh) for every head one CTA serves (a Mamba-2 group's heads, a GDN
+    key head's value heads): the held B or k rows, this token's x, the scalars, and the held x
+    (Mamba-2) or u (GDN) rows where a full SM of records CTAs still fits with them (else those
+    are read through L2)."""
     act, cap = DTYPE_BYTES[spec.act_dtype], spec.capacity
     ring = max(cap - 1, 1)
     if spec.family == "mamba2":
         heads, p, n = spec.dim("hpg"), spec.dim("p"), spec.dim("n")
-        records = heads * p * act + (ring + 2) * n * act
-        scalars = 4 * (3 * heads * cap + cap + 4 * heads)
+        base = heads * p * act + (ring + 2) * n * act + 4 * (3 * heads * cap + cap + 4 * heads)
+        held_rows, placeholder = heads * ring * p * act, p * act
     else:
         heads, k, v = spec.dim("vph"), spec.dim("k"), spec.dim("v")
-        records = (ring + 2) * k * act
-        scalars = 4 * (2 * heads * cap + 3 * cap + 1 + 3 * heads)
-    return records + scalars + 6 * 16  # 16-byte alignment of the record arrays
+        base = (ring + 2) * k * act + 4 * (2 * heads * cap + 3 * cap + 1 + 3 * heads)
+        held_rows, placeholder = heads * ring * v * 4, v * 4
+    base += 6 * 16  # 16-byte alignment of the record arrays
+    full_sm = MAX_THREADS_PER_SM // SPLIT_RECORDS_THREADS
+    fits = SHARED_BYTES_PER_SM // (base + held_rows + SHARED_BYTES_RESERVED_PER_CTA) >= full_sm
+    return base + (held_rows if fits else placeholder)  # (one row left in place of the array)
 
 
 def _tiling_context(spec: KernelSpec) -> dict:

@@ -25,31 +25,41 @@ struct Records {
   static constexpr int kWarps = 8, kThreads = kWarps * 32;
   static constexpr int kRing = CAP > 1 ? CAP - 1 : 1;  // ring rows held before this token, at most
 
-  // The u ring rows stay out of shared memory (prefetched into L2, read once where they are
-  // summed): they would be most of a CTA's shared memory, and cap the records CTAs per SM.
-  struct Smem {
-    alignas(16) act_t k[kRing][K];       // raw k ring rows
-    alignas(16) act_t k_cur[K];
-    alignas(16) act_t q[K];
+  // The held u rows are staged in shared memory only where a full SM of records CTAs still fits
+  // (the kernel is latency-bound: residency matters more than the round trip). Otherwise they are
+  // prefetched into L2 and loaded from there where they are summed.
+  static constexpr size_t kRingRowsBytes = size_t(VPH) * kRing * V * sizeof(float);
+  struct Scalars {
     float g[VPH][CAP], decay[VPH][CAP];  // log-decays (ring, then this token's at [held]); dec_i
     float kk[CAP], kq[CAP], rk[CAP];     // k_i . k_j, k_i . q_j (raw), 1/|k_i| (1 without L2 norm)
     float q2, g_cur[VPH], total[VPH], beta[VPH];
   };
+  static constexpr size_t kBaseBytes = (kRing + 2) * K * sizeof(act_t) + sizeof(Scalars) + 64;
+  static constexpr bool kRingRowsInShared =
+      shared_memory_resident_ctas<kBaseBytes + kRingRowsBytes, kThreads>() >= 2048 / kThreads;
+  struct Smem {
+    alignas(16) float u[kRingRowsInShared ? VPH : 1][kRingRowsInShared ? kRing : 1][V];
+    alignas(16) act_t k[kRing][K];       // raw k ring rows
+    alignas(16) act_t k_cur[K];
+    alignas(16) act_t q[K];
+    Scalars s;
+  };
   static constexpr size_t kSmemBytes = sizeof(Smem);
   static constexpr int kMinBlocks = shared_memory_resident_ctas<kSmemBytes, kThreads>();
-  // u ring rows summed per batch of loads: their L2 round trips overlap.
+  // Held u rows read from L2 per batch of loads: their round trips overlap.
   static constexpr int kLoadBatch = 2;
 
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int khead, int count) {
     const int vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
-    if constexpr ((V * sizeof(float)) % 16 == 0) {  // a value head's rows 0..count-1 are contiguous
-      if (threadIdx.x < VPH)
-        pipe::prefetch_l2(p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP * V,
-                          uint32_t(count) * V * sizeof(float));
+    const float* rec_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * V;
+    if constexpr (kRingRowsInShared) {
+      copy_columns_async<float, V, VPH, kThreads>(&sm.u[0][0][0], kRing * V, V, rec_u, CAP * V, V, count);
+    } else if constexpr ((V * sizeof(float)) % 16 == 0) {  // a value head's rows 0..count-1 are contiguous
+      if (threadIdx.x < VPH) pipe::prefetch_l2(rec_u + threadIdx.x * CAP * V, uint32_t(count) * V * sizeof(float));
     }
     copy_columns_async<act_t, K, 1, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
                                                   0, K, count);
-    copy_columns_async<float, 1, VPH, kThreads>(&sm.g[0][0], CAP, 1,
+    copy_columns_async<float, 1, VPH, kThreads>(&sm.s.g[0][0], CAP, 1,
                                                     p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * CAP, CAP, 1, count);
   }
 
@@ -70,12 +80,12 @@ struct Records {
     const bool flush = records >= L;
     if (!p.speculative) copy_ring(p, sm, slot, khead, held);
     // This token's gates once the ring copies are under way (their loads then add no round trip),
-    // apart from sm.g, which the ring copies may still be filling.
+    // apart from sm.s.g, which the ring copies may still be filling.
     if (threadIdx.x < VPH) {
       float g, beta;
       token_gates<GATES_IN_KERNEL>(p, row, vhead0 + threadIdx.x, g, beta);
-      sm.g_cur[threadIdx.x] = g;
-      sm.beta[threadIdx.x] = beta;
+      sm.s.g_cur[threadIdx.x] = g;
+      sm.s.beta[threadIdx.x] = beta;
     }
     pipe::wait_copies();
     __syncthreads();
@@ -96,11 +106,11 @@ struct Records {
       aa = group_sum<32>(aa);
       if (lane == 0) {
         if (i < records) {
-          sm.kk[i] = kk;
-          sm.kq[i] = kq;
-          sm.rk[i] = L2NORM ? rsqrtf(aa + kNormEps) : 1.f;
+          sm.s.kk[i] = kk;
+          sm.s.kq[i] = kq;
+          sm.s.rk[i] = L2NORM ? rsqrtf(aa + kNormEps) : 1.f;
         } else {
-          sm.q2 = aa;
+          sm.s.q2 = aa;
         }
       }
     }
@@ -108,46 +118,56 @@ struct Records {
       if (records <= 32) {  // one scan, in registers: lane l holds record records - 32 + l
         const int i = records - 32 + lane;
         float decay_i;
-        const float total = suffix_decay_lane(i < 0 ? 0.f : (i == held ? sm.g_cur[h] : sm.g[h][i]), decay_i);
-        if (i >= 0) sm.decay[h][i] = decay_i;
-        if (lane == 0) sm.total[h] = total;
+        const float total = suffix_decay_lane(i < 0 ? 0.f : (i == held ? sm.s.g_cur[h] : sm.s.g[h][i]), decay_i);
+        if (i >= 0) sm.s.decay[h][i] = decay_i;
+        if (lane == 0) sm.s.total[h] = total;
         continue;
       }
-      if (lane == 0) sm.g[h][held] = sm.g_cur[h];
+      if (lane == 0) sm.s.g[h][held] = sm.s.g_cur[h];
       __syncwarp();
-      const float total = suffix_decays(sm.g[h], sm.decay[h], records);
-      if (lane == 0) sm.total[h] = total;
+      const float total = suffix_decays(sm.s.g[h], sm.s.decay[h], records);
+      if (lane == 0) sm.s.total[h] = total;
     }
     __syncthreads();
 
     // Per-row sums, kVec consecutive rows of one value head per thread: each record's two
     // weights are formed once per thread (the per-item kernel's products).
     const Workspace ws{p.workspace, p.batch, p.num_v_heads};
-    const float rk_j = sm.rk[held];
-    const float rq = (L2NORM ? rsqrtf(sm.q2 + kNormEps) : 1.f) * p.scale;
+    const float rk_j = sm.s.rk[held];
+    const float rq = (L2NORM ? rsqrtf(sm.s.q2 + kNormEps) : 1.f) * p.scale;
     constexpr int kVec = elements_per_thread<V, VPH * V, kThreads>();
     for (int e = threadIdx.x * kVec; e < VPH * V; e += kThreads * kVec) {
       const int h = e / V, r = e % V;
       float pred[kVec], osum[kVec];
       #pragma unroll
       for (int v = 0; v < kVec; ++v) pred[v] = osum[v] = 0.f;
-      const float* ring_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0 + h) * CAP * V + r;
-      for (int i0 = 0; i0 < held; i0 += kLoadBatch) {
-        float u[kLoadBatch][kVec];
+      auto add_record = [&](int i, const float (&u)[kVec]) {  // u_i into both sums
+        const float rk_i = sm.s.rk[i];
+        const float w_pred = sm.s.decay[h][i] * sm.s.kk[i] * rk_i * rk_j;
+        const float w_osum = sm.s.decay[h][i] * sm.s.kq[i] * rk_i * rq;
         #pragma unroll
-        for (int b = 0; b < kLoadBatch; ++b)
-          if (i0 + b < held) load_floats<float, kVec>(ring_u + int64_t(i0 + b) * V, u[b]);
-        #pragma unroll
-        for (int b = 0; b < kLoadBatch; ++b) {
-          const int i = i0 + b;
-          if (i >= held) break;
-          const float rk_i = sm.rk[i];
-          const float w_pred = sm.decay[h][i] * sm.kk[i] * rk_i * rk_j;
-          const float w_osum = sm.decay[h][i] * sm.kq[i] * rk_i * rq;
+        for (int v = 0; v < kVec; ++v) {
+          pred[v] = fmaf(w_pred, u[v], pred[v]);
+          osum[v] = fmaf(w_osum, u[v], osum[v]);
+        }
+      };
+      if constexpr (kRingRowsInShared) {
+        for (int i = 0; i < held; ++i) {
+          float u[kVec];
+          load_floats<float, kVec>(&sm.u[h][i][r], u);
+          add_record(i, u);
+        }
+      } else {  // from L2, kLoadBatch records' loads in flight at once
+        const float* held_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0 + h) * CAP * V + r;
+        for (int i0 = 0; i0 < held; i0 += kLoadBatch) {
+          float u[kLoadBatch][kVec];
           #pragma unroll
-          for (int v = 0; v < kVec; ++v) {
-            pred[v] = fmaf(w_pred, u[b][v], pred[v]);
-            osum[v] = fmaf(w_osum, u[b][v], osum[v]);
+          for (int b = 0; b < kLoadBatch; ++b)
+            if (i0 + b < held) load_floats<float, kVec>(held_u + (i0 + b) * V, u[b]);
+          #pragma unroll
+          for (int b = 0; b < kLoadBatch; ++b) {
+            if (i0 + b >= held) break;
+            add_record(i0 + b, u[b]);
           }
         }
       }
@@ -157,19 +177,19 @@ struct Records {
     }
     if (threadIdx.x < VPH) {
       float* sc = ws.scalars(row, vhead0 + threadIdx.x);
-      sc[0] = sm.total[threadIdx.x];
-      sc[1] = sm.beta[threadIdx.x];
+      sc[0] = sm.s.total[threadIdx.x];
+      sc[1] = sm.s.beta[threadIdx.x];
       sc[2] = rk_j;
       sc[3] = rq;
-      sc[4] = sm.kq[held] * rk_j * rq;  // dec_j = 1
+      sc[4] = sm.s.kq[held] * rk_j * rq;  // dec_j = 1
     }
     if (flush) {  // weights of the held u_i in the fold: dec_i / |k_i|
       for (int e = threadIdx.x; e < VPH * CAP; e += kThreads) {
         const int h = e / CAP, i = e % CAP;
-        if (i < held) ws.coef(row, vhead0 + h)[i] = sm.decay[h][i] * sm.rk[i];
+        if (i < held) ws.coef(row, vhead0 + h)[i] = sm.s.decay[h][i] * sm.s.rk[i];
       }
     } else {  // append g_j and raw k_j at ring row `held` (u_j: the state kernel)
-      if (threadIdx.x < VPH) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held] = sm.g_cur[threadIdx.x];
+      if (threadIdx.x < VPH) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held] = sm.s.g_cur[threadIdx.x];
       store_rows<act_t, K, 1, kThreads>(p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K, 0, sm.k_cur, 0);
     }
     // the state kernel advances the cursor from this

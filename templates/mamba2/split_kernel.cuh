@@ -22,23 +22,32 @@ struct Records {
   static constexpr int kWarps = 8, kThreads = kWarps * 32;
   static constexpr int kRing = CAP > 1 ? CAP - 1 : 1;  // ring rows held before this token, at most
 
-  // B records as stored (copied asynchronously: no staging registers); this token's apart, so
-  // that its copies can start before the cursor says which ring row it is. The x rows stay out of
-  // shared memory (prefetched into L2, read once where they are summed): at L = 16 they would be
-  // most of a CTA's shared memory, and cap the records CTAs resident per SM.
-  struct Smem {
-    alignas(16) act_t x_cur[HPG][P];
-    alignas(16) act_t b[kRing][N];
-    alignas(16) act_t b_cur[N];
-    alignas(16) act_t q[N];
+  // Records as stored (copied asynchronously: no staging registers); this token's apart, so that
+  // its copies can start before the cursor says which ring row it is. The held x rows join them
+  // only where a full SM of records CTAs still fits (the kernel is latency-bound: residency
+  // matters more than the round trip). Otherwise they are prefetched into L2 and loaded from
+  // there where they are summed: at L = 16 they would be most of a CTA's shared memory.
+  static constexpr size_t kRingRowsBytes = size_t(HPG) * kRing * P * sizeof(act_t);
+  struct Scalars {
     float dt[HPG][CAP];         // ring dt (copied), then this token's at [held]
     float log_decay[HPG][CAP], coef[HPG][CAP];  // coef_i = a(i+1:j) dt_i
     float dot[CAP];             // B_i . q
     float A[HPG], D[HPG], dt_cur[HPG], total[HPG];
   };
+  static constexpr size_t kBaseBytes = (HPG * P + (kRing + 2) * N) * sizeof(act_t) + sizeof(Scalars) + 64;
+  static constexpr bool kRingRowsInShared =
+      shared_memory_resident_ctas<kBaseBytes + kRingRowsBytes, kThreads>() >= 2048 / kThreads;
+  struct Smem {
+    alignas(16) act_t x[kRingRowsInShared ? HPG : 1][kRingRowsInShared ? kRing : 1][P];
+    alignas(16) act_t x_cur[HPG][P];
+    alignas(16) act_t b[kRing][N];
+    alignas(16) act_t b_cur[N];
+    alignas(16) act_t q[N];
+    Scalars s;
+  };
   static constexpr size_t kSmemBytes = sizeof(Smem);
   static constexpr int kMinBlocks = shared_memory_resident_ctas<kSmemBytes, kThreads>();
-  // Ring rows of x summed per batch of loads: their L2 round trips overlap.
+  // Held x rows read from L2 per batch of loads: their round trips overlap.
   static constexpr int kLoadBatch = 2;
 
   // The ring's first `count` rows; a flush (with_rows false) needs only their dt, for the decays.
@@ -46,15 +55,16 @@ struct Records {
                                                    bool with_rows) {
     const int num_groups = p.num_heads / HPG;
     if (with_rows) {
-      if constexpr ((P * sizeof(act_t)) % 16 == 0) {  // a head's rows 0..count-1 are contiguous
-        if (threadIdx.x < HPG)
-          pipe::prefetch_l2(p.rec_x + (int64_t(slot) * p.num_heads + head0 + threadIdx.x) * CAP * P,
-                            uint32_t(count) * P * sizeof(act_t));
+      const act_t* rec_x = p.rec_x + (int64_t(slot) * p.num_heads + head0) * CAP * P;
+      if constexpr (kRingRowsInShared) {
+        copy_columns_async<act_t, P, HPG, kThreads>(&sm.x[0][0][0], kRing * P, P, rec_x, CAP * P, P, count);
+      } else if constexpr ((P * sizeof(act_t)) % 16 == 0) {  // a head's rows 0..count-1 are contiguous
+        if (threadIdx.x < HPG) pipe::prefetch_l2(rec_x + threadIdx.x * CAP * P, uint32_t(count) * P * sizeof(act_t));
       }
       copy_columns_async<act_t, N, 1, kThreads>(&sm.b[0][0], 0, N,
                                                     p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N, 0, N, count);
     }
-    copy_columns_async<float, 1, HPG, kThreads>(&sm.dt[0][0], CAP, 1,
+    copy_columns_async<float, 1, HPG, kThreads>(&sm.s.dt[0][0], CAP, 1,
                                                     p.rec_dt + (int64_t(slot) * p.num_heads + head0) * CAP, CAP, 1, count);
   }
 
@@ -70,8 +80,8 @@ struct Records {
                                         int64_t(head0) * p.x_stride_h, p.x_stride_h, 0, 1);
     copy_columns_async<act_t, N, 1, kThreads>(sm.b_cur, 0, 0, p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g, 0, 0, 1);
     copy_columns_async<act_t, N, 1, kThreads>(sm.q, 0, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g, 0, 0, 1);
-    copy_columns_async<float, 1, 1, kThreads>(sm.A, 0, 1, p.A + head0, 0, 1, HPG);
-    if constexpr (HAS_D) copy_columns_async<float, 1, 1, kThreads>(sm.D, 0, 1, p.D + head0, 0, 1, HPG);
+    copy_columns_async<float, 1, 1, kThreads>(sm.s.A, 0, 1, p.A + head0, 0, 1, HPG);
+    if constexpr (HAS_D) copy_columns_async<float, 1, 1, kThreads>(sm.s.D, 0, 1, p.D + head0, 0, 1, HPG);
     if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing, true);
 
     const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
@@ -80,8 +90,8 @@ struct Records {
     const bool flush = records >= L;
     if (!p.speculative) copy_ring(p, sm, slot, head0, group, held, !flush);
     // This token's dt once the ring copies are under way (its loads then add no round trip), apart
-    // from sm.dt, which the ring copies may still be filling.
-    if (threadIdx.x < HPG) sm.dt_cur[threadIdx.x] = token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head0 + threadIdx.x);
+    // from sm.s.dt, which the ring copies may still be filling.
+    if (threadIdx.x < HPG) sm.s.dt_cur[threadIdx.x] = token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head0 + threadIdx.x);
     pipe::wait_copies();
     __syncthreads();
 
@@ -91,26 +101,26 @@ struct Records {
       float acc = 0.f;
       for (int k = lane; k < N; k += 32) acc = fmaf(to_float(b[k]), to_float(sm.q[k]), acc);
       acc = group_sum<32>(acc);
-      if (lane == 0) sm.dot[i] = acc;
+      if (lane == 0) sm.s.dot[i] = acc;
     }
     for (int h = warp; h < HPG; h += kWarps) {
       if (records <= 32) {  // one scan, in registers: lane l holds record records - 32 + l
         const int i = records - 32 + lane;
-        const float dt_i = i < 0 ? 0.f : (i == held ? sm.dt_cur[h] : sm.dt[h][i]);
+        const float dt_i = i < 0 ? 0.f : (i == held ? sm.s.dt_cur[h] : sm.s.dt[h][i]);
         float decay_i;
-        const float total = suffix_decay_lane(i < 0 ? 0.f : dt_i * sm.A[h], decay_i);
-        if (i >= 0) sm.coef[h][i] = decay_i * dt_i;
-        if (lane == 0) sm.total[h] = total;
+        const float total = suffix_decay_lane(i < 0 ? 0.f : dt_i * sm.s.A[h], decay_i);
+        if (i >= 0) sm.s.coef[h][i] = decay_i * dt_i;
+        if (lane == 0) sm.s.total[h] = total;
         continue;
       }
-      if (lane == 0) sm.dt[h][held] = sm.dt_cur[h];
+      if (lane == 0) sm.s.dt[h][held] = sm.s.dt_cur[h];
       __syncwarp();
-      for (int i = lane; i < records; i += 32) sm.log_decay[h][i] = sm.dt[h][i] * sm.A[h];
+      for (int i = lane; i < records; i += 32) sm.s.log_decay[h][i] = sm.s.dt[h][i] * sm.s.A[h];
       __syncwarp();
-      const float total = suffix_decays(sm.log_decay[h], sm.coef[h], records);
+      const float total = suffix_decays(sm.s.log_decay[h], sm.s.coef[h], records);
       __syncwarp();
-      for (int i = lane; i < records; i += 32) sm.coef[h][i] *= sm.dt[h][i];
-      if (lane == 0) sm.total[h] = total;
+      for (int i = lane; i < records; i += 32) sm.s.coef[h][i] *= sm.s.dt[h][i];
+      if (lane == 0) sm.s.total[h] = total;
     }
     __syncthreads();
 
@@ -123,38 +133,48 @@ struct Records {
       float x_cur[kVec], extra[kVec];
       load_floats<act_t, kVec>(&sm.x_cur[h][r], x_cur);
       #pragma unroll
-      for (int v = 0; v < kVec; ++v) extra[v] = HAS_D ? sm.D[h] * x_cur[v] : 0.f;
+      for (int v = 0; v < kVec; ++v) extra[v] = HAS_D ? sm.s.D[h] * x_cur[v] : 0.f;
       if (!flush) {
-        const act_t* ring_x = p.rec_x + (int64_t(slot) * p.num_heads + head0 + h) * CAP * P + r;
-        for (int i0 = 0; i0 < held; i0 += kLoadBatch) {
-          float x[kLoadBatch][kVec];
-          #pragma unroll
-          for (int b = 0; b < kLoadBatch; ++b)
-            if (i0 + b < held) load_floats<act_t, kVec>(ring_x + int64_t(i0 + b) * P, x[b]);
-          #pragma unroll
-          for (int b = 0; b < kLoadBatch; ++b) {
-            if (i0 + b >= held) break;
-            const float w = sm.coef[h][i0 + b] * sm.dot[i0 + b];
+        if constexpr (kRingRowsInShared) {
+          for (int i = 0; i < held; ++i) {
+            const float w = sm.s.coef[h][i] * sm.s.dot[i];
+            float x[kVec];
+            load_floats<act_t, kVec>(&sm.x[h][i][r], x);
             #pragma unroll
-            for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x[b][v], extra[v]);
+            for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x[v], extra[v]);
+          }
+        } else {  // from L2, kLoadBatch records' loads in flight at once
+          const act_t* held_x = p.rec_x + (int64_t(slot) * p.num_heads + head0 + h) * CAP * P + r;
+          for (int i0 = 0; i0 < held; i0 += kLoadBatch) {
+            float x[kLoadBatch][kVec];
+            #pragma unroll
+            for (int b = 0; b < kLoadBatch; ++b)
+              if (i0 + b < held) load_floats<act_t, kVec>(held_x + (i0 + b) * P, x[b]);
+            #pragma unroll
+            for (int b = 0; b < kLoadBatch; ++b) {
+              if (i0 + b >= held) break;
+              const float w = sm.s.coef[h][i0 + b] * sm.s.dot[i0 + b];
+              #pragma unroll
+              for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x[b][v], extra[v]);
+            }
           }
         }
-        const float w = sm.coef[h][held] * sm.dot[held];
+        const float w = sm.s.coef[h][held] * sm.s.dot[held];
         #pragma unroll
         for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x_cur[v], extra[v]);
       }
       store_floats<kVec>(ws.extra(row, head0) + e, extra);  // a group's heads are adjacent rows of the workspace
     }
-    if (threadIdx.x < HPG) *ws.scalars(row, head0 + threadIdx.x) = sm.total[threadIdx.x];
+    if (threadIdx.x < HPG) *ws.scalars(row, head0 + threadIdx.x) = sm.s.total[threadIdx.x];
     if (flush) {
       for (int e = threadIdx.x; e < HPG * CAP; e += kThreads) {
         const int h = e / CAP, i = e % CAP;
-        if (i < records) ws.coef(row, head0 + h)[i] = sm.coef[h][i];
+        if (i < records) ws.coef(row, head0 + h)[i] = sm.s.coef[h][i];
       }
     } else {  // append this token's record at ring row `held` (copied as stored)
       store_rows<act_t, P, HPG, kThreads>(p.rec_x + ((int64_t(slot) * p.num_heads + head0) * CAP + held) * P, CAP * P,
                                           &sm.x_cur[0][0], P);
-      if (threadIdx.x < HPG) p.rec_dt[(int64_t(slot) * p.num_heads + head0 + threadIdx.x) * CAP + held] = sm.dt_cur[threadIdx.x];
+      if (threadIdx.x < HPG) p.rec_dt[(int64_t(slot) * p.num_heads + head0 + threadIdx.x) * CAP + held] = sm.s.dt_cur[threadIdx.x];
       store_rows<act_t, N, 1, kThreads>(p.rec_b + ((int64_t(slot) * num_groups + group) * CAP + held) * N, 0, sm.b_cur, 0);
     }
     // the state kernel advances the cursor from this
