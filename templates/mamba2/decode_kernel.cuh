@@ -62,9 +62,9 @@ template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename a
           bool REPLAY, bool HAS_D, bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, bool WIDE_ROWS>
 struct Kernel {
   using Params = mamba2::Params<act_t, state_t>;
-  // Launched per item (conventional, per-item and flush-every-step ReplaySSM): wide rows, the
-  // fewest values per lane (conventional: 93-96% of the copy ceiling on the H200; flush-every-step
-  // at batch 1: 5.6 against 5.8 us narrow at super120b). The split state kernel takes narrow rows.
+  // Wide rows (the fewest values per lane) for the conventional step (93-96% of the copy ceiling
+  // on the H200) and flush-every-step (batch 1, super120b: 5.6 against 5.8 us narrow); narrow ones
+  // for the per-item ReplaySSM kernel and the split state kernel, which agree bit for bit.
   using Tile = RowTiling<state_t, N, ROWS, WARPS, WIDE_ROWS>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = P / ROWS;
