@@ -173,12 +173,18 @@ def _run_nvcc_program(tmp_path, name: str, body: str) -> list[int]:
 @pytest.mark.nvcc
 def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
     """spec.split_records_shared_bytes (the launch choice's fit check) is an upper bound on the
-    records kernels' compiled shared memory, and a tight one."""
+    records kernels' compiled shared memory, and a tight one, on both sides of the choice to
+    stage the held x / u rows in shared memory (super120b L = 8 and qwen4b L = 16 do, super120b
+    L = 16 and qwen122b L = 16 read them through L2)."""
 
     from replayssm_jit.spec import CPP_TYPES, split_records_shared_bytes
 
     specs = [
+        mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=8),
+        mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=16),
         mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=32),
+        gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=16),
+        gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=16),
         mamba2_spec(headdim=80, dstate=128, heads_per_group=12, window=16, act_dtype="f32"),
         mamba2_spec(headdim=24, dstate=64, heads_per_group=2, window=4, act_dtype="f32"),
         gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=32),
