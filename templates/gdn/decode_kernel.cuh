@@ -117,6 +117,13 @@ struct Kernel {
         Tile::row_values(pred, pred_r);
         Tile::row_values(osum, osum_r);
       }
+      const auto row_sum = [&](const float* in_regs, const float* in_shared, int i, int r) {
+        if constexpr (kFewRows) {
+          return in_regs[i];
+        } else {
+          return in_shared[r];
+        }
+      };
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
@@ -131,8 +138,8 @@ struct Kernel {
           }
         sk = group_sum<Tile::kLanesPerRow>(sk) * rk_j;
         sq = group_sum<Tile::kLanesPerRow>(sq) * rq;
-        u_j[i] = beta * (to_float(v[r]) - (total * sk + (kFewRows ? pred_r[kFewRows ? i : 0] : pred[r])));
-        o[i] = total * sq + (kFewRows ? osum_r[kFewRows ? i : 0] : osum[r]) + coef_q_cur * u_j[i];
+        u_j[i] = beta * (to_float(v[r]) - (total * sk + row_sum(pred_r, pred, i, r)));
+        o[i] = total * sq + row_sum(osum_r, osum, i, r) + coef_q_cur * u_j[i];
       }
     }
     if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs
