@@ -57,13 +57,24 @@ struct SplitWorkspace {
   }
 };
 
-// CTAs of THREADS threads and SMEM_BYTES of shared memory that fit on one sm_90 SM by shared
-// memory (227 KiB, 1 KiB reserved per CTA) and threads (2048): a records kernel's launch bounds
-// ask for this many, so that registers are never the tighter limit.
+// sm_90 per-SM limits (mirrored in replayssm_jit/spec.py).
+constexpr int kThreadsPerSm = 2048;
+constexpr size_t kSharedBytesPerSm = 227 * 1024, kSharedBytesReservedPerCta = 1024;
+
+// CTAs of THREADS threads and SMEM_BYTES of shared memory that fit on one SM by shared memory
+// and threads: a records kernel's launch bounds ask for this many, so that registers are never
+// the tighter limit.
 template <size_t SMEM_BYTES, int THREADS>
 constexpr int shared_memory_resident_ctas() {
-  const int by_smem = int((227 * 1024) / (SMEM_BYTES + 1024)), by_threads = 2048 / THREADS;
+  const int by_smem = int(kSharedBytesPerSm / (SMEM_BYTES + kSharedBytesReservedPerCta));
+  const int by_threads = kThreadsPerSm / THREADS;
   return by_smem < by_threads ? by_smem : by_threads;
+}
+
+// Whether CTAs of THREADS threads and SMEM_BYTES still fill an SM's threads.
+template <size_t SMEM_BYTES, int THREADS>
+constexpr bool fills_sm_threads() {
+  return shared_memory_resident_ctas<SMEM_BYTES, THREADS>() == kThreadsPerSm / THREADS;
 }
 
 // Programmatic dependent launch (sm_90; no-ops elsewhere and when launched without the attribute).

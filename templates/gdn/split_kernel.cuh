@@ -25,25 +25,24 @@ struct Records {
   static constexpr int kWarps = 8, kThreads = kWarps * 32;
   static constexpr int kRing = CAP > 1 ? CAP - 1 : 1;  // ring rows held before this token, at most
 
-  // The held u rows are staged in shared memory only where a full SM of records CTAs still fits
-  // (the kernel is latency-bound: residency matters more than the round trip). Otherwise they are
-  // prefetched into L2 and loaded from there where they are summed.
-  static constexpr size_t kRingRowsBytes = size_t(VPH) * kRing * V * sizeof(float);
+  // The held u rows are staged in shared memory only where a full SM of records CTAs still fits,
+  // as for Mamba-2 (mamba2/split_kernel.cuh); otherwise they are prefetched into L2 and loaded
+  // from there where they are summed. For GDN this measured level on the H200 (qwen122b, L = 16).
   struct Scalars {
     float g[VPH][CAP], decay[VPH][CAP];  // log-decays (ring, then this token's at [held]); dec_i
     float kk[CAP], kq[CAP], rk[CAP];     // k_i . k_j, k_i . q_j (raw), 1/|k_i| (1 without L2 norm)
     float q2, g_cur[VPH], total[VPH], beta[VPH];
   };
-  static constexpr size_t kBaseBytes = (kRing + 2) * K * sizeof(act_t) + sizeof(Scalars) + 64;
-  static constexpr bool kRingRowsInShared =
-      shared_memory_resident_ctas<kBaseBytes + kRingRowsBytes, kThreads>() >= 2048 / kThreads;
-  struct Smem {
-    alignas(16) float u[kRingRowsInShared ? VPH : 1][kRingRowsInShared ? kRing : 1][V];
+  template <bool HELD_ROWS_IN_SHARED>
+  struct Layout {
+    alignas(16) float u[HELD_ROWS_IN_SHARED ? VPH : 1][HELD_ROWS_IN_SHARED ? kRing : 1][V];
     alignas(16) act_t k[kRing][K];       // raw k ring rows
     alignas(16) act_t k_cur[K];
     alignas(16) act_t q[K];
     Scalars s;
   };
+  static constexpr bool kRingRowsInShared = fills_sm_threads<sizeof(Layout<true>), kThreads>();
+  using Smem = Layout<kRingRowsInShared>;
   static constexpr size_t kSmemBytes = sizeof(Smem);
   static constexpr int kMinBlocks = shared_memory_resident_ctas<kSmemBytes, kThreads>();
   // Held u rows read from L2 per batch of loads: their round trips overlap.

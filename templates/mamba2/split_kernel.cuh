@@ -24,27 +24,27 @@ struct Records {
 
   // Records as stored (copied asynchronously: no staging registers); this token's apart, so that
   // its copies can start before the cursor says which ring row it is. The held x rows join them
-  // only where a full SM of records CTAs still fits (the kernel is latency-bound: residency
-  // matters more than the round trip). Otherwise they are prefetched into L2 and loaded from
-  // there where they are summed: at L = 16 they would be most of a CTA's shared memory.
-  static constexpr size_t kRingRowsBytes = size_t(HPG) * kRing * P * sizeof(act_t);
+  // only where a full SM of records CTAs still fits; otherwise they are prefetched into L2 and
+  // loaded from there where they are summed. Residency beat the extra round trip on the H200:
+  // super120b, L = 16, five CTAs per SM to eight took a non-flush step from 289 to 270 us; at
+  // L = 8, where eight fit anyway, L2 was 1.5% slower.
   struct Scalars {
     float dt[HPG][CAP];         // ring dt (copied), then this token's at [held]
     float log_decay[HPG][CAP], coef[HPG][CAP];  // coef_i = a(i+1:j) dt_i
     float dot[CAP];             // B_i . q
     float A[HPG], D[HPG], dt_cur[HPG], total[HPG];
   };
-  static constexpr size_t kBaseBytes = (HPG * P + (kRing + 2) * N) * sizeof(act_t) + sizeof(Scalars) + 64;
-  static constexpr bool kRingRowsInShared =
-      shared_memory_resident_ctas<kBaseBytes + kRingRowsBytes, kThreads>() >= 2048 / kThreads;
-  struct Smem {
-    alignas(16) act_t x[kRingRowsInShared ? HPG : 1][kRingRowsInShared ? kRing : 1][P];
+  template <bool HELD_ROWS_IN_SHARED>
+  struct Layout {
+    alignas(16) act_t x[HELD_ROWS_IN_SHARED ? HPG : 1][HELD_ROWS_IN_SHARED ? kRing : 1][P];
     alignas(16) act_t x_cur[HPG][P];
     alignas(16) act_t b[kRing][N];
     alignas(16) act_t b_cur[N];
     alignas(16) act_t q[N];
     Scalars s;
   };
+  static constexpr bool kRingRowsInShared = fills_sm_threads<sizeof(Layout<true>), kThreads>();
+  using Smem = Layout<kRingRowsInShared>;
   static constexpr size_t kSmemBytes = sizeof(Smem);
   static constexpr int kMinBlocks = shared_memory_resident_ctas<kSmemBytes, kThreads>();
   // Held x rows read from L2 per batch of loads: their round trips overlap.
