@@ -327,7 +327,7 @@ def split_records_shared_bytes(spec: KernelSpec) -> int:
         held_rows, placeholder = heads * ring * p * act, p * act
     else:
         heads, k, v = spec.dim("vph"), spec.dim("k"), spec.dim("v")
-        base = (ring + 2) * k * act + 4 * (2 * heads * cap + 3 * cap + 1 + 3 * heads)
+        base = (ring + 2) * k * act + 4 * (4 * heads * cap + 3 * cap + 1 + 3 * heads)
         held_rows, placeholder = heads * ring * v * 4, v * 4
     base += 6 * 16  # 16-byte alignment of the record arrays
     full_sm = MAX_THREADS_PER_SM // SPLIT_RECORDS_THREADS

@@ -31,6 +31,7 @@ struct Records {
   struct Scalars {
     float g[VPH][CAP], decay[VPH][CAP];  // log-decays (ring, then this token's at [held]); dec_i
     float kk[CAP], kq[CAP], rk[CAP];     // k_i . k_j, k_i . q_j (raw), 1/|k_i| (1 without L2 norm)
+    float w_pred[VPH][CAP], w_osum[VPH][CAP];  // held record i's weights in pred and osum
     float q2, g_cur[VPH], total[VPH], beta[VPH];
   };
   template <bool HELD_ROWS_IN_SHARED>
@@ -129,11 +130,20 @@ struct Records {
     }
     __syncthreads();
 
-    // Per-row sums, kVec consecutive rows of one value head per thread: each record's two
-    // weights are formed once per thread (the per-item kernel's products).
-    const Workspace ws{p.workspace, p.batch, p.num_v_heads};
+    // Each held record's two weights, once per (value head, record): the per-item kernel's
+    // products, in its order. (Formed per thread, they made the sums below issue-bound.)
     const float rk_j = sm.s.rk[held];
     const float rq = (L2NORM ? rsqrtf(sm.s.q2 + kNormEps) : 1.f) * p.scale;
+    for (int e = threadIdx.x; e < VPH * held; e += kThreads) {
+      const int h = e / held, i = e % held;
+      const float rk_i = sm.s.rk[i];
+      sm.s.w_pred[h][i] = sm.s.decay[h][i] * sm.s.kk[i] * rk_i * rk_j;
+      sm.s.w_osum[h][i] = sm.s.decay[h][i] * sm.s.kq[i] * rk_i * rq;
+    }
+    __syncthreads();
+
+    // Per-row sums, kVec consecutive rows of one value head per thread.
+    const Workspace ws{p.workspace, p.batch, p.num_v_heads};
     constexpr int kVec = elements_per_thread<V, VPH * V, kThreads>();
     for (int e = threadIdx.x * kVec; e < VPH * V; e += kThreads * kVec) {
       const int h = e / V, r = e % V;
@@ -141,9 +151,7 @@ struct Records {
       #pragma unroll
       for (int v = 0; v < kVec; ++v) pred[v] = osum[v] = 0.f;
       auto add_record = [&](int i, const float (&u)[kVec]) {  // u_i into both sums
-        const float rk_i = sm.s.rk[i];
-        const float w_pred = sm.s.decay[h][i] * sm.s.kk[i] * rk_i * rk_j;
-        const float w_osum = sm.s.decay[h][i] * sm.s.kq[i] * rk_i * rq;
+        const float w_pred = sm.s.w_pred[h][i], w_osum = sm.s.w_osum[h][i];
         #pragma unroll
         for (int v = 0; v < kVec; ++v) {
           pred[v] = fmaf(w_pred, u[v], pred[v]);
