@@ -130,6 +130,29 @@ def test_speculative_flag_threshold_and_override(monkeypatch):
         tiling.launch_flags()
 
 
+def test_few_records_warps_for_gdn_at_large_batch(monkeypatch):
+    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    m2 = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    few = tiling.FLAG_FEW_RECORDS_WARPS
+    # qwen4b: 16 key heads per batch row; 8 CTAs per SM on 132 SMs from 1056 items (batch 66)
+    assert tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & few
+    assert not tiling.choose_launch(qwen, 65, 32, CPU, replay=True)[1] & few
+    assert tiling.choose_launch(qwen, 66, 32, CPU, replay=True)[1] & few
+    assert not tiling.choose_launch(qwen, 8, 32, CPU, replay=True)[1] & few
+    assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=False)[1] & few
+    assert not tiling.choose_launch(m2, 256, 128, CPU, replay=True)[1] & few  # Mamba-2: never
+    monkeypatch.setenv(tiling.RECORDS_WARPS_ENV, "4")
+    assert tiling.choose_launch(qwen, 8, 32, CPU, replay=True)[1] & few
+    assert not tiling.choose_launch(m2, 256, 128, CPU, replay=True)[1] & few
+    monkeypatch.setenv(tiling.RECORDS_WARPS_ENV, "8")
+    assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & few
+    monkeypatch.setenv(tiling.RECORDS_WARPS_ENV, "16")
+    with pytest.raises(
+        ValueError, match="REPLAYSSM_GDN_RECORDS_WARPS: expected '4' or '8', got '16'"
+    ):
+        tiling.choose_launch(qwen, 256, 32, CPU, replay=True)
+
+
 def test_lane_values_and_the_bf16_gdn_tile():
     # fp32 [64, 128] head on 4 warps (128 lanes): 64 values per lane, whatever the lane layout
     assert tiling.lane_values(64, 4, 128) == 64

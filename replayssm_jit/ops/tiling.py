@@ -99,6 +99,7 @@ def choose_rows_per_cta(
 FLAG_SPECULATIVE_RECORDS = 1
 FLAG_SPLIT = 4
 FLAG_FLUSH_EVERY_STEP = 8
+FLAG_FEW_RECORDS_WARPS = 16
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
 REPLAY_KERNELS = ("split", "per-item", "flush-every-step")
@@ -136,6 +137,31 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
     elif kernel == "flush-every-step":
         flags |= FLAG_FLUSH_EVERY_STEP
     return flags
+
+
+# Records CTAs per SM (of the split kernel's (group, batch row) items) from which GDN's records
+# kernel runs CTAs of 4 warps instead of 8: with the grid several times over the chip, a warp's
+# fixed work (index math, copy set-up, barriers) weighs less. H200, FP32, L = 16 (call L2 A/B,
+# benchmarks/results/2026-11-29-h200-session6): qwen4b batch 256 (31 CTAs per SM) 171.3 to
+# 165.9 us, qwen122b level, qwen4b batch 8 (1 per SM) 10.7 to 12.0. Eight per SM is one full wave
+# of 8-warp CTAs; the threshold between is not measured. Mamba-2 measured level at batch 256.
+FEW_RECORDS_WARPS_MIN_CTAS_PER_SM = 8
+RECORDS_WARPS_ENV = "REPLAYSSM_GDN_RECORDS_WARPS"
+FEW_RECORDS_WARPS_MAX_HEADS = 128  # a 4-warp CTA has one thread per value head for its scalars
+
+
+def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int) -> bool:
+    """Whether GDN's split records kernel runs 4-warp CTAs for `records_ctas` (key head, batch
+    row) items on `sms` SMs (from FEW_RECORDS_WARPS_MIN_CTAS_PER_SM per SM);
+    REPLAYSSM_GDN_RECORDS_WARPS=4 or 8 forces the count. Mamba-2 always runs 8."""
+    forced = os.environ.get(RECORDS_WARPS_ENV)
+    if forced and forced not in ("4", "8"):
+        raise ValueError(f"{RECORDS_WARPS_ENV}: expected '4' or '8', got {forced!r}")
+    if spec.family != "gdn" or split_records_heads(spec) > FEW_RECORDS_WARPS_MAX_HEADS:
+        return False
+    if forced:
+        return forced == "4"
+    return records_ctas >= FEW_RECORDS_WARPS_MIN_CTAS_PER_SM * sms
 
 
 def rows_env(family: str) -> str:
@@ -200,5 +226,8 @@ def choose_launch(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
         cols=spec.dim(col_dim), ctas_per_sm=ctas_per_sm,
     )  # fmt: skip
-    records_ctas = batch * (num_heads // split_records_heads(spec))
-    return tile, launch_flags(kernel=kernel, records_ctas=records_ctas, sms=sm_count(device))
+    records_ctas, sms = batch * (num_heads // split_records_heads(spec)), sm_count(device)
+    flags = launch_flags(kernel=kernel, records_ctas=records_ctas, sms=sms)
+    if flags & FLAG_SPLIT and few_records_warps(spec, records_ctas, sms):
+        flags |= FLAG_FEW_RECORDS_WARPS
+    return tile, flags

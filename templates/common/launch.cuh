@@ -15,6 +15,7 @@ inline cudaStream_t current_stream(const tvm::ffi::TensorView& t) {
 constexpr int64_t kFlagSpeculativeRecords = 1;  // issue ring loads before the cursor is read
 constexpr int64_t kFlagSplit = 4;               // ReplaySSM step as a records kernel, then a state kernel
 constexpr int64_t kFlagFlushEveryStep = 8;      // per-item ReplaySSM step that flushes every token
+constexpr int64_t kFlagFewRecordsWarps = 16;    // split step with records CTAs of 4 warps (GDN)
 
 // The split kernel's workspace (sized by the wrapper; checked again here): float32, contiguous,
 // at least `needed` elements.

@@ -18,11 +18,14 @@ namespace replayssm::gdn {
 template <int V, int CAP>
 using Workspace = SplitWorkspace<2 * V, 5, CAP>;
 
-template <int K, int V, int VPH, int L, int CAP, typename act_t, typename state_t, bool L2NORM, bool GATES_IN_KERNEL>
+// WARPS: 8, or 4 where the grid covers the chip many times over (ops/tiling.py): a warp's fixed
+// work (index math, copies' set-up, barriers) then counts for less against the per-row work.
+template <int K, int V, int VPH, int L, int CAP, typename act_t, typename state_t, bool L2NORM, bool GATES_IN_KERNEL,
+          int WARPS = 8>
 struct Records {
   using Params = gdn::Params<act_t, state_t>;
   using Workspace = gdn::Workspace<V, CAP>;
-  static constexpr int kWarps = 8, kThreads = kWarps * 32;
+  static constexpr int kWarps = WARPS, kThreads = kWarps * 32;
   static constexpr int kRing = CAP > 1 ? CAP - 1 : 1;  // ring rows held before this token, at most
 
   // The held u rows are staged in shared memory only where a full SM of records CTAs still fits,
