@@ -14,7 +14,7 @@ from gpu_schedule import rel_err
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
 from replayssm_jit.ops.gdn import ROWS_ENV
-from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
+from replayssm_jit.ops.tiling import RECORDS_WARPS_ENV, REPLAY_KERNEL_ENV
 from replayssm_jit.reference import gdn_gates, gdn_step_pool
 from replayssm_jit.spec import DTYPE_NAMES, gdn_tilings
 
@@ -255,6 +255,18 @@ def test_split_matches_per_item_bitwise(
     shape, gates_in_kernel, act, state, sr, window, monkeypatch
 ):
     """The split kernel does the per-item kernel's arithmetic in the same order."""
+    family = GDN(shape, gates_in_kernel=gates_in_kernel)
+    gpu_schedule.assert_kernels_agree_bitwise(
+        family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window
+    )
+
+
+@pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", BITWISE_CASES[1:4])
+def test_split_with_4_warp_records_matches_per_item_bitwise(
+    shape, gates_in_kernel, act, state, sr, window, monkeypatch
+):
+    """The 4-warp records CTAs (large batches) do the same arithmetic in the same order too."""
+    monkeypatch.setenv(RECORDS_WARPS_ENV, "4")
     family = GDN(shape, gates_in_kernel=gates_in_kernel)
     gpu_schedule.assert_kernels_agree_bitwise(
         family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window
