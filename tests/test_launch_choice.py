@@ -141,7 +141,11 @@ def test_few_records_warps_for_gdn_at_large_batch(monkeypatch):
     assert not tiling.choose_launch(qwen, 8, 32, CPU, replay=True)[1] & few
     assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=False)[1] & few
     assert not tiling.choose_launch(m2, 256, 128, CPU, replay=True)[1] & few  # Mamba-2: never
+    # qwen122b: four value heads per key head, 4 rows per thread of a 4-warp CTA: 8 warps
+    qwen122b = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4)
+    assert not tiling.choose_launch(qwen122b, 256, 64, CPU, replay=True)[1] & few
     monkeypatch.setenv(tiling.RECORDS_WARPS_ENV, "4")
+    assert tiling.choose_launch(qwen122b, 256, 64, CPU, replay=True)[1] & few
     assert tiling.choose_launch(qwen, 8, 32, CPU, replay=True)[1] & few
     assert not tiling.choose_launch(m2, 256, 128, CPU, replay=True)[1] & few
     monkeypatch.setenv(tiling.RECORDS_WARPS_ENV, "8")

@@ -139,20 +139,23 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
     return flags
 
 
-# Records CTAs per SM (of the split kernel's (group, batch row) items) from which GDN's records
-# kernel runs CTAs of 4 warps instead of 8: with the grid several times over the chip, a warp's
-# fixed work (index math, copy set-up, barriers) weighs less. H200, FP32, L = 16 (call L2 A/B,
-# benchmarks/results/2026-11-29-h200-session6): qwen4b batch 256 (31 CTAs per SM) 171.3 to
-# 165.9 us, qwen122b level, qwen4b batch 8 (1 per SM) 10.7 to 12.0. Eight per SM is one full wave
-# of 8-warp CTAs; the threshold between is not measured. Mamba-2 measured level at batch 256.
+# GDN's records kernel runs CTAs of 4 warps instead of 8 from FEW_RECORDS_WARPS_MIN_CTAS_PER_SM
+# (key head, batch row) items per SM, where a key head's value rows (VPH x V) give a 4-warp CTA
+# at most FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD rows per thread to sum: with the grid several
+# times over the chip and little per-row work, a warp's fixed work (index math, copy set-up,
+# barriers) weighs less. H200, FP32, side by side (call W,
+# benchmarks/results/2026-11-29-h200-session7): qwen4b (VPH 2) batch 256 L = 16 168.3 to 164.6
+# us, L = 32 178.4 to 176.2, batch 128 level, batch 64 46.6 to 47.8 and batch 8 9.9 to 11.6;
+# qwen122b (VPH 4) batch 256 L = 16 317.0 to 318.6 and L = 32 338.4 to 388.7.
 FEW_RECORDS_WARPS_MIN_CTAS_PER_SM = 8
+FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD = 2
 RECORDS_WARPS_ENV = "REPLAYSSM_GDN_RECORDS_WARPS"
 FEW_RECORDS_WARPS_MAX_HEADS = 128  # a 4-warp CTA has one thread per value head for its scalars
 
 
 def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int) -> bool:
     """Whether GDN's split records kernel runs 4-warp CTAs for `records_ctas` (key head, batch
-    row) items on `sms` SMs (from FEW_RECORDS_WARPS_MIN_CTAS_PER_SM per SM);
+    row) items on `sms` SMs (see FEW_RECORDS_WARPS_MIN_CTAS_PER_SM);
     REPLAYSSM_GDN_RECORDS_WARPS=4 or 8 forces the count. Mamba-2 always runs 8."""
     forced = os.environ.get(RECORDS_WARPS_ENV)
     if forced and forced not in ("4", "8"):
@@ -161,7 +164,11 @@ def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int) -> bool:
         return False
     if forced:
         return forced == "4"
-    return records_ctas >= FEW_RECORDS_WARPS_MIN_CTAS_PER_SM * sms
+    rows_per_thread = spec.dim("vph") * spec.dim("v") / 128
+    return (
+        records_ctas >= FEW_RECORDS_WARPS_MIN_CTAS_PER_SM * sms
+        and rows_per_thread <= FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD
+    )
 
 
 def rows_env(family: str) -> str:
