@@ -317,8 +317,9 @@ def split_records_shared_bytes(spec: KernelSpec) -> int:
     """Upper bound on the shared memory of the split kernel's records kernel (Records::Smem in
     templates/*/split_kernel.cuh) for every head one CTA serves (a Mamba-2 group's heads, a GDN
     key head's value heads): the held B or k rows, this token's x, the scalars, and the held x
-    (Mamba-2) or u (GDN) rows where a full SM of records CTAs still fits with them (else those
-    are read through L2)."""
+    (Mamba-2) or u (GDN) rows where a full SM of 8-warp records CTAs still fits with them (else
+    those are read through L2). GDN's 4-warp CTAs (ops/tiling.py) hold their rows in shared
+    memory less often, so this bounds them too."""
     act, cap = DTYPE_BYTES[spec.act_dtype], spec.capacity
     ring = max(cap - 1, 1)
     if spec.family == "mamba2":

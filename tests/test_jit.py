@@ -201,6 +201,8 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
         else:
             dims = f"{s.dim('k')}, {s.dim('v')}, {s.dim('vph')}, {s.window}, {cap}, {act}, float, true, true"
             kern = f"gdn::Records<{dims}>"
+            few_warps = f"gdn::Records<{dims}, 4>"  # bounded too, not tightly
+            lines.append(f'  std::printf("%zu\\n", {few_warps}::kSmemBytes);')
         lines.append(f'  std::printf("%zu\\n", {kern}::kSmemBytes);')
     compiled = _run_nvcc_program(
         tmp_path,
@@ -208,9 +210,15 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
         '#include <cstdio>\n#include "mamba2/split_kernel.cuh"\n#include "gdn/split_kernel.cuh"\n'
         "using namespace replayssm;\nint main() {\n" + "\n".join(lines) + "\n}\n",
     )
-    for spec, size in zip(specs, compiled, strict=True):
+    sizes = iter(compiled)
+    for spec in specs:
         bound = split_records_shared_bytes(spec)
+        if spec.family == "gdn":
+            few_warps_size = next(sizes)
+            assert few_warps_size <= bound, (spec.uri, few_warps_size, bound)
+        size = next(sizes)
         assert size <= bound <= size + 256, (spec.uri, size, bound)
+    assert next(sizes, None) is None
 
 
 @pytest.mark.nvcc
