@@ -225,6 +225,19 @@ struct RecordStager {
   }
 };
 
+// Stages a token's records with stage(n): the held ones at [0, n), this token's at [n], for
+// n = held. Where `zero_first` (flush_every_step, whose steady state holds none), first for n = 0
+// while the cursor read is in flight, then again only if records are held after all.
+template <class Stage>
+__device__ __forceinline__ void stage_token_records(Stage&& stage, bool zero_first, int held) {
+  #pragma unroll 1
+  for (int n = zero_first ? 0 : held;; n = held) {
+    stage(n);
+    if (n == held) break;
+    __syncthreads();  // every thread's [0] is written before ring row 0 replaces it
+  }
+}
+
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 // Inclusive suffix sum over a warp's lanes: lane l gets the sum of la over lanes l..31.

@@ -77,6 +77,18 @@ constexpr bool fills_sm_threads() {
   return shared_memory_resident_ctas<SMEM_BYTES, THREADS>() == kThreadsPerSm / THREADS;
 }
 
+// A records kernel's held rows: ring rows 0..count-1 (LEN elements each) of HEADS heads, each
+// head's CAP-row ring contiguous at `src`. Copied into shared memory `dst` ([HEADS][RING][LEN])
+// where IN_SHARED; otherwise one thread per head prefetches them into L2 for the later loads.
+template <bool IN_SHARED, typename T, int LEN, int HEADS, int RING, int CAP, int THREADS>
+__device__ __forceinline__ void stage_held_rows(T* dst, const T* src, int count) {
+  if constexpr (IN_SHARED) {
+    copy_columns_async<T, LEN, HEADS, THREADS>(dst, RING * LEN, LEN, src, CAP * LEN, LEN, count);
+  } else if constexpr ((LEN * sizeof(T)) % 16 == 0) {
+    if (threadIdx.x < HEADS) pipe::prefetch_l2(src + threadIdx.x * CAP * LEN, uint32_t(count) * LEN * sizeof(T));
+  }
+}
+
 // Programmatic dependent launch (sm_90; no-ops elsewhere and when launched without the attribute).
 __device__ __forceinline__ void wait_for_prior_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -257,14 +257,7 @@ struct Kernel {
         }
       }
     };
-    // flush_every_step's steady state holds nothing: this token's record is staged at [0] while
-    // the cursor read is in flight, then again after any records another kernel left (held > 0).
-    #pragma unroll 1
-    for (int staged = REPLAY && p.flush_every_step ? 0 : held;; staged = held) {
-      stage_records(staged);
-      if (staged == held) break;
-      __syncthreads();  // every thread's [0] is written before ring row 0 replaces it
-    }
+    stage_token_records(stage_records, REPLAY && p.flush_every_step, held);
     __syncthreads();
 
     // 3. Dots of each k_i with k_j and q_j, |k_i|^2 and |q|^2 (a warp per record); decays.

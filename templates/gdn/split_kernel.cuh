@@ -55,11 +55,7 @@ struct Records {
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int khead, int count) {
     const int vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
     const float* rec_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * V;
-    if constexpr (kRingRowsInShared) {
-      copy_columns_async<float, V, VPH, kThreads>(&sm.u[0][0][0], kRing * V, V, rec_u, CAP * V, V, count);
-    } else if constexpr ((V * sizeof(float)) % 16 == 0) {  // a value head's rows 0..count-1 are contiguous
-      if (threadIdx.x < VPH) pipe::prefetch_l2(rec_u + threadIdx.x * CAP * V, uint32_t(count) * V * sizeof(float));
-    }
+    stage_held_rows<kRingRowsInShared, float, V, VPH, kRing, CAP, kThreads>(&sm.u[0][0][0], rec_u, count);
     copy_columns_async<act_t, K, 1, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
                                                   0, K, count);
     copy_columns_async<float, 1, VPH, kThreads>(&sm.s.g[0][0], CAP, 1,

@@ -189,14 +189,7 @@ struct Kernel {
         sm.log_decay[i] = dt * p.A[head];
       }
     };
-    // flush_every_step's steady state holds nothing: this token's record is staged at [0] while
-    // the cursor read is in flight, then again after any records another kernel left (held > 0).
-    #pragma unroll 1
-    for (int staged = REPLAY && p.flush_every_step ? 0 : held;; staged = held) {
-      stage_records(staged);
-      if (staged == held) break;
-      __syncthreads();  // every thread's [0] is written before ring row 0 replaces it
-    }
+    stage_token_records(stage_records, REPLAY && p.flush_every_step, held);
     __syncthreads();
 
     // 3. B_i . q (a warp per record) and the decays a(i+1:j) from suffix sums of log-decays.

@@ -56,11 +56,7 @@ struct Records {
     const int num_groups = p.num_heads / HPG;
     if (with_rows) {
       const act_t* rec_x = p.rec_x + (int64_t(slot) * p.num_heads + head0) * CAP * P;
-      if constexpr (kRingRowsInShared) {
-        copy_columns_async<act_t, P, HPG, kThreads>(&sm.x[0][0][0], kRing * P, P, rec_x, CAP * P, P, count);
-      } else if constexpr ((P * sizeof(act_t)) % 16 == 0) {  // a head's rows 0..count-1 are contiguous
-        if (threadIdx.x < HPG) pipe::prefetch_l2(rec_x + threadIdx.x * CAP * P, uint32_t(count) * P * sizeof(act_t));
-      }
+      stage_held_rows<kRingRowsInShared, act_t, P, HPG, kRing, CAP, kThreads>(&sm.x[0][0][0], rec_x, count);
       copy_columns_async<act_t, N, 1, kThreads>(&sm.b[0][0], 0, N,
                                                     p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N, 0, N, count);
     }
