@@ -194,12 +194,14 @@ def assert_kernels_agree_bitwise(
     num_slots: int = 12,
     window: int = 4,
     speculative: str | None = None,
+    launch_flags: int = 0,
 ) -> None:
     """Run the same steps (three flush cycles, padded rows, random checkpoints) through two
     ReplaySSM kernels (REPLAYSSM_REPLAY_KERNEL) and require bit-identical outputs, checkpoints,
     rings and cursors: for kernels that do the same arithmetic in the same order. `speculative`
     forces REPLAYSSM_SPECULATIVE_RECORDS ("0": ring rows read after the cursor, as the split
-    kernel does by default at large batch)."""
+    kernel does by default at large batch). `launch_flags`: bits the first kernel's launch must
+    carry (so that the kernel variant meant is the one compared)."""
     from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV, SPECULATIVE_ENV
 
     if speculative is not None:
@@ -218,6 +220,8 @@ def assert_kernels_agree_bitwise(
         cache.state.copy_(torch.randn(cache.state.shape, generator=init))
         w = family.wrapper(cache, mode="replay", batch=batch, sr=sr, seed=11)
         assert w.kernel == kernel
+        if kernel == kernels[0]:
+            assert w.launch_flags & launch_flags == launch_flags, (w.launch_flags, launch_flags)
         runs[kernel] = (cache, w)
     order = torch.randperm(num_slots, generator=torch.Generator().manual_seed(2))[: batch - 2]
     rows = [int(s) for s in order] + [pad, pad]

@@ -14,7 +14,7 @@ from gpu_schedule import rel_err
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
 from replayssm_jit.ops.gdn import ROWS_ENV
-from replayssm_jit.ops.tiling import RECORDS_WARPS_ENV, REPLAY_KERNEL_ENV
+from replayssm_jit.ops.tiling import FLAG_FEW_RECORDS_WARPS, RECORDS_WARPS_ENV, REPLAY_KERNEL_ENV
 from replayssm_jit.reference import gdn_gates, gdn_step_pool
 from replayssm_jit.spec import DTYPE_NAMES, gdn_tilings
 
@@ -269,8 +269,9 @@ def test_split_with_4_warp_records_matches_per_item_bitwise(
     monkeypatch.setenv(RECORDS_WARPS_ENV, "4")
     family = GDN(shape, gates_in_kernel=gates_in_kernel)
     gpu_schedule.assert_kernels_agree_bitwise(
-        family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window
-    )
+        family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window,
+        launch_flags=FLAG_FEW_RECORDS_WARPS,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", ["qwen122b", "k64"])

@@ -155,6 +155,8 @@ def test_few_records_warps_for_gdn_at_large_batch(monkeypatch):
         ValueError, match="REPLAYSSM_GDN_RECORDS_WARPS: expected '4' or '8', got '16'"
     ):
         tiling.choose_launch(qwen, 256, 32, CPU, replay=True)
+    with pytest.raises(ValueError, match="REPLAYSSM_GDN_RECORDS_WARPS"):  # whatever the kernel
+        tiling.choose_launch(qwen, 1, 32, CPU, replay=True)
 
 
 def test_lane_values_and_the_bf16_gdn_tile():

@@ -143,14 +143,15 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
 # (key head, batch row) items per SM, where a key head's value rows (VPH x V) give a 4-warp CTA
 # at most FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD rows per thread to sum: with the grid several
 # times over the chip and little per-row work, a warp's fixed work (index math, copy set-up,
-# barriers) weighs less. H200, FP32, side by side (call W,
+# barriers) weighs less (ncu, qwen4b batch 256: 19.0 M warp instructions with 8 warps, 13.0 M
+# with 4; calls U and U2). H200, FP32, side by side (call W,
 # benchmarks/results/2026-11-29-h200-session7): qwen4b (VPH 2) batch 256 L = 16 168.3 to 164.6
 # us, L = 32 178.4 to 176.2, batch 128 level, batch 64 46.6 to 47.8 and batch 8 9.9 to 11.6;
 # qwen122b (VPH 4) batch 256 L = 16 317.0 to 318.6 and L = 32 338.4 to 388.7.
 FEW_RECORDS_WARPS_MIN_CTAS_PER_SM = 8
 FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD = 2
 RECORDS_WARPS_ENV = "REPLAYSSM_GDN_RECORDS_WARPS"
-FEW_RECORDS_WARPS_MAX_HEADS = 128  # a 4-warp CTA has one thread per value head for its scalars
+FEW_RECORDS_THREADS = 4 * 32  # Records<..., 4>::kThreads: one thread per value head for its scalars
 
 
 def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int) -> bool:
@@ -160,11 +161,11 @@ def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int) -> bool:
     forced = os.environ.get(RECORDS_WARPS_ENV)
     if forced and forced not in ("4", "8"):
         raise ValueError(f"{RECORDS_WARPS_ENV}: expected '4' or '8', got {forced!r}")
-    if spec.family != "gdn" or split_records_heads(spec) > FEW_RECORDS_WARPS_MAX_HEADS:
+    if spec.family != "gdn" or split_records_heads(spec) > FEW_RECORDS_THREADS:
         return False
     if forced:
         return forced == "4"
-    rows_per_thread = spec.dim("vph") * spec.dim("v") / 128
+    rows_per_thread = spec.dim("vph") * spec.dim("v") / FEW_RECORDS_THREADS
     return (
         records_ctas >= FEW_RECORDS_WARPS_MIN_CTAS_PER_SM * sms
         and rows_per_thread <= FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD
@@ -235,6 +236,7 @@ def choose_launch(
     )  # fmt: skip
     records_ctas, sms = batch * (num_heads // split_records_heads(spec)), sm_count(device)
     flags = launch_flags(kernel=kernel, records_ctas=records_ctas, sms=sms)
-    if flags & FLAG_SPLIT and few_records_warps(spec, records_ctas, sms):
+    few = few_records_warps(spec, records_ctas, sms)  # (checks the override whatever the kernel)
+    if flags & FLAG_SPLIT and few:
         flags |= FLAG_FEW_RECORDS_WARPS
     return tile, flags
