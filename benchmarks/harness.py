@@ -27,7 +27,7 @@ import torch
 
 COPY_CEILING_TBPS = 4.21  # H200 device-to-device copy, read + write (shared/anchors)
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-REPLAY_KERNELS = ("conventional", "cycle", "nonflush", "flush")
+REPLAY_KERNELS = ("conventional", "cycle", "nonflush", "flush", "staggered")
 
 
 def time_graph(
@@ -283,6 +283,8 @@ def decode_timings(
     steps per set from held = 0 (cursors zeroed in the graph). flush: one step per set at
     held = L - 1. amortized: ((L - 1) nonflush + flush) / L, except for the flush-every-step
     kernel, whose every step flushes with nothing held: there it is the cycle's time.
+    staggered: the L-step cycle with the slots' cursors spread over 0..L-1, so that each step
+    flushes about 1/L of its rows, as in an engine whose requests start at different steps.
     """
     kw = dict(reps=args.reps, rounds=args.rounds)
     res = {}
@@ -305,7 +307,23 @@ def decode_timings(
             res["amortized"] = {
                 "us": ((window - 1) * res["nonflush"]["us"] + res["flush"]["us"]) / window
             }
+    if window > 1 and "staggered" in kernels:
+        stagger_cursors(cache, window, step, replay, sets)
+        res["staggered"] = time_graph([step(replay, s) for _ in range(window) for s in sets], **kw)
     return res
+
+
+def stagger_cursors(cache, window: int, step: Callable, replay, sets: list[torch.Tensor]) -> None:
+    """Fill every set's ring rows 0..L-2 with real records (L - 1 eager non-flush steps from
+    held = 0), then give the i-th slot of each set held = i mod L. An L-step graph then keeps
+    each slot's phase: it flushes once and comes back to the same held count."""
+    cache.cursors.zero_()
+    for _ in range(window - 1):
+        for s in sets:
+            step(replay, s)()
+    for s in sets:
+        phase = torch.arange(len(s), device=cache.cursors.device, dtype=torch.int32) % window
+        cache.cursors[s.long(), 0] = phase
 
 
 def replay_traffic(state: float, record: float, window: int) -> dict[str, float]:
@@ -326,7 +344,8 @@ def replay_traffic(state: float, record: float, window: int) -> dict[str, float]
 def result_rows(
     config: dict, timings: dict[str, dict], traffic: dict[str, float], rows_per_cta: dict
 ) -> list[dict]:
-    """One row per timed kernel: time, bytes (a cycle counts as amortized), TB/s, % of ceiling.
+    """One row per timed kernel: time, bytes (a cycle, staggered or not, counts as amortized),
+    TB/s, % of ceiling.
 
     rows_per_cta: per kernel name; missing names take rows_per_cta["replay"].
     """
@@ -335,10 +354,10 @@ def result_rows(
     # of L - 1 held records, from another kernel's window)
     every_step = config.get("replay_kernel") == "flush-every-step"
     for kernel, t in timings.items():
-        if every_step and kernel in ("cycle", "nonflush", "amortized"):
+        if every_step and kernel in ("cycle", "nonflush", "amortized", "staggered"):
             b = traffic["conventional"]
         else:
-            b = traffic["amortized" if kernel == "cycle" else kernel]
+            b = traffic["amortized" if kernel in ("cycle", "staggered") else kernel]
         tbps = b / (t["us"] * 1e-6) / 1e12
         rows.append(
             dict(

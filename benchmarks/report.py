@@ -32,7 +32,7 @@ def load_fi(path: Path | None) -> dict[tuple[str, int], dict[str, float]]:
     return out
 
 
-OURS = ("conventional", "nonflush", "flush", "amortized", "cycle")
+OURS = ("conventional", "nonflush", "flush", "amortized", "cycle", "staggered")
 
 
 def table(rows: list[dict], fi: dict, family: str) -> str:
@@ -59,6 +59,7 @@ def table(rows: list[dict], fi: dict, family: str) -> str:
         "flush µs",
         "amortized µs (% ceil)",
         "cycle µs",
+        "staggered µs",
         "conv / amortized",
         *peer_cols,
     ]
@@ -93,6 +94,7 @@ def table(rows: list[dict], fi: dict, family: str) -> str:
                     us("flush"),
                     us("amortized", True),
                     us("cycle"),
+                    us("staggered"),
                     ratio,
                     *peers,
                 ]
