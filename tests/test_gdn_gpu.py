@@ -14,7 +14,13 @@ from gpu_schedule import rel_err
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
 from replayssm_jit.ops.gdn import ROWS_ENV
-from replayssm_jit.ops.tiling import FLAG_FEW_RECORDS_WARPS, RECORDS_WARPS_ENV, REPLAY_KERNEL_ENV
+from replayssm_jit.ops.tiling import (
+    CAPPED_STATE_REGISTERS_ENV,
+    FLAG_CAPPED_STATE_REGISTERS,
+    FLAG_FEW_RECORDS_WARPS,
+    RECORDS_WARPS_ENV,
+    REPLAY_KERNEL_ENV,
+)
 from replayssm_jit.reference import gdn_gates, gdn_step_pool
 from replayssm_jit.spec import DTYPE_NAMES, gdn_tilings
 
@@ -271,6 +277,19 @@ def test_split_with_4_warp_records_matches_per_item_bitwise(
     gpu_schedule.assert_kernels_agree_bitwise(
         family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window,
         launch_flags=FLAG_FEW_RECORDS_WARPS,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", BITWISE_CASES[2:])
+def test_split_with_capped_state_registers_matches_per_item_bitwise(
+    shape, gates_in_kernel, act, state, sr, window, monkeypatch
+):
+    """The state kernel with capped registers (large batches) gives the same bits."""
+    monkeypatch.setenv(CAPPED_STATE_REGISTERS_ENV, "1")
+    family = GDN(shape, gates_in_kernel=gates_in_kernel)
+    gpu_schedule.assert_kernels_agree_bitwise(
+        family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window,
+        launch_flags=FLAG_CAPPED_STATE_REGISTERS,
     )  # fmt: skip
 
 

@@ -1,5 +1,8 @@
 """Launch choice on the CPU: kernel selection, tiles, flags and overrides."""
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -157,6 +160,46 @@ def test_few_records_warps_for_gdn_at_large_batch(monkeypatch):
         tiling.choose_launch(qwen, 256, 32, CPU, replay=True)
     with pytest.raises(ValueError, match="REPLAYSSM_GDN_RECORDS_WARPS"):  # whatever the kernel
         tiling.choose_launch(qwen, 1, 32, CPU, replay=True)
+
+
+def test_capped_state_registers_for_gdn_at_large_batch(monkeypatch):
+    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    m2 = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    capped = tiling.FLAG_CAPPED_STATE_REGISTERS
+    # qwen4b: 32 value heads x 2 tiles of 64 rows per batch row; 32 CTAs per SM on 132 SMs
+    # from 4224 CTAs (batch 66)
+    assert tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & capped
+    assert tiling.choose_launch(qwen, 66, 32, CPU, replay=True)[1] & capped
+    assert not tiling.choose_launch(qwen, 65, 32, CPU, replay=True)[1] & capped
+    assert not tiling.choose_launch(qwen, 8, 32, CPU, replay=True)[1] & capped
+    assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=False)[1] & capped
+    assert not tiling.choose_launch(m2, 256, 128, CPU, replay=True)[1] & capped  # Mamba-2: never
+    monkeypatch.setenv(tiling.CAPPED_STATE_REGISTERS_ENV, "1")
+    assert tiling.choose_launch(qwen, 8, 32, CPU, replay=True)[1] & capped
+    assert not tiling.choose_launch(qwen, 1, 32, CPU, replay=True)[1] & capped  # no split kernel
+    assert not tiling.choose_launch(m2, 256, 128, CPU, replay=True)[1] & capped
+    monkeypatch.setenv(tiling.CAPPED_STATE_REGISTERS_ENV, "0")
+    assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & capped
+    monkeypatch.setenv(tiling.CAPPED_STATE_REGISTERS_ENV, "yes")
+    with pytest.raises(
+        ValueError, match="REPLAYSSM_GDN_CAPPED_STATE_REGISTERS: expected '0' or '1', got 'yes'"
+    ):
+        tiling.choose_launch(qwen, 1, 32, CPU, replay=True)  # checked whatever the kernel
+
+
+def test_launch_flag_bits_match_the_kernels():
+    """ops/tiling.py's FLAG_* constants are the bindings' kFlag* bits (common/launch.cuh)."""
+    header = (Path(__file__).resolve().parents[1] / "templates/common/launch.cuh").read_text()
+    bits = {
+        re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper(): int(value)
+        for name, value in re.findall(r"constexpr int64_t kFlag(\w+) = (\d+);", header)
+    }
+    python = {
+        name.removeprefix("FLAG_"): getattr(tiling, name)
+        for name in dir(tiling)
+        if name.startswith("FLAG_")
+    }
+    assert bits == python
 
 
 def test_lane_values_and_the_bf16_gdn_tile():

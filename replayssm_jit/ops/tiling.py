@@ -100,6 +100,7 @@ FLAG_SPECULATIVE_RECORDS = 1
 FLAG_SPLIT = 4
 FLAG_FLUSH_EVERY_STEP = 8
 FLAG_FEW_RECORDS_WARPS = 16
+FLAG_CAPPED_STATE_REGISTERS = 32
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
 REPLAY_KERNELS = ("split", "per-item", "flush-every-step")
@@ -172,6 +173,30 @@ def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int) -> bool:
     )
 
 
+# GDN's split state kernel caps its registers (gdn::State's CAPPED_REGISTERS: at most 96 per thread,
+# so 5 CTAs of the 64-row, 4-warp tile per SM instead of 4) from CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM
+# state CTAs per SM. H200, L = 16, side by side (call M, benchmarks/results/2026-11-29-h200-session8):
+# batch 256 qwen4b 162.4 to 161.9 us amortized (FP32 checkpoints) and 118.5 to 112.6 (BF16),
+# qwen122b 310.3 to 309.1 and 228.2 to 209.0; batch 8 (4 and 8 state CTAs per SM) slower: qwen4b
+# 9.8 to 11.0 (FP32) and 8.2 to 9.2 (BF16), qwen122b 17.2 to 18.2 and 14.1 to 14.4.
+CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = 32
+CAPPED_STATE_REGISTERS_ENV = "REPLAYSSM_GDN_CAPPED_STATE_REGISTERS"
+
+
+def capped_state_registers(spec: KernelSpec, state_ctas: int, sms: int) -> bool:
+    """Whether GDN's split state kernel runs with capped registers for `state_ctas` CTAs on `sms`
+    SMs (see CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM); REPLAYSSM_GDN_CAPPED_STATE_REGISTERS=0 or 1
+    forces it. Mamba-2 has no such variant."""
+    forced = os.environ.get(CAPPED_STATE_REGISTERS_ENV)
+    if forced and forced not in ("0", "1"):
+        raise ValueError(f"{CAPPED_STATE_REGISTERS_ENV}: expected '0' or '1', got {forced!r}")
+    if spec.family != "gdn":
+        return False
+    if forced:
+        return forced == "1"
+    return state_ctas >= CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM * sms
+
+
 def rows_env(family: str) -> str:
     """The variable that forces a family's per-item tile, e.g. REPLAYSSM_MAMBA2_ROWS_PER_CTA."""
     return f"REPLAYSSM_{family.upper()}_ROWS_PER_CTA"
@@ -237,6 +262,9 @@ def choose_launch(
     records_ctas, sms = batch * (num_heads // split_records_heads(spec)), sm_count(device)
     flags = launch_flags(kernel=kernel, records_ctas=records_ctas, sms=sms)
     few = few_records_warps(spec, records_ctas, sms)  # (checks the override whatever the kernel)
+    capped = capped_state_registers(spec, batch * num_heads * (rows // tile), sms)  # (likewise)
     if flags & FLAG_SPLIT and few:
         flags |= FLAG_FEW_RECORDS_WARPS
+    if flags & FLAG_SPLIT and capped:
+        flags |= FLAG_CAPPED_STATE_REGISTERS
     return tile, flags

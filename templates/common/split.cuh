@@ -58,7 +58,7 @@ struct SplitWorkspace {
 };
 
 // sm_90 per-SM limits (mirrored in replayssm_jit/spec.py).
-constexpr int kThreadsPerSm = 2048;
+constexpr int kThreadsPerSm = 2048, kRegistersPerSm = 64 * 1024;
 constexpr size_t kSharedBytesPerSm = 227 * 1024, kSharedBytesReservedPerCta = 1024;
 
 // CTAs of THREADS threads and SMEM_BYTES of shared memory that fit on one SM by shared memory

@@ -203,14 +203,26 @@ struct Records {
   }
 };
 
+// CAPPED_REGISTERS: launch bounds that leave a thread at most kCappedRegisters, so that more CTAs
+// share an SM (the 64-row, 4-warp tile: 117-127 registers, 4 CTAs; capped, 96 and 5). Faster
+// where the grid covers the chip many times, slower at small batch (ops/tiling.py). Only that
+// tile shape has a capped form (capped_registers_tile); smaller tiles got more registers under
+// the bound, larger ones would spill.
+template <int K, int ROWS, int WARPS>
+constexpr bool capped_registers_tile() {
+  return WARPS == 4 && ROWS * K / (WARPS * 32) == 64;
+}
+
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
-          bool GATES_IN_KERNEL, bool SR>
+          bool GATES_IN_KERNEL, bool SR, bool CAPPED_REGISTERS = false>
 struct State {
   using Base = Kernel<K, V, VPH, L, CAP, ROWS, WARPS, act_t, state_t, true, L2NORM, GATES_IN_KERNEL, SR>;
   using Params = typename Base::Params;
   using Tile = typename Base::Tile;
   using Workspace = gdn::Workspace<V, CAP>;
   static constexpr int kThreads = Base::kThreads, kSplits = Base::kSplits;
+  static constexpr int kCappedRegisters = 96;
+  static constexpr int kMinBlocks = CAPPED_REGISTERS ? kRegistersPerSm / (kThreads * kCappedRegisters) : 0;
 
   // FP32 checkpoints only: with BF16 ones the larger shared memory measured slower at batch 8
   // (call N: qwen4b 8.2 to 9.2 us), though faster at batch 256.
