@@ -166,12 +166,17 @@ def test_capped_state_registers_for_gdn_at_large_batch(monkeypatch):
     qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
     m2 = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
     capped = tiling.FLAG_CAPPED_STATE_REGISTERS
-    # qwen4b: 32 value heads x 2 tiles of 64 rows per batch row; 32 CTAs per SM on 132 SMs
-    # from 4224 CTAs (batch 66)
+    # qwen4b: 32 value heads x 2 tiles of 64 rows per batch row; FP32 checkpoints: 64 CTAs per
+    # SM on 132 SMs from 8448 CTAs (batch 132); BF16: 12 per SM from 1584 CTAs (batch 25)
     assert tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & capped
-    assert tiling.choose_launch(qwen, 66, 32, CPU, replay=True)[1] & capped
-    assert not tiling.choose_launch(qwen, 65, 32, CPU, replay=True)[1] & capped
+    assert tiling.choose_launch(qwen, 132, 32, CPU, replay=True)[1] & capped
+    assert not tiling.choose_launch(qwen, 131, 32, CPU, replay=True)[1] & capped
     assert not tiling.choose_launch(qwen, 8, 32, CPU, replay=True)[1] & capped
+    qwen_bf16 = gdn_spec(
+        head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, state_dtype="bf16"
+    )
+    assert tiling.choose_launch(qwen_bf16, 25, 32, CPU, replay=True)[1] & capped
+    assert not tiling.choose_launch(qwen_bf16, 24, 32, CPU, replay=True)[1] & capped
     assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=False)[1] & capped
     assert not tiling.choose_launch(m2, 256, 128, CPU, replay=True)[1] & capped  # Mamba-2: never
     monkeypatch.setenv(tiling.CAPPED_STATE_REGISTERS_ENV, "1")

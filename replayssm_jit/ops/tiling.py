@@ -174,12 +174,14 @@ def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int) -> bool:
 
 
 # GDN's split state kernel caps its registers (gdn::State's CAPPED_REGISTERS: at most 96 per thread,
-# so 5 CTAs of the 64-row, 4-warp tile per SM instead of 4) from CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM
-# state CTAs per SM. H200, L = 16, side by side (call M, benchmarks/results/2026-11-29-h200-session8):
-# batch 256 qwen4b 162.4 to 161.9 us amortized (FP32 checkpoints) and 118.5 to 112.6 (BF16),
-# qwen122b 310.3 to 309.1 and 228.2 to 209.0; batch 8 (4 and 8 state CTAs per SM) slower: qwen4b
-# 9.8 to 11.0 (FP32) and 8.2 to 9.2 (BF16), qwen122b 17.2 to 18.2 and 14.1 to 14.4.
-CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = 32
+# so 5 CTAs of the 64-row, 4-warp tile per SM instead of 4) from this many state CTAs per SM, by
+# checkpoint dtype. H200, L = 16, side by side (calls M and F1, benchmarks/results/2026-11-29-h200-session8),
+# amortized us uncapped to capped, (state CTAs per SM):
+#   FP32: qwen4b batch 64 (31) 45.9 to 46.8, 128 (62) 85.6 to 85.6, 256 (124) 162.4 to 161.9;
+#         qwen122b batch 32 (31) 46.0 to 46.1, 64 (62) 84.0 to 83.9, 128 (124) 160.2 to 159.5.
+#   BF16: qwen4b batch 16 (7.8) 13.2 to 13.9, 32 (15.5) 20.8 to 19.9, 256 118.5 to 112.6;
+#         qwen122b batch 8 (7.8) 14.1 to 14.4, 16 (15.5) 22.4 to 21.4, 256 228.2 to 209.0.
+CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = {"f32": 64, "bf16": 12, "f16": 12}
 CAPPED_STATE_REGISTERS_ENV = "REPLAYSSM_GDN_CAPPED_STATE_REGISTERS"
 
 
@@ -194,7 +196,7 @@ def capped_state_registers(spec: KernelSpec, state_ctas: int, sms: int) -> bool:
         return False
     if forced:
         return forced == "1"
-    return state_ctas >= CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM * sms
+    return state_ctas >= CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM[spec.state_dtype] * sms
 
 
 def rows_env(family: str) -> str:
