@@ -196,12 +196,16 @@ LP_CASES = [
     (torch.float32, False, 5e-3, 1e-6),
     (torch.bfloat16, False, 7e-3, 6e-3),
     (torch.bfloat16, True, 8e-3, 8e-3),
+    (torch.float16, False, 5e-3, 1e-3),
+    (torch.float16, True, 5e-3, 1e-3),
 ]
 
 
 @pytest.mark.parametrize("shape", ["qwen4b", "qwen122b"])
 @pytest.mark.parametrize(
-    "state, sr, out_bound, state_bound", LP_CASES, ids=["f32", "bf16", "bf16-sr"]
+    "state, sr, out_bound, state_bound",
+    LP_CASES,
+    ids=["f32", "bf16", "bf16-sr", "f16", "f16-sr"],
 )
 def test_low_precision_bounded(shape, state, sr, out_bound, state_bound):
     r = run_schedule(shape, 64, 16, act=torch.bfloat16, state=state, sr=sr, steps=64)

@@ -89,7 +89,8 @@ def _preset_h200() -> list[KernelSpec]:
     specs += _gdn_model_specs((1, 4, 16, 32), ("f32",), ("f32",))
     specs += [gdn_spec(window=w, state_dtype="f32", **k64) for w in (1, 4, 16, 32)]
     specs += _gdn_model_specs((1, 4, 8, 16, 32), ("bf16",), ("f32", "bf16"))
-    specs += _gdn_model_specs((16,), ("bf16",), ("bf16",), GDN_FLAGS + ("sr",))
+    specs += _gdn_model_specs((1, 16), ("bf16",), ("f16",))
+    specs += _gdn_model_specs((16,), ("bf16",), ("bf16", "f16"), GDN_FLAGS + ("sr",))
     # Precomputed g / beta (the caller forms the gates).
     specs += _gdn_model_specs((16,), ("f32",), ("f32",), ("qk_l2norm",))
     specs += [gdn_spec(window=16, state_dtype="f32", flags=("qk_l2norm",), **k64)]
