@@ -181,6 +181,8 @@ def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int) -> bool:
 #         qwen122b batch 32 (31) 46.0 to 46.1, 64 (62) 84.0 to 83.9, 128 (124) 160.2 to 159.5.
 #   BF16: qwen4b batch 16 (7.8) 13.2 to 13.9, 32 (15.5) 20.8 to 19.9, 256 118.5 to 112.6;
 #         qwen122b batch 8 (7.8) 14.1 to 14.4, 16 (15.5) 22.4 to 21.4, 256 228.2 to 209.0.
+#   FP16 (call G): qwen4b batch 16 (7.8) 12.7 to 13.7, 32 (15.5) 19.8 to 19.4, 256 117.4 to
+#         111.2; qwen122b batch 8 (7.8) 13.6 to 14.1, 16 (15.5) 21.7 to 21.1, 256 225.7 to 206.9.
 CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = {"f32": 64, "bf16": 12, "f16": 12}
 CAPPED_STATE_REGISTERS_ENV = "REPLAYSSM_GDN_CAPPED_STATE_REGISTERS"
 
