@@ -224,8 +224,9 @@ struct State {
   static constexpr int kCappedRegisters = 96;
   static constexpr int kMinBlocks = CAPPED_REGISTERS ? kRegistersPerSm / (kThreads * kCappedRegisters) : 0;
 
-  // FP32 checkpoints only: with BF16 ones the larger shared memory measured slower at batch 8
-  // (call N: qwen4b 8.2 to 9.2 us), though faster at batch 256.
+  // FP32 checkpoints only: with BF16 ones the second finish_rows took their registers from 127
+  // to 95, faster at batch 256 and slower at batch 8 (calls N and E); CAPPED_REGISTERS now makes
+  // that choice by batch.
   static constexpr bool kConvertK = !std::is_same_v<act_t, float> && std::is_same_v<state_t, float>;
 
   // Inputs land as stored (asynchronous copies, no staging registers next to the checkpoint
