@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -36,6 +37,18 @@ def sm_count(device: torch.device) -> int:
     return 132
 
 
+def _forced(env_var: str, allowed: Sequence[str], expected: str | None = None) -> str | None:
+    """The override in `env_var`, one of `allowed` (else a ValueError naming them, or
+    `expected`), or None where it is unset or empty."""
+    value = os.environ.get(env_var)
+    if not value:
+        return None
+    if value not in allowed:
+        expected = expected or " or ".join(repr(a) for a in allowed)
+        raise ValueError(f"{env_var}: expected {expected}, got {value!r}")
+    return value
+
+
 def _largest_filling_tile(
     options: list[int],
     rows: int,
@@ -47,10 +60,8 @@ def _largest_filling_tile(
 ) -> int:
     """The largest tile (options largest first) whose items cover every SM `ctas_per_sm`
     times, else the smallest; `env_var` overrides with one of `options`."""
-    forced = os.environ.get(env_var)
+    forced = _forced(env_var, [str(r) for r in options], f"one of {options}")
     if forced:
-        if not forced.isdigit() or int(forced) not in options:
-            raise ValueError(f"{env_var}: expected one of {options}, got {forced!r}")
         return int(forced)
     for r in options:
         if batch * num_heads * (rows // r) >= ctas_per_sm * sm_count(device):
@@ -121,9 +132,7 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
     (faster at every batch on the H200), and for the split kernel below
     SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM records CTAs (`records_ctas`) per SM (`sms`).
     REPLAYSSM_SPECULATIVE_RECORDS=0 or 1 forces them off or on."""
-    forced = os.environ.get(SPECULATIVE_ENV)
-    if forced and forced not in ("0", "1"):
-        raise ValueError(f"{SPECULATIVE_ENV}: expected '0' or '1', got {forced!r}")
+    forced = _forced(SPECULATIVE_ENV, ("0", "1"))
     if forced:
         speculative = forced == "1"
     elif kernel == "flush-every-step":
@@ -159,9 +168,7 @@ def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int) -> bool:
     """Whether GDN's split records kernel runs 4-warp CTAs for `records_ctas` (key head, batch
     row) items on `sms` SMs (see FEW_RECORDS_WARPS_MIN_CTAS_PER_SM);
     REPLAYSSM_GDN_RECORDS_WARPS=4 or 8 forces the count. Mamba-2 always runs 8."""
-    forced = os.environ.get(RECORDS_WARPS_ENV)
-    if forced and forced not in ("4", "8"):
-        raise ValueError(f"{RECORDS_WARPS_ENV}: expected '4' or '8', got {forced!r}")
+    forced = _forced(RECORDS_WARPS_ENV, ("4", "8"))
     if spec.family != "gdn" or split_records_heads(spec) > FEW_RECORDS_THREADS:
         return False
     if forced:
@@ -191,9 +198,7 @@ def capped_state_registers(spec: KernelSpec, state_ctas: int, sms: int) -> bool:
     """Whether GDN's split state kernel runs with capped registers for `state_ctas` CTAs on `sms`
     SMs (see CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM); REPLAYSSM_GDN_CAPPED_STATE_REGISTERS=0 or 1
     forces it. Mamba-2 has no such variant."""
-    forced = os.environ.get(CAPPED_STATE_REGISTERS_ENV)
-    if forced and forced not in ("0", "1"):
-        raise ValueError(f"{CAPPED_STATE_REGISTERS_ENV}: expected '0' or '1', got {forced!r}")
+    forced = _forced(CAPPED_STATE_REGISTERS_ENV, ("0", "1"))
     if spec.family != "gdn":
         return False
     if forced:
@@ -229,9 +234,7 @@ def choose_replay_kernel(spec: KernelSpec, batch: int, num_heads: int, device: t
     per group or key head, and their records fit a CTA's shared memory), else per item, flushing
     every token for FP32 checkpoints (SMALL_BATCH_FLUSH_EVERY_STEP); REPLAYSSM_REPLAY_KERNEL
     overrides."""
-    forced = os.environ.get(REPLAY_KERNEL_ENV)
-    if forced and forced not in REPLAY_KERNELS:
-        raise ValueError(f"{REPLAY_KERNEL_ENV}: expected one of {REPLAY_KERNELS}, got {forced!r}")
+    forced = _forced(REPLAY_KERNEL_ENV, REPLAY_KERNELS, f"one of {REPLAY_KERNELS}")
     records_bytes, heads = split_records_shared_bytes(spec), split_records_heads(spec)
     can_split = records_bytes <= MAX_CTA_SHARED_BYTES and heads <= SPLIT_RECORDS_THREADS
     if forced == "split" and not can_split:
