@@ -303,12 +303,14 @@ struct State {
       __syncthreads();
     }
     const typename Base::RowScalars sc{sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3], sm.scalars[4]};
+    const auto finish = [&](bool fold, const auto* q, const auto* v, const auto* k) {
+      Base::finish_rows(p, s_raw, rows, out, fold, held, sc, slot, epoch, vhead, row0, q, v, sm.pred, sm.osum,
+                        &sm.u[0][0], k);
+    };
     if (kConvertK && flush) {
-      Base::finish_rows(p, s_raw, rows, out, true, held, sc, slot, epoch, vhead, row0, sm.q_f32, sm.v_f32, sm.pred,
-                        sm.osum, &sm.u[0][0], &sm.k_f32[0][0]);
+      finish(true, sm.q_f32, sm.v_f32, &sm.k_f32[0][0]);
     } else {
-      Base::finish_rows(p, s_raw, rows, out, flush, held, sc, slot, epoch, vhead, row0, sm.q, sm.v, sm.pred, sm.osum,
-                        &sm.u[0][0], &sm.k[0][0]);
+      finish(flush, sm.q, sm.v, &sm.k[0][0]);
     }
   }
 };
