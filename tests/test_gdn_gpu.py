@@ -272,29 +272,36 @@ def test_split_matches_per_item_bitwise(
     )
 
 
-@pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", BITWISE_CASES[1:4])
-def test_split_with_4_warp_records_matches_per_item_bitwise(
-    shape, gates_in_kernel, act, state, sr, window, monkeypatch
-):
-    """The 4-warp records CTAs (large batches) do the same arithmetic in the same order too."""
-    monkeypatch.setenv(RECORDS_WARPS_ENV, "4")
+# The split kernel's large-batch variants: (name, override, value, launch flag, cases).
+SPLIT_VARIANTS = [
+    ("4-warp-records", RECORDS_WARPS_ENV, "4", FLAG_FEW_RECORDS_WARPS, BITWISE_CASES[1:4]),
+    (
+        "capped-state",
+        CAPPED_STATE_REGISTERS_ENV,
+        "1",
+        FLAG_CAPPED_STATE_REGISTERS,
+        BITWISE_CASES[2:],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "env, value, flag, case",
+    [
+        pytest.param(env, value, flag, case, id=f"{name}-{case[0]}-{DTYPE_NAMES[case[3]]}")
+        for name, env, value, flag, cases in SPLIT_VARIANTS
+        for case in cases
+    ],
+)
+def test_split_variant_matches_per_item_bitwise(env, value, flag, case, monkeypatch):
+    """The 4-warp records CTAs and the capped-register state kernel (large batches) do the
+    per-item kernel's arithmetic in the same order too."""
+    shape, gates_in_kernel, act, state, sr, window = case
+    monkeypatch.setenv(env, value)
     family = GDN(shape, gates_in_kernel=gates_in_kernel)
     gpu_schedule.assert_kernels_agree_bitwise(
         family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window,
-        launch_flags=FLAG_FEW_RECORDS_WARPS,
-    )  # fmt: skip
-
-
-@pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", BITWISE_CASES[2:])
-def test_split_with_capped_state_registers_matches_per_item_bitwise(
-    shape, gates_in_kernel, act, state, sr, window, monkeypatch
-):
-    """The state kernel with capped registers (large batches) gives the same bits."""
-    monkeypatch.setenv(CAPPED_STATE_REGISTERS_ENV, "1")
-    family = GDN(shape, gates_in_kernel=gates_in_kernel)
-    gpu_schedule.assert_kernels_agree_bitwise(
-        family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window,
-        launch_flags=FLAG_CAPPED_STATE_REGISTERS,
+        launch_flags=flag,
     )  # fmt: skip
 
 
