@@ -26,6 +26,7 @@ def clean_env(monkeypatch):
     for var in (
         tiling.REPLAY_KERNEL_ENV,
         tiling.SPECULATIVE_ENV,
+        tiling.OVERLAP_PRIOR_KERNEL_ENV,
         mamba2_ops.ROWS_ENV,
         gdn_ops.ROWS_ENV,
     ):
@@ -46,12 +47,12 @@ def test_replay_kernel_heuristic():
     # one sequence (128 pairs on 132 SMs), FP32 checkpoints: the per-item kernel flushing every
     # token, with nothing held to load speculatively
     rows, flags = tiling.choose_launch(spec, 1, 128, CPU, replay=True)
-    assert flags == tiling.FLAG_FLUSH_EVERY_STEP
+    assert flags == tiling.FLAG_FLUSH_EVERY_STEP | tiling.FLAG_OVERLAP_PRIOR_KERNEL
     assert tiling.choose_replay_kernel(spec, 1, 128, CPU) == "flush-every-step"
     # low-precision checkpoints keep their window: the per-item kernel, speculative
     bf16 = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, state_dtype="bf16")
     rows, flags = tiling.choose_launch(bf16, 1, 128, CPU, replay=True)
-    assert flags == tiling.FLAG_SPECULATIVE_RECORDS
+    assert flags == tiling.FLAG_SPECULATIVE_RECORDS | tiling.FLAG_OVERLAP_PRIOR_KERNEL
     # the conventional step is never split; GDN splits too
     assert not tiling.choose_launch(spec, 256, 128, CPU, replay=False)[1] & tiling.FLAG_SPLIT
     qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
@@ -66,7 +67,7 @@ def test_replay_kernel_override(monkeypatch):
     assert rows in [r for r, _ in spec_tilings(spec)]
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "flush-every-step")
     flags = tiling.choose_launch(spec, 256, 32, CPU, replay=True)[1]
-    assert flags == tiling.FLAG_FLUSH_EVERY_STEP
+    assert flags == tiling.FLAG_FLUSH_EVERY_STEP | tiling.FLAG_OVERLAP_PRIOR_KERNEL
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "fast")
     with pytest.raises(ValueError, match=r"REPLAYSSM_REPLAY_KERNEL: expected one of .*'fast'"):
         tiling.choose_launch(spec, 256, 32, CPU, replay=True)
@@ -118,6 +119,7 @@ def test_split_workspace_size():
 
 
 def test_speculative_flag_threshold_and_override(monkeypatch):
+    monkeypatch.setenv(tiling.OVERLAP_PRIOR_KERNEL_ENV, "0")  # (its bit checked on its own)
     limit = tiling.SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * 132
     spec_split = tiling.FLAG_SPLIT | tiling.FLAG_SPECULATIVE_RECORDS
     assert tiling.launch_flags(kernel="split", records_ctas=limit - 1, sms=132) == spec_split
@@ -190,6 +192,22 @@ def test_capped_state_registers_for_gdn_at_large_batch(monkeypatch):
         ValueError, match="REPLAYSSM_GDN_CAPPED_STATE_REGISTERS: expected '0' or '1', got 'yes'"
     ):
         tiling.choose_launch(qwen, 1, 32, CPU, replay=True)  # checked whatever the kernel
+
+
+def test_overlap_prior_kernel_by_default_and_override(monkeypatch):
+    qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    m2 = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    overlap = tiling.FLAG_OVERLAP_PRIOR_KERNEL
+    for spec, heads in ((qwen, 32), (m2, 128)):
+        for batch in (1, 8, 256):
+            for replay in (False, True):
+                assert tiling.choose_launch(spec, batch, heads, CPU, replay=replay)[1] & overlap
+    monkeypatch.setenv(tiling.OVERLAP_PRIOR_KERNEL_ENV, "0")
+    assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & overlap
+    assert not tiling.choose_launch(m2, 1, 128, CPU, replay=False)[1] & overlap
+    monkeypatch.setenv(tiling.OVERLAP_PRIOR_KERNEL_ENV, "on")
+    with pytest.raises(ValueError, match="REPLAYSSM_OVERLAP_PRIOR_KERNEL: expected '0' or '1'"):
+        tiling.choose_launch(m2, 1, 128, CPU, replay=False)
 
 
 def test_launch_flag_bits_match_the_kernels():

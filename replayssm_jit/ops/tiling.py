@@ -112,8 +112,13 @@ FLAG_SPLIT = 4
 FLAG_FLUSH_EVERY_STEP = 8
 FLAG_FEW_RECORDS_WARPS = 16
 FLAG_CAPPED_STATE_REGISTERS = 32
+FLAG_OVERLAP_PRIOR_KERNEL = 64
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
+# Every step's first kernel is launched as a programmatic dependent of the stream's previous kernel
+# (sm_90+; griddepcontrol): its CTAs are scheduled while that kernel's last ones finish, and wait
+# for it before reading anything. REPLAYSSM_OVERLAP_PRIOR_KERNEL=0 launches it plainly.
+OVERLAP_PRIOR_KERNEL_ENV = "REPLAYSSM_OVERLAP_PRIOR_KERNEL"
 REPLAY_KERNELS = ("split", "per-item", "flush-every-step")
 
 
@@ -131,7 +136,8 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
     read (one dependent round trip less for more ring bytes): always for the per-item kernel
     (faster at every batch on the H200), and for the split kernel below
     SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM records CTAs (`records_ctas`) per SM (`sms`).
-    REPLAYSSM_SPECULATIVE_RECORDS=0 or 1 forces them off or on."""
+    REPLAYSSM_SPECULATIVE_RECORDS=0 or 1 forces them off or on. FLAG_OVERLAP_PRIOR_KERNEL is set
+    unless REPLAYSSM_OVERLAP_PRIOR_KERNEL=0 (see OVERLAP_PRIOR_KERNEL_ENV)."""
     forced = _forced(SPECULATIVE_ENV, ("0", "1"))
     if forced:
         speculative = forced == "1"
@@ -142,6 +148,8 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
             kernel != "split" or records_ctas < SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * sms
         )
     flags = FLAG_SPECULATIVE_RECORDS if speculative else 0
+    if _forced(OVERLAP_PRIOR_KERNEL_ENV, ("0", "1")) != "0":
+        flags |= FLAG_OVERLAP_PRIOR_KERNEL
     if kernel == "split":
         flags |= FLAG_SPLIT
     elif kernel == "flush-every-step":

@@ -17,6 +17,7 @@ constexpr int64_t kFlagSplit = 4;               // ReplaySSM step as a records k
 constexpr int64_t kFlagFlushEveryStep = 8;      // per-item ReplaySSM step that flushes every token
 constexpr int64_t kFlagFewRecordsWarps = 16;    // split step with records CTAs of 4 warps (GDN)
 constexpr int64_t kFlagCappedStateRegisters = 32;  // split step whose state kernel caps its registers (GDN)
+constexpr int64_t kFlagOverlapPriorKernel = 64;    // launch as a programmatic dependent of the previous kernel
 
 // The split kernel's workspace (sized by the wrapper; checked again here): float32, contiguous,
 // at least `needed` elements.

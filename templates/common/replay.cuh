@@ -376,18 +376,45 @@ cudaError_t allow_shared_memory(int device) {
   return cudaSuccess;
 }
 
+// Programmatic dependent launch (sm_90; no-ops elsewhere and when launched without the attribute).
+__device__ __forceinline__ void wait_for_prior_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void allow_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Launches per_item_kernel<Kern> on `grid`, as a programmatic dependent of the stream's previous
+// kernel where `programmatic` (sm_90+): its CTAs may then be scheduled while that kernel's last
+// ones still run, and each waits (wait_for_prior_grid) before reading what it wrote.
 template <class Kern>
-cudaError_t launch_per_item(const typename Kern::Params& p, int batch, int num_heads, cudaStream_t stream) {
+cudaError_t launch_dependent(const typename Kern::Params& p, dim3 grid, bool programmatic, cudaStream_t stream) {
+  cudaLaunchAttribute overlap[1];
+  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(Kern::kThreads);
+  config.dynamicSmemBytes = Kern::kSmemBytes;
+  config.stream = stream;
+  config.attrs = overlap;
+  config.numAttrs = programmatic ? 1 : 0;
+  return cudaLaunchKernelEx(&config, per_item_kernel<Kern>, p);
+}
+
+// `overlap_prior`: launched as a programmatic dependent of the stream's previous kernel (sm_90+).
+template <class Kern>
+cudaError_t launch_per_item(const typename Kern::Params& p, int batch, int num_heads, bool overlap_prior,
+                            cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
-  auto kernel = per_item_kernel<Kern>;
-  if constexpr (Kern::kSmemBytes > 48 * 1024) {  // the device lookup only where it matters
-    int device = 0;
-    if (cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-    if (cudaError_t err = allow_shared_memory<Kern>(device); err != cudaSuccess) return err;
-  }
-  dim3 grid(num_heads * Kern::kSplits, batch);
-  kernel<<<grid, Kern::kThreads, Kern::kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  DeviceFacts facts;
+  if (cudaError_t err = DeviceFacts::current(facts); err != cudaSuccess) return err;
+  if (cudaError_t err = allow_shared_memory<Kern>(facts.device); err != cudaSuccess) return err;
+  return launch_dependent<Kern>(p, dim3(num_heads * Kern::kSplits, batch), overlap_prior && facts.major >= 9, stream);
 }
 
 }  // namespace replayssm

@@ -89,42 +89,21 @@ __device__ __forceinline__ void stage_held_rows(T* dst, const T* src, int count)
   }
 }
 
-// Programmatic dependent launch (sm_90; no-ops elsewhere and when launched without the attribute).
-__device__ __forceinline__ void wait_for_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void allow_dependent_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Records kernel on (groups, batch) CTAs, then the state kernel on (heads x row splits, batch)
-// CTAs as its programmatic dependent (where the device supports it).
+// CTAs as its programmatic dependent (where the device supports it). `overlap_prior`: the records
+// kernel is a programmatic dependent of the stream's previous kernel too.
 template <class Records, class State>
-cudaError_t launch_split(const typename State::Params& p, int batch, int num_groups, int num_heads,
+cudaError_t launch_split(const typename State::Params& p, int batch, int num_groups, int num_heads, bool overlap_prior,
                          cudaStream_t stream) {
   if (batch == 0) return cudaSuccess;
   DeviceFacts facts;  // one device lookup for both kernels
   if (cudaError_t err = DeviceFacts::current(facts); err != cudaSuccess) return err;
   if (cudaError_t err = allow_shared_memory<Records>(facts.device); err != cudaSuccess) return err;
   if (cudaError_t err = allow_shared_memory<State>(facts.device); err != cudaSuccess) return err;
-  per_item_kernel<Records><<<dim3(num_groups, batch), Records::kThreads, Records::kSmemBytes, stream>>>(p);
-  if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
-
-  cudaLaunchAttribute overlap[1];
-  overlap[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(num_heads * State::kSplits, batch);
-  config.blockDim = dim3(State::kThreads);
-  config.dynamicSmemBytes = State::kSmemBytes;
-  config.stream = stream;
-  config.attrs = overlap;
-  config.numAttrs = facts.major >= 9 ? 1 : 0;  // programmatic dependent launch: sm_90+
-  return cudaLaunchKernelEx(&config, per_item_kernel<State>, p);
+  if (cudaError_t err = launch_dependent<Records>(p, dim3(num_groups, batch), overlap_prior && facts.major >= 9, stream);
+      err != cudaSuccess)
+    return err;
+  return launch_dependent<State>(p, dim3(num_heads * State::kSplits, batch), facts.major >= 9, stream);
 }
 
 }  // namespace replayssm

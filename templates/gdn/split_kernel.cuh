@@ -63,6 +63,7 @@ struct Records {
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
+    wait_for_prior_grid();   // the previous step (or whatever kernel came before) has finished
     allow_dependent_grid();  // the state kernel's CTAs may start their checkpoint reads now
     const int khead = blockIdx.x, row = blockIdx.y, vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -249,6 +250,7 @@ struct State {
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
+    allow_dependent_grid();  // the next step's first kernel may be scheduled (it waits for this one)
     const int split = blockIdx.x % kSplits, vhead = blockIdx.x / kSplits, row = blockIdx.y;
     const int khead = vhead / VPH, num_k_heads = p.num_v_heads / VPH;
     const int row0 = split * ROWS;

@@ -65,6 +65,7 @@ struct Records {
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
+    wait_for_prior_grid();   // the previous step (or whatever kernel came before) has finished
     allow_dependent_grid();  // the state kernel's CTAs may start their checkpoint reads now
     const int group = blockIdx.x, row = blockIdx.y, head0 = group * HPG, num_groups = p.num_heads / HPG;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -203,6 +204,7 @@ struct State {
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
+    allow_dependent_grid();  // the next step's first kernel may be scheduled (it waits for this one)
     const int split = blockIdx.x % kSplits, head = blockIdx.x / kSplits, row = blockIdx.y;
     const int group = head / HPG, num_groups = p.num_heads / HPG;
     const int row0 = split * ROWS;
