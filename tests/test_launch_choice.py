@@ -199,11 +199,18 @@ def test_overlap_prior_kernel_by_default_and_override(monkeypatch):
     m2 = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
     overlap = tiling.FLAG_OVERLAP_PRIOR_KERNEL
     for spec, heads in ((qwen, 32), (m2, 128)):
-        for batch in (1, 8, 256):
-            for replay in (False, True):
-                assert tiling.choose_launch(spec, batch, heads, CPU, replay=replay)[1] & overlap
+        for batch in (1, 8, 256):  # the conventional step: always
+            assert tiling.choose_launch(spec, batch, heads, CPU, replay=False)[1] & overlap
+        # ReplaySSM: the per-item kernel flushing every token at batch 1, the split one beyond
+        assert tiling.choose_launch(spec, 1, heads, CPU, replay=True)[1] & overlap
+        assert not tiling.choose_launch(spec, 8, heads, CPU, replay=True)[1] & overlap
+    monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "per-item")
+    assert tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & overlap
+    monkeypatch.delenv(tiling.REPLAY_KERNEL_ENV)
+    monkeypatch.setenv(tiling.OVERLAP_PRIOR_KERNEL_ENV, "1")
+    assert tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & overlap
     monkeypatch.setenv(tiling.OVERLAP_PRIOR_KERNEL_ENV, "0")
-    assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & overlap
+    assert not tiling.choose_launch(qwen, 1, 32, CPU, replay=True)[1] & overlap
     assert not tiling.choose_launch(m2, 1, 128, CPU, replay=False)[1] & overlap
     monkeypatch.setenv(tiling.OVERLAP_PRIOR_KERNEL_ENV, "on")
     with pytest.raises(ValueError, match="REPLAYSSM_OVERLAP_PRIOR_KERNEL: expected '0' or '1'"):

@@ -115,9 +115,15 @@ FLAG_CAPPED_STATE_REGISTERS = 32
 FLAG_OVERLAP_PRIOR_KERNEL = 64
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
-# Every step's first kernel is launched as a programmatic dependent of the stream's previous kernel
-# (sm_90+; griddepcontrol): its CTAs are scheduled while that kernel's last ones finish, and wait
-# for it before reading anything. REPLAYSSM_OVERLAP_PRIOR_KERNEL=0 launches it plainly.
+# The per-item kernels (conventional steps, per-item and flush-every-step ReplaySSM steps) are
+# launched as programmatic dependents of the stream's previous kernel (sm_90+; griddepcontrol):
+# their CTAs are scheduled while that kernel's last ones finish, and wait for it before reading
+# anything. The split step's records kernel is not: there it was slower at batch 8. H200, FP32,
+# L = 16, on against off (call C1, benchmarks/results/2026-11-29-h200-session9): conventional
+# batch 1 qwen4b 3.9 against 4.6 us, nano4b 4.9 against 5.6, super120b 5.6 against 5.4; batch 8
+# super120b 21.2 against 21.7, qwen4b 12.0 against 12.5; flush-every-step batch 1 super120b 5.1
+# against 5.6; split batch 8 qwen4b 12.7 against 9.9; batch 256 within 0.5 us.
+# REPLAYSSM_OVERLAP_PRIOR_KERNEL=0 or 1 forces it off or on for every kernel.
 OVERLAP_PRIOR_KERNEL_ENV = "REPLAYSSM_OVERLAP_PRIOR_KERNEL"
 REPLAY_KERNELS = ("split", "per-item", "flush-every-step")
 
@@ -136,8 +142,8 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
     read (one dependent round trip less for more ring bytes): always for the per-item kernel
     (faster at every batch on the H200), and for the split kernel below
     SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM records CTAs (`records_ctas`) per SM (`sms`).
-    REPLAYSSM_SPECULATIVE_RECORDS=0 or 1 forces them off or on. FLAG_OVERLAP_PRIOR_KERNEL is set
-    unless REPLAYSSM_OVERLAP_PRIOR_KERNEL=0 (see OVERLAP_PRIOR_KERNEL_ENV)."""
+    REPLAYSSM_SPECULATIVE_RECORDS=0 or 1 forces them off or on. FLAG_OVERLAP_PRIOR_KERNEL: for
+    every kernel but the split one (see OVERLAP_PRIOR_KERNEL_ENV)."""
     forced = _forced(SPECULATIVE_ENV, ("0", "1"))
     if forced:
         speculative = forced == "1"
@@ -148,7 +154,8 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
             kernel != "split" or records_ctas < SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * sms
         )
     flags = FLAG_SPECULATIVE_RECORDS if speculative else 0
-    if _forced(OVERLAP_PRIOR_KERNEL_ENV, ("0", "1")) != "0":
+    overlap = _forced(OVERLAP_PRIOR_KERNEL_ENV, ("0", "1"))
+    if overlap == "1" or (overlap is None and kernel != "split"):
         flags |= FLAG_OVERLAP_PRIOR_KERNEL
     if kernel == "split":
         flags |= FLAG_SPLIT
