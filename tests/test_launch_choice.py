@@ -253,9 +253,12 @@ def test_bf16_checkpoints_split_too():
 
 def test_mamba2_conventional_step_takes_smaller_tiles_at_small_batch():
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
-    # batch 8: 16-row tiles (4096 CTAs) rather than 64 (1024); batch 1: the smallest tile
+    # batch 8: 16-row tiles (4096 CTAs) rather than 64 (1024); batch 1, where no tile gives 16
+    # CTAs per SM: the largest that gives 2 (16 rows, 512 CTAs on 132 SMs; 32 rows give 256)
     assert tiling.choose_launch(spec, 8, 128, CPU, replay=False)[0] == 16
-    assert tiling.choose_launch(spec, 1, 128, CPU, replay=False)[0] == 8
+    assert tiling.choose_launch(spec, 1, 128, CPU, replay=False)[0] == 16
+    nano4b = mamba2_spec(headdim=80, dstate=128, heads_per_group=12)
+    assert tiling.choose_launch(nano4b, 1, 96, CPU, replay=False)[0] == 20  # 384 CTAs
     # from batch 64 the grid fills the chip with the largest tile, as before
     assert tiling.choose_launch(spec, 64, 128, CPU, replay=False)[0] == 64
     # the ReplaySSM kernels keep TARGET_CTAS_PER_SM

@@ -22,9 +22,12 @@ from replayssm_jit.spec import (
 TARGET_CTAS_PER_SM = 2
 # The conventional step's target per family. Mamba-2 wants more, smaller tiles. H200, FP32,
 # L = 16 (benchmarks/results/2026-11-29-h200-flush-every-step/experiments/callG1-*): super120b
-# batch 8 ran 23.1 us on 64-row tiles (1024 CTAs), 21.5 on 16 (4096) and 21.2 on 8; batch 1 ran
-# 5.7 on 16 rows and 5.3 on 8; nano4b batch 8 ran 21.2 on 80 rows, 20.0 on 20 (3072 CTAs). GDN's
-# did not follow (qwen4b batch 8: 12.5 us on 64 rows, 13.4 on 16).
+# batch 8 ran 23.1 us on 64-row tiles (1024 CTAs), 21.5 on 16 (4096) and 21.2 on 8; nano4b batch
+# 8 ran 21.2 on 80 rows, 20.0 on 20 (3072 CTAs). GDN's did not follow (qwen4b batch 8: 12.5 us on
+# 64 rows, 13.4 on 16). Where no tile reaches the target (batch 1), the largest that covers every
+# SM TARGET_CTAS_PER_SM times: launched after the previous kernel's tail (FLAG_OVERLAP_PRIOR_KERNEL),
+# super120b batch 1 ran 5.10 us on 16 rows (512 CTAs) against 5.57 on 8 and 5.33 on 32; nano4b
+# 4.96 on 20 rows (session 9, call C2).
 CONVENTIONAL_TARGET_CTAS_PER_SM = {"mamba2": 16, "gdn": TARGET_CTAS_PER_SM}
 # 4-warp tiles beat 8-warp tiles of twice the rows in the H200 sweeps (nano4b, batch 256).
 PREFERRED_WARPS = 4
@@ -59,13 +62,15 @@ def _largest_filling_tile(
     ctas_per_sm: int = TARGET_CTAS_PER_SM,
 ) -> int:
     """The largest tile (options largest first) whose items cover every SM `ctas_per_sm`
-    times, else the smallest; `env_var` overrides with one of `options`."""
+    times, else the largest that covers them TARGET_CTAS_PER_SM times, else the smallest;
+    `env_var` overrides with one of `options`."""
     forced = _forced(env_var, [str(r) for r in options], f"one of {options}")
     if forced:
         return int(forced)
-    for r in options:
-        if batch * num_heads * (rows // r) >= ctas_per_sm * sm_count(device):
-            return r
+    for target in (ctas_per_sm, min(ctas_per_sm, TARGET_CTAS_PER_SM)):
+        for r in options:
+            if batch * num_heads * (rows // r) >= target * sm_count(device):
+                return r
     return options[-1]
 
 
