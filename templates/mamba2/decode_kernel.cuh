@@ -46,7 +46,6 @@ struct Params {
   uint64_t seed;
   bool speculative;         // issue ring loads before the cursor is read (small batches)
   bool flush_every_step;    // per-item ReplaySSM: flush every token (nothing stays held)
-  bool overlap_prior;       // host only: launched as a programmatic dependent of the previous kernel
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
 };
 
@@ -138,8 +137,8 @@ struct Kernel {
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
-    // Launched as a programmatic dependent of the stream's previous kernel: nothing is read before it
-    // has finished; the next kernel's CTAs may be scheduled once all of this one's are.
+    // Where launched as a programmatic dependent of the stream's previous kernel (kFlagOverlapPriorKernel),
+    // nothing is read before that kernel has finished; the next may be scheduled once all CTAs are.
     wait_for_prior_grid();
     allow_dependent_grid();
     const int split = blockIdx.x % kSplits, head = blockIdx.x / kSplits, row = blockIdx.y;
