@@ -204,6 +204,13 @@ def test_overlap_prior_kernel_by_default_and_override(monkeypatch):
         # ReplaySSM: the per-item kernel flushing every token at batch 1, the split one beyond
         assert tiling.choose_launch(spec, 1, heads, CPU, replay=True)[1] & overlap
         assert not tiling.choose_launch(spec, 8, heads, CPU, replay=True)[1] & overlap
+    # the split step from 4 records CTAs per SM (528 on 132 SMs): qwen4b has 16 key heads,
+    # super120b 8 groups per batch row
+    assert tiling.choose_launch(qwen, 33, 32, CPU, replay=True)[1] & overlap
+    assert not tiling.choose_launch(qwen, 32, 32, CPU, replay=True)[1] & overlap
+    assert tiling.choose_launch(m2, 66, 128, CPU, replay=True)[1] & overlap
+    assert not tiling.choose_launch(m2, 64, 128, CPU, replay=True)[1] & overlap
+    assert tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & overlap
     monkeypatch.setenv(tiling.REPLAY_KERNEL_ENV, "per-item")
     assert tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & overlap
     monkeypatch.delenv(tiling.REPLAY_KERNEL_ENV)
@@ -211,6 +218,7 @@ def test_overlap_prior_kernel_by_default_and_override(monkeypatch):
     assert tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & overlap
     monkeypatch.setenv(tiling.OVERLAP_PRIOR_KERNEL_ENV, "0")
     assert not tiling.choose_launch(qwen, 1, 32, CPU, replay=True)[1] & overlap
+    assert not tiling.choose_launch(qwen, 256, 32, CPU, replay=True)[1] & overlap
     assert not tiling.choose_launch(m2, 1, 128, CPU, replay=False)[1] & overlap
     monkeypatch.setenv(tiling.OVERLAP_PRIOR_KERNEL_ENV, "on")
     with pytest.raises(ValueError, match="REPLAYSSM_OVERLAP_PRIOR_KERNEL: expected '0' or '1'"):

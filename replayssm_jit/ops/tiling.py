@@ -67,7 +67,10 @@ def _largest_filling_tile(
     forced = _forced(env_var, [str(r) for r in options], f"one of {options}")
     if forced:
         return int(forced)
-    for target in (ctas_per_sm, min(ctas_per_sm, TARGET_CTAS_PER_SM)):
+    targets = (
+        (ctas_per_sm, TARGET_CTAS_PER_SM) if ctas_per_sm > TARGET_CTAS_PER_SM else (ctas_per_sm,)
+    )
+    for target in targets:
         for r in options:
             if batch * num_heads * (rows // r) >= target * sm_count(device):
                 return r
@@ -120,15 +123,21 @@ FLAG_CAPPED_STATE_REGISTERS = 32
 FLAG_OVERLAP_PRIOR_KERNEL = 64
 SPECULATIVE_ENV = "REPLAYSSM_SPECULATIVE_RECORDS"
 REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
-# The per-item kernels (conventional steps, per-item and flush-every-step ReplaySSM steps) are
-# launched as programmatic dependents of the stream's previous kernel (sm_90+; griddepcontrol):
-# their CTAs are scheduled while that kernel's last ones finish, and wait for it before reading
-# anything. The split step's records kernel is not: there it was slower at batch 8. H200, FP32,
-# L = 16, on against off (call C1, benchmarks/results/2026-11-29-h200-session9): conventional
-# batch 1 qwen4b 3.9 against 4.6 us, nano4b 4.9 against 5.6, super120b 5.6 against 5.4; batch 8
-# super120b 21.2 against 21.7, qwen4b 12.0 against 12.5; flush-every-step batch 1 super120b 5.1
-# against 5.6; split batch 8 qwen4b 12.7 against 9.9; batch 256 within 0.5 us.
+# A step's first kernel is launched as a programmatic dependent of the stream's previous kernel
+# (sm_90+; griddepcontrol): its CTAs are scheduled while that kernel's last ones finish, and wait
+# for it before reading anything. Always for the per-item kernels (conventional steps, per-item and
+# flush-every-step ReplaySSM steps); for the split step's records kernel from
+# SPLIT_OVERLAP_PRIOR_MIN_RECORDS_CTAS_PER_SM records CTAs per SM. H200, FP32, L = 16, on against
+# off (call C1, benchmarks/results/2026-11-29-h200-session9, records CTAs per SM in brackets):
+#   conventional batch 1: qwen4b 3.9 against 4.6 us, nano4b 4.9 against 5.6, super120b 5.6
+#     against 5.4 (5.1 on the tile chosen since); batch 8: super120b 21.2 against 21.7, qwen4b
+#     12.0 against 12.5; batch 64 and 256: up to 1.3 us faster;
+#   flush-every-step batch 1: super120b 5.1 against 5.6, qwen4b 4.1 against 4.8;
+#   split batch 8 (under 1): qwen4b 12.7 against 9.9, super120b 18.5 against 17.7; batch 64:
+#     qwen4b (7.8) 45.1 against 45.8, qwen122b (7.8) 83.4 against 84.1, super120b (3.9) 81.2
+#     against 80.7, nano4b (3.9) 78.7 against 78.8; batch 256 (15.5-31): 0.5-0.8 us faster.
 # REPLAYSSM_OVERLAP_PRIOR_KERNEL=0 or 1 forces it off or on for every kernel.
+SPLIT_OVERLAP_PRIOR_MIN_RECORDS_CTAS_PER_SM = 4
 OVERLAP_PRIOR_KERNEL_ENV = "REPLAYSSM_OVERLAP_PRIOR_KERNEL"
 REPLAY_KERNELS = ("split", "per-item", "flush-every-step")
 
@@ -148,7 +157,8 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
     (faster at every batch on the H200), and for the split kernel below
     SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM records CTAs (`records_ctas`) per SM (`sms`).
     REPLAYSSM_SPECULATIVE_RECORDS=0 or 1 forces them off or on. FLAG_OVERLAP_PRIOR_KERNEL: for
-    every kernel but the split one (see OVERLAP_PRIOR_KERNEL_ENV)."""
+    the per-item kernels, and for the split kernel from
+    SPLIT_OVERLAP_PRIOR_MIN_RECORDS_CTAS_PER_SM records CTAs per SM (see OVERLAP_PRIOR_KERNEL_ENV)."""
     forced = _forced(SPECULATIVE_ENV, ("0", "1"))
     if forced:
         speculative = forced == "1"
@@ -159,8 +169,14 @@ def launch_flags(*, kernel: str = "per-item", records_ctas: int = 0, sms: int = 
             kernel != "split" or records_ctas < SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * sms
         )
     flags = FLAG_SPECULATIVE_RECORDS if speculative else 0
-    overlap = _forced(OVERLAP_PRIOR_KERNEL_ENV, ("0", "1"))
-    if overlap == "1" or (overlap is None and kernel != "split"):
+    forced = _forced(OVERLAP_PRIOR_KERNEL_ENV, ("0", "1"))
+    if forced:
+        overlap = forced == "1"
+    else:
+        overlap = (
+            kernel != "split" or records_ctas >= SPLIT_OVERLAP_PRIOR_MIN_RECORDS_CTAS_PER_SM * sms
+        )
+    if overlap:
         flags |= FLAG_OVERLAP_PRIOR_KERNEL
     if kernel == "split":
         flags |= FLAG_SPLIT
