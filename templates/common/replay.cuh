@@ -276,35 +276,47 @@ __device__ __forceinline__ float suffix_decay_lane(float la, float& decay_i) {
   return expf(0.f + __shfl_sync(0xffffffffu, suffix, 0));
 }
 
+// A slot's cursor as a step reads it, in one 8-byte load: records held and flush epoch. The epoch
+// is read up front even where no rounding needs it, so advancing it later is a plain store rather
+// than a dependent read at the end of the step.
+struct SlotCursor {
+  int held, epoch;
+};
+__device__ __forceinline__ SlotCursor read_slot_cursor(const int32_t* cursor) {
+  const int2 words = *reinterpret_cast<const int2*>(cursor);
+  return SlotCursor{words.x, words.y};
+}
+
 // Run by the last arrival of a slot's batch row: records held (none after a flush), the flush
-// epoch, and the arrival count reset for the next launch.
-__device__ __forceinline__ void advance_slot_cursor(int32_t* cursor, bool flushed, int records) {
+// epoch read at the step's start advanced, and the arrival count reset for the next launch.
+__device__ __forceinline__ void advance_slot_cursor(int32_t* cursor, bool flushed, int records, int epoch) {
   cursor[0] = flushed ? 0 : records;
-  if (flushed) cursor[1] += 1;
+  if (flushed) cursor[1] = epoch + 1;
   cursor[2] = 0;
 }
 
 // Called by every CTA of a batch row after its last read of the slot's cursor: the last to
 // arrive advances the cursor (so no CTA can see a half-advanced one).
-__device__ __forceinline__ void advance_cursor(int32_t* cursor, int ctas_per_row, bool flushed, int records) {
+__device__ __forceinline__ void advance_cursor(int32_t* cursor, int ctas_per_row, bool flushed, int records,
+                                               int epoch) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(cursor + 2, 1) == ctas_per_row - 1) advance_slot_cursor(cursor, flushed, records);
+    if (atomicAdd(cursor + 2, 1) == ctas_per_row - 1) advance_slot_cursor(cursor, flushed, records, epoch);
   }
 }
 
 // End of a per-item ReplaySSM step, once the CTA has read the cursor. A step that flushes every
 // token (flush_every_step) with nothing held changes only the flush epoch, which no CTA of the
-// launch reads unless SR keys its rounding: then the row's first CTA bumps it alone, with no
+// launch reads unless SR keys its rounding: then the row's first CTA advances it alone, with no
 // arrival count. Otherwise advance_cursor.
 template <bool SR>
 __device__ __forceinline__ void finish_step_cursor(int32_t* cursor, int ctas_per_row, bool first_cta,
-                                                   bool flush_every_step, bool flushed, int records) {
+                                                   bool flush_every_step, bool flushed, int records, int epoch) {
   if (!SR && flush_every_step && records == 1) {
-    if (first_cta && threadIdx.x == 0) cursor[1] += 1;
+    if (first_cta && threadIdx.x == 0) cursor[1] = epoch + 1;
   } else {
-    advance_cursor(cursor, ctas_per_row, flushed, records);
+    advance_cursor(cursor, ctas_per_row, flushed, records, epoch);
   }
 }
 

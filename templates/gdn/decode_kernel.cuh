@@ -238,10 +238,11 @@ struct Kernel {
     v_stage.load(v, 0, 1);
 
     int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
-    const int held = REPLAY ? cursor[0] : 0;
+    const SlotCursor at_start = REPLAY ? read_slot_cursor(cursor) : SlotCursor{0, 0};
+    const int held = at_start.held;
     const int records = held + 1;
     const bool flush = !REPLAY || records >= L || p.flush_every_step;
-    const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
+    const uint64_t epoch = (REPLAY && SR) ? uint64_t(at_start.epoch) : 0;
     // The held records from the rings at [0, n), this token's k and gates at [n] (and q, v).
     auto stage_records = [&](int n) {
       k_stage.load_late(rec_k, K, n, p.speculative);
@@ -323,7 +324,7 @@ struct Kernel {
         }
       }
       finish_step_cursor<SR>(cursor, p.num_v_heads * kSplits, vhead == 0 && split == 0, p.flush_every_step, flush,
-                             records);
+                             records, at_start.epoch);
     }
   }
 };

@@ -75,7 +75,8 @@ struct Records {
     if (p.speculative) copy_ring(p, sm, slot, khead, kRing);
 
     const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
-    const int held = cursor[0], epoch = cursor[1];
+    const SlotCursor at_start = read_slot_cursor(cursor);
+    const int held = at_start.held, epoch = at_start.epoch;
     const int records = held + 1;
     const bool flush = records >= L;
     if (!p.speculative) copy_ring(p, sm, slot, khead, held);
@@ -278,7 +279,7 @@ struct State {
     const bool flush = info.flush;
     const uint64_t epoch = SR ? uint64_t(info.epoch) : 0;
     if (vhead == 0 && split == 0 && threadIdx.x == 0)
-      advance_slot_cursor(p.cursors + int64_t(slot) * kCursorWords, flush, records);
+      advance_slot_cursor(p.cursors + int64_t(slot) * kCursorWords, flush, records, info.epoch);
     // V divides into ROWS-row tiles, so the sums' rows are aligned to ROWS' vector width.
     const float* extra = ws.extra(row, vhead);
     copy_rows_async<float, ROWS, kThreads>(sm.pred, 0, 0, extra + row0, 0, 0, 1, 1);

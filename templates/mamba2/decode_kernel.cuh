@@ -174,10 +174,11 @@ struct Kernel {
     if constexpr (HAS_Z) z_stage.load(p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0, 0, 1);
 
     int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
-    const int held = REPLAY ? cursor[0] : 0;
+    const SlotCursor at_start = REPLAY ? read_slot_cursor(cursor) : SlotCursor{0, 0};
+    const int held = at_start.held;
     const int records = held + 1;
     const bool flush = !REPLAY || records >= L || p.flush_every_step;
-    const uint64_t epoch = (REPLAY && SR) ? uint64_t(cursor[1]) : 0;
+    const uint64_t epoch = (REPLAY && SR) ? uint64_t(at_start.epoch) : 0;
     // The held records from the rings at [0, n), this token's at [n], with their dt and log-decays
     // (and q, z).
     auto stage_records = [&](int n) {
@@ -237,7 +238,8 @@ struct Kernel {
             for (int k = threadIdx.x; k < N; k += kThreads) rb[k] = from_float<act_t>(sm.b[held][k]);
         }
       }
-      finish_step_cursor<SR>(cursor, p.num_heads * kSplits, head == 0 && split == 0, p.flush_every_step, flush, records);
+      finish_step_cursor<SR>(cursor, p.num_heads * kSplits, head == 0 && split == 0, p.flush_every_step, flush, records,
+                             at_start.epoch);
     }
   }
 };

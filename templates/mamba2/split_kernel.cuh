@@ -82,7 +82,8 @@ struct Records {
     if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing, true);
 
     const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
-    const int held = cursor[0], epoch = cursor[1];
+    const SlotCursor at_start = read_slot_cursor(cursor);
+    const int held = at_start.held, epoch = at_start.epoch;
     const int records = held + 1;
     const bool flush = records >= L;
     if (!p.speculative) copy_ring(p, sm, slot, head0, group, held, !flush);
@@ -233,7 +234,7 @@ struct State {
     const bool flush = info.flush;
     const uint64_t epoch = SR ? uint64_t(info.epoch) : 0;
     if (head == 0 && split == 0 && threadIdx.x == 0)
-      advance_slot_cursor(p.cursors + int64_t(slot) * kCursorWords, flush, records);
+      advance_slot_cursor(p.cursors + int64_t(slot) * kCursorWords, flush, records, info.epoch);
     const float total = *ws.scalars(row, head);
     // ROWS divides P, so the extra rows are aligned to ROWS' vector width.
     copy_rows_async<float, ROWS, kThreads>(sm.extra, 0, 0, ws.extra(row, head) + row0, 0, 0, 1, 1);
