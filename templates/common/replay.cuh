@@ -238,6 +238,21 @@ __device__ __forceinline__ void stage_token_records(Stage&& stage, bool zero_fir
   }
 }
 
+// Runs prepare(n), which stages a token's records (the held ones at [0, n), this token's at [n])
+// and forms everything the rows need from them, ending with a barrier, for n = held. Where
+// `zero_first` (flush_every_step, whose steady state holds none), first for n = 0 without waiting
+// for the cursor read, then again only if records are held after all: the cursor's round trip
+// then overlaps the whole preparation instead of preceding it. (Mamba-2: batch 1 0.2-0.5 us
+// faster on the H200 than stage_token_records; GDN's per-item kernel measured slower with it.)
+template <class Prepare>
+__device__ __forceinline__ void prepare_token_records(Prepare&& prepare, bool zero_first, int held) {
+  #pragma unroll 1
+  for (int n = zero_first ? 0 : held;; n = held) {
+    prepare(n);
+    if (n == held) break;
+  }
+}
+
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 // Inclusive suffix sum over a warp's lanes: lane l gets the sum of la over lanes l..31.

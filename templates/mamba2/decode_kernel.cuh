@@ -194,34 +194,40 @@ struct Kernel {
         sm.log_decay[i] = dt * p.A[head];
       }
     };
-    stage_token_records(stage_records, REPLAY && p.flush_every_step, held);
-    __syncthreads();
-
-    // 3. B_i . q (a warp per record) and the decays a(i+1:j) from suffix sums of log-decays.
-    for (int i = warp; i < records; i += WARPS) {
-      float acc = 0.f;
-      for (int k = lane; k < N; k += 32) acc = fmaf(sm.b[i][k], sm.q[0][k], acc);
-      acc = group_sum<32>(acc);
-      if (lane == 0) sm.dot[i] = acc;
-    }
-    if (warp == 0) {
-      const float total = suffix_decays(sm.log_decay, sm.decay, records);
-      if (lane == 0) sm.total_decay = total;
-    }
-    __syncthreads();
-
-    // 4. Per-row record sums, computed once per row rather than by every lane of the row.
     const float D = HAS_D ? p.D[head] : 0.f;
-    for (int r = threadIdx.x; r < ROWS; r += kThreads) {
-      float extra = HAS_D ? D * sm.x[held][r] : 0.f;
-      if (flush) {
-        for (int i = 0; i < records; ++i) sm.x[i][r] *= sm.decay[i] * sm.dt[i];
-      } else {
-        for (int i = 0; i < records; ++i) extra = fmaf(sm.decay[i] * sm.dt[i] * sm.dot[i], sm.x[i][r], extra);
+    // Steps 2-4 for n held records (this token's at [n]): staged, then their dots and decays,
+    // then the per-row sums. Ends with a barrier.
+    auto prepare = [&](int n) {
+      stage_records(n);
+      __syncthreads();
+      const int count = n + 1;
+
+      // 3. B_i . q (a warp per record) and the decays a(i+1:j) from suffix sums of log-decays.
+      for (int i = warp; i < count; i += WARPS) {
+        float acc = 0.f;
+        for (int k = lane; k < N; k += 32) acc = fmaf(sm.b[i][k], sm.q[0][k], acc);
+        acc = group_sum<32>(acc);
+        if (lane == 0) sm.dot[i] = acc;
       }
-      sm.extra[r] = extra;
-    }
-    __syncthreads();
+      if (warp == 0) {
+        const float total = suffix_decays(sm.log_decay, sm.decay, count);
+        if (lane == 0) sm.total_decay = total;
+      }
+      __syncthreads();
+
+      // 4. Per-row record sums, computed once per row rather than by every lane of the row.
+      for (int r = threadIdx.x; r < ROWS; r += kThreads) {
+        float extra = HAS_D ? D * sm.x[n][r] : 0.f;
+        if (flush) {
+          for (int i = 0; i < count; ++i) sm.x[i][r] *= sm.decay[i] * sm.dt[i];
+        } else {
+          for (int i = 0; i < count; ++i) extra = fmaf(sm.decay[i] * sm.dt[i] * sm.dot[i], sm.x[i][r], extra);
+        }
+        sm.extra[r] = extra;
+      }
+      __syncthreads();
+    };
+    prepare_token_records(prepare, REPLAY && p.flush_every_step, held);
 
     // 5. Rows.
     finish_rows(p, s_raw, rows, out, flush, records, sm.total_decay, slot, epoch, head, row0, sm.q[0], sm.z[0],
