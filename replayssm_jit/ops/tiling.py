@@ -136,6 +136,11 @@ REPLAY_KERNEL_ENV = "REPLAYSSM_REPLAY_KERNEL"
 #   split batch 8 (under 1): qwen4b 12.7 against 9.9, super120b 18.5 against 17.7; batch 64:
 #     qwen4b (7.8) 45.1 against 45.8, qwen122b (7.8) 83.4 against 84.1, super120b (3.9) 81.2
 #     against 80.7, nano4b (3.9) 78.7 against 78.8; batch 256 (15.5-31): 0.5-0.8 us faster.
+#   Split, amortized, around the threshold (call B, benchmarks/results/2026-11-30-h200-session10,
+#   two rounds agreeing within 0.1 us): qwen4b batch 32 (3.9) 26.7 against 26.3, 48 (5.8) 35.8
+#   against 36.0, 96 (11.6) 65.5 against 66.1; qwen122b 32 (3.9) 46.0 against 46.0, 48 64.3
+#   against 64.7; super120b 32 (1.9) 46.6 against 45.2, 48 (2.9) 63.6 against 63.0, 96 (5.8)
+#   115.6 against 115.8; nano4b 48 (2.9) 62.2 against 61.9, 96 (5.8) 112.0 against 112.3.
 # REPLAYSSM_OVERLAP_PRIOR_KERNEL=0 or 1 forces it off or on for every kernel.
 SPLIT_OVERLAP_PRIOR_MIN_RECORDS_CTAS_PER_SM = 4
 OVERLAP_PRIOR_KERNEL_ENV = "REPLAYSSM_OVERLAP_PRIOR_KERNEL"
