@@ -274,3 +274,26 @@ def test_mamba2_conventional_step_takes_smaller_tiles_at_small_batch():
     # GDN's conventional step keeps it too
     qwen = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
     assert tiling.choose_launch(qwen, 8, 32, CPU, replay=False)[0] == 64
+
+
+def test_flush_every_step_tiles():
+    # GDN: the largest tile giving every SM one CTA (qwen122b batch 1: 32 rows, 256 CTAs on 132
+    # SMs; qwen4b: 16 rows, 256 CTAs, as 32 would give 128)
+    qwen122b = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4)
+    rows, flags = tiling.choose_launch(qwen122b, 1, 64, CPU, replay=True)
+    assert flags & tiling.FLAG_FLUSH_EVERY_STEP and rows == 32
+    qwen4b = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    rows, flags = tiling.choose_launch(qwen4b, 1, 32, CPU, replay=True)
+    assert flags & tiling.FLAG_FLUSH_EVERY_STEP and rows == 16
+    # Mamba-2 keeps two CTAs per SM (super120b: 16 rows, 512 CTAs; nano4b: 20 rows, 384)
+    super120b = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    rows, flags = tiling.choose_launch(super120b, 1, 128, CPU, replay=True)
+    assert flags & tiling.FLAG_FLUSH_EVERY_STEP and rows == 16
+    nano4b = mamba2_spec(headdim=80, dstate=128, heads_per_group=12)
+    assert tiling.choose_launch(nano4b, 1, 96, CPU, replay=True)[0] == 20
+    # BF16 checkpoints keep the window on the per-item kernel, with the ReplaySSM target
+    qwen122b_bf16 = gdn_spec(
+        head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, state_dtype="bf16"
+    )
+    rows, flags = tiling.choose_launch(qwen122b_bf16, 1, 64, CPU, replay=True)
+    assert not flags & (tiling.FLAG_FLUSH_EVERY_STEP | tiling.FLAG_SPLIT) and rows == 16

@@ -29,6 +29,13 @@ TARGET_CTAS_PER_SM = 2
 # super120b batch 1 ran 5.10 us on 16 rows (512 CTAs) against 5.57 on 8 and 5.33 on 32; nano4b
 # 4.96 on 20 rows (session 9, call C2).
 CONVENTIONAL_TARGET_CTAS_PER_SM = {"mamba2": 16, "gdn": TARGET_CTAS_PER_SM}
+# The flush-every-step step's target per family. GDN's runs best on the largest tile that gives
+# every SM one CTA: H200, FP32, L = 16, batch 1 (call F, benchmarks/results/2026-11-30-h200-session10,
+# two rounds): qwen122b 5.08 us on 32 rows (256 CTAs) against 5.25 on 16 (512) and 5.33 on 64
+# (128); qwen4b 4.01 on 16 rows (256 CTAs) and 4.01 on 32 (128). Mamba-2's keeps
+# TARGET_CTAS_PER_SM: super120b 4.82 us on 16 rows (512 CTAs) against 5.42 on 32 (256); nano4b 5.12
+# on 20 (384) against 5.14 on 40 (192).
+FLUSH_EVERY_STEP_TARGET_CTAS_PER_SM = {"mamba2": TARGET_CTAS_PER_SM, "gdn": 1}
 # 4-warp tiles beat 8-warp tiles of twice the rows in the H200 sweeps (nano4b, batch 256).
 PREFERRED_WARPS = 4
 
@@ -302,7 +309,12 @@ def choose_launch(
     row_dim, col_dim = STATE_DIMS[spec.family]
     rows = spec.dim(row_dim)
     kernel = choose_replay_kernel(spec, batch, num_heads, device) if replay else "per-item"
-    ctas_per_sm = TARGET_CTAS_PER_SM if replay else CONVENTIONAL_TARGET_CTAS_PER_SM[spec.family]
+    if not replay:
+        ctas_per_sm = CONVENTIONAL_TARGET_CTAS_PER_SM[spec.family]
+    elif kernel == "flush-every-step":
+        ctas_per_sm = FLUSH_EVERY_STEP_TARGET_CTAS_PER_SM[spec.family]
+    else:
+        ctas_per_sm = TARGET_CTAS_PER_SM
     tile = choose_rows_per_cta(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
         cols=spec.dim(col_dim), ctas_per_sm=ctas_per_sm,
