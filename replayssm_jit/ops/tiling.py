@@ -20,22 +20,27 @@ from replayssm_jit.spec import (
 # Enough CTAs to cover every SM twice before splitting a head's rows further (H200 sweeps,
 # benchmarks/results: larger row tiles win whenever the grid already fills the chip).
 TARGET_CTAS_PER_SM = 2
-# The conventional step's target per family. Mamba-2 wants more, smaller tiles. H200, FP32,
-# L = 16 (benchmarks/results/2026-11-29-h200-flush-every-step/experiments/callG1-*): super120b
-# batch 8 ran 23.1 us on 64-row tiles (1024 CTAs), 21.5 on 16 (4096) and 21.2 on 8; nano4b batch
-# 8 ran 21.2 on 80 rows, 20.0 on 20 (3072 CTAs). GDN's did not follow (qwen4b batch 8: 12.5 us on
-# 64 rows, 13.4 on 16). Where no tile reaches the target (batch 1), the largest that covers every
-# SM TARGET_CTAS_PER_SM times: launched after the previous kernel's tail (FLAG_OVERLAP_PRIOR_KERNEL),
-# super120b batch 1 ran 5.10 us on 16 rows (512 CTAs) against 5.57 on 8 and 5.33 on 32; nano4b
-# 4.96 on 20 rows (session 9, call C2).
-CONVENTIONAL_TARGET_CTAS_PER_SM = {"mamba2": 16, "gdn": TARGET_CTAS_PER_SM}
-# The flush-every-step step's target per family. GDN's runs best on the largest tile that gives
-# every SM one CTA: H200, FP32, L = 16, batch 1 (call F, benchmarks/results/2026-11-30-h200-session10,
-# two rounds): qwen122b 5.08 us on 32 rows (256 CTAs) against 5.25 on 16 (512) and 5.33 on 64
-# (128); qwen4b 4.01 on 16 rows (256 CTAs) and 4.01 on 32 (128). Mamba-2's keeps
-# TARGET_CTAS_PER_SM: super120b 4.82 us on 16 rows (512 CTAs) against 5.42 on 32 (256); nano4b 5.12
-# on 20 (384) against 5.14 on 40 (192).
-FLUSH_EVERY_STEP_TARGET_CTAS_PER_SM = {"mamba2": TARGET_CTAS_PER_SM, "gdn": 1}
+# Row-tile targets by step and family: CTAs per SM tried in order, the tile being the largest
+# whose CTAs cover every SM that many times (else the smallest).
+# - Mamba-2's conventional step wants more, smaller tiles. H200, FP32, L = 16
+#   (benchmarks/results/2026-11-29-h200-flush-every-step/experiments/callG1-*): super120b batch 8
+#   ran 23.1 us on 64-row tiles (1024 CTAs), 21.5 on 16 (4096) and 21.2 on 8; nano4b batch 8 ran
+#   21.2 on 80 rows, 20.0 on 20 (3072 CTAs). GDN's did not follow (qwen4b batch 8: 12.5 us on 64
+#   rows, 13.4 on 16). Where no tile gives 16 (batch 1), launched after the previous kernel's tail
+#   (FLAG_OVERLAP_PRIOR_KERNEL), super120b ran 5.10 us on 16 rows (512 CTAs, 2 per SM) against 5.57
+#   on 8 and 5.33 on 32; nano4b 4.96 on 20 rows (session 9, call C2).
+# - GDN's flush-every-step step runs best on the largest tile that gives every SM one CTA. H200,
+#   FP32, L = 16, batch 1 (call F, benchmarks/results/2026-11-30-h200-session10, two rounds):
+#   qwen122b 5.08 us on 32 rows (256 CTAs) against 5.25 on 16 (512) and 5.33 on 64 (128); qwen4b
+#   4.01 on 16 rows (256 CTAs) and 4.01 on 32 (128). Mamba-2's keeps TARGET_CTAS_PER_SM:
+#   super120b 4.82 us on 16 rows (512 CTAs) against 5.42 on 32 (256); nano4b 5.12 on 20 (384)
+#   against 5.14 on 40 (192).
+TILE_TARGETS_CTAS_PER_SM = {
+    "conventional": {"mamba2": (16, TARGET_CTAS_PER_SM), "gdn": (TARGET_CTAS_PER_SM,)},
+    "split": {"mamba2": (TARGET_CTAS_PER_SM,), "gdn": (TARGET_CTAS_PER_SM,)},
+    "per-item": {"mamba2": (TARGET_CTAS_PER_SM,), "gdn": (TARGET_CTAS_PER_SM,)},
+    "flush-every-step": {"mamba2": (TARGET_CTAS_PER_SM,), "gdn": (1,)},
+}
 # 4-warp tiles beat 8-warp tiles of twice the rows in the H200 sweeps (nano4b, batch 256).
 PREFERRED_WARPS = 4
 
@@ -60,23 +65,11 @@ def _forced(env_var: str, allowed: Sequence[str], expected: str | None = None) -
 
 
 def _largest_filling_tile(
-    options: list[int],
-    rows: int,
-    batch: int,
-    num_heads: int,
-    device: torch.device,
-    env_var: str,
-    ctas_per_sm: int = TARGET_CTAS_PER_SM,
-) -> int:
-    """The largest tile (options largest first) whose items cover every SM `ctas_per_sm`
-    times, else the largest that covers them TARGET_CTAS_PER_SM times, else the smallest;
-    `env_var` overrides with one of `options`."""
-    forced = _forced(env_var, [str(r) for r in options], f"one of {options}")
-    if forced:
-        return int(forced)
-    targets = (
-        (ctas_per_sm, TARGET_CTAS_PER_SM) if ctas_per_sm > TARGET_CTAS_PER_SM else (ctas_per_sm,)
-    )
+    options: list[int], rows: int, batch: int, num_heads: int, device: torch.device,
+    targets: Sequence[int],
+) -> int:  # fmt: skip
+    """The largest tile (options largest first) whose items cover every SM as many times as the
+    first of `targets` that some tile reaches, else the smallest."""
     for target in targets:
         for r in options:
             if batch * num_heads * (rows // r) >= target * sm_count(device):
@@ -104,21 +97,20 @@ def choose_rows_per_cta(
     env_var: str,
     *,
     cols: int | None = None,
-    ctas_per_sm: int = TARGET_CTAS_PER_SM,
+    targets: Sequence[int] = (TARGET_CTAS_PER_SM,),
 ) -> int:
     """Largest row tile (of the preferred warp count, at most MAX_LANE_VALUES state values per
-    lane when `cols` is given) that still gives `ctas_per_sm` CTAs per SM; `env_var` overrides
-    with any compiled tile."""
+    lane when `cols` is given) that still gives the CTAs per SM of the first reachable of
+    `targets`; `env_var` overrides with any compiled tile."""
     options = [r for r, _ in tilings]
-    if os.environ.get(env_var):
-        return _largest_filling_tile(options, rows, batch, num_heads, device, env_var)
+    forced = _forced(env_var, [str(r) for r in options], f"one of {options}")
+    if forced:
+        return int(forced)
     preferred = [(r, w) for r, w in tilings if w == PREFERRED_WARPS] or list(tilings)
     if cols is not None:
         light = [(r, w) for r, w in preferred if lane_values(r, w, cols) <= MAX_LANE_VALUES]
         preferred = light or preferred
-    return _largest_filling_tile(
-        [r for r, _ in preferred], rows, batch, num_heads, device, env_var, ctas_per_sm
-    )
+    return _largest_filling_tile([r for r, _ in preferred], rows, batch, num_heads, device, targets)
 
 
 # Bits of the modules' `flags` argument (templates/common/launch.cuh).
@@ -309,15 +301,10 @@ def choose_launch(
     row_dim, col_dim = STATE_DIMS[spec.family]
     rows = spec.dim(row_dim)
     kernel = choose_replay_kernel(spec, batch, num_heads, device) if replay else "per-item"
-    if not replay:
-        ctas_per_sm = CONVENTIONAL_TARGET_CTAS_PER_SM[spec.family]
-    elif kernel == "flush-every-step":
-        ctas_per_sm = FLUSH_EVERY_STEP_TARGET_CTAS_PER_SM[spec.family]
-    else:
-        ctas_per_sm = TARGET_CTAS_PER_SM
+    targets = TILE_TARGETS_CTAS_PER_SM[kernel if replay else "conventional"][spec.family]
     tile = choose_rows_per_cta(
         spec_tilings(spec), rows, batch, num_heads, device, rows_env(spec.family),
-        cols=spec.dim(col_dim), ctas_per_sm=ctas_per_sm,
+        cols=spec.dim(col_dim), targets=targets,
     )  # fmt: skip
     records_ctas, sms = batch * (num_heads // split_records_heads(spec)), sm_count(device)
     flags = launch_flags(kernel=kernel, records_ctas=records_ctas, sms=sms)
