@@ -225,25 +225,13 @@ struct RecordStager {
   }
 };
 
-// Stages a token's records with stage(n): the held ones at [0, n), this token's at [n], for
-// n = held. Where `zero_first` (flush_every_step, whose steady state holds none), first for n = 0
-// while the cursor read is in flight, then again only if records are held after all.
-template <class Stage>
-__device__ __forceinline__ void stage_token_records(Stage&& stage, bool zero_first, int held) {
-  #pragma unroll 1
-  for (int n = zero_first ? 0 : held;; n = held) {
-    stage(n);
-    if (n == held) break;
-    __syncthreads();  // every thread's [0] is written before ring row 0 replaces it
-  }
-}
-
 // Runs prepare(n), which stages a token's records (the held ones at [0, n), this token's at [n])
-// and forms everything the rows need from them, ending with a barrier, for n = held. Where
-// `zero_first` (flush_every_step, whose steady state holds none), first for n = 0 without waiting
-// for the cursor read, then again only if records are held after all: the cursor's round trip
-// then overlaps the whole preparation instead of preceding it. (Mamba-2: batch 1 0.2-0.5 us
-// faster on the H200 than stage_token_records; GDN's per-item kernel measured slower with it.)
+// and whatever the kernel forms from them, for n = held; where n != held, prepare must end with a
+// barrier, as its shared memory is staged again. Where `zero_first` (flush_every_step, whose
+// steady state holds none), first for n = 0 without waiting for the cursor read, then again only
+// if records are held after all, so the cursor's round trip overlaps that work. Mamba-2 prepares
+// its dots, decays and row sums inside (batch 1 0.2-0.5 us faster on the H200); GDN only stages
+// there (its kernel measured slower with the rest inside).
 template <class Prepare>
 __device__ __forceinline__ void prepare_token_records(Prepare&& prepare, bool zero_first, int held) {
   #pragma unroll 1

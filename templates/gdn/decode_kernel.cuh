@@ -262,7 +262,12 @@ struct Kernel {
         }
       }
     };
-    stage_token_records(stage_records, REPLAY && p.flush_every_step, held);
+    // A second staging (held records after all) reuses row [0]: a barrier first.
+    const auto stage = [&](int n) {
+      stage_records(n);
+      if (n != held) __syncthreads();
+    };
+    prepare_token_records(stage, REPLAY && p.flush_every_step, held);
     __syncthreads();
 
     // 3. Dots of each k_i with k_j and q_j, |k_i|^2 and |q|^2 (a warp per record); decays.
