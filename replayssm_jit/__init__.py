@@ -1,24 +1,41 @@
 """replayssm-jit: JIT-compiled CUDA decode kernels for ReplaySSM (cache SSM inputs, not state).
 
 Public API:
-    Mamba2DecodeCache, Mamba2DecodeWrapper   Mamba-2 state pool + record rings; plan()/run() decode
-    GDNDecodeCache, GDNDecodeWrapper         Gated DeltaNet state pool + record rings; plan()/run()
-    KernelSpec, mamba2_spec, gdn_spec        typed specializations (readable URIs)
-    replayssm_jit.reference                  float64 oracles (Mamba-2, GDN, KDA)
-    python -m replayssm_jit demo | aot       the main job and AOT builds
+    mamba2_layout, gdn_layout, CacheLayout  the per-slot tensors of a layer (engines allocate)
+    plan_decode, mamba2_decode, gdn_decode  functional ops on caller-owned tensors
+    LaunchConfig                            launch choices a plan may fix ("auto" by default)
+    Mamba2DecodeCache, Mamba2DecodeWrapper  convenience cache + plan()/run() objects
+    GDNDecodeCache, GDNDecodeWrapper
+    KernelSpec, mamba2_spec, gdn_spec       typed specializations (readable URIs)
+    replayssm_jit.reference                 float64 oracles (Mamba-2, GDN, KDA)
+    python -m replayssm_jit demo | aot      the main job and AOT builds
 """
 
+from replayssm_jit.families.layout import CacheLayout, TensorLayout, gdn_layout, mamba2_layout
+from replayssm_jit.launch.config import LaunchConfig
+from replayssm_jit.ops import DecodePlan, gdn_decode, mamba2_decode, plan_decode
 from replayssm_jit.spec import KernelSpec, gdn_spec, mamba2_spec
+from replayssm_jit.wrappers.cache import SlotCache
 from replayssm_jit.wrappers.gdn import GDNDecodeCache, GDNDecodeWrapper
 from replayssm_jit.wrappers.mamba2 import Mamba2DecodeCache, Mamba2DecodeWrapper
 
 __all__ = [
+    "CacheLayout",
+    "DecodePlan",
     "GDNDecodeCache",
     "GDNDecodeWrapper",
     "KernelSpec",
+    "LaunchConfig",
     "Mamba2DecodeCache",
     "Mamba2DecodeWrapper",
+    "SlotCache",
+    "TensorLayout",
+    "gdn_decode",
+    "gdn_layout",
     "gdn_spec",
+    "mamba2_decode",
+    "mamba2_layout",
     "mamba2_spec",
+    "plan_decode",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

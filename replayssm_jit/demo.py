@@ -1,236 +1,265 @@
 """The main job: decode a stack of SSM layers at a model's head shapes, once conventionally and
-once with ReplaySSM, and report how far apart they are and the state bytes each moved per step.
+once with ReplaySSM, and report how far apart they are and the bytes each would move per step.
 
-The CUDA kernels run where a GPU is present; elsewhere the float64 references do, and the
-demo says which ran.
+Backends: "cuda" (the kernels), "cpu" (the same API on CPU tensors: the PyTorch path) and
+"reference" (the float64 oracles); "auto" takes cuda where a GPU is present, else cpu.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
 
 import torch
 
+from replayssm_jit.families import HeadShape, get_family
 from replayssm_jit.models import MODELS, ModelShape, get_model
-from replayssm_jit.reference import GDNSequence, Mamba2Sequence, gdn_gates, gdn_step, mamba2_step
+from replayssm_jit.reference import (
+    GDNSequence,
+    Mamba2Sequence,
+    gdn_gates,
+    gdn_step,
+    mamba2_step,
+)
 
 
-@dataclass
-class LayerWeights:
-    """Random projections from the hidden vector to one SSM layer's inputs."""
+class Mamba2Layer:
+    """Random projections from the hidden vector to one Mamba-2 layer's inputs."""
 
-    proj: dict[str, torch.Tensor]
-    params: dict[str, torch.Tensor]
-
-
-def _make_layers(model: ModelShape, layers: int, gen: torch.Generator, dtype) -> list[LayerWeights]:
-    G, H, N, P = model.key_heads, model.value_heads, model.d_k, model.d_v
-    hidden = H * P
-
-    def rand(*shape, scale=1.0):
-        return torch.randn(*shape, generator=gen, dtype=dtype) * scale
-
-    out = []
-    for _ in range(layers):
-        if model.family == "mamba2":
-            proj = {
-                "B": rand(G * N, hidden, scale=hidden**-0.5),
-                "C": rand(G * N, hidden, scale=hidden**-0.5),
-                "dt": rand(H, hidden, scale=0.3 * hidden**-0.5),
-            }
-            params = {
-                "A": -(0.5 + torch.rand(H, generator=gen, dtype=dtype)),
-                "D": rand(H),
-                "dt_bias": rand(H, scale=0.1) - 1.0,
-            }
-        else:
-            proj = {
-                "q": rand(G * N, hidden, scale=hidden**-0.5),
-                "k": rand(G * N, hidden, scale=hidden**-0.5),
-                "a": rand(H, hidden, scale=hidden**-0.5),
-                "b": rand(H, hidden, scale=hidden**-0.5),
-            }
-            params = {
-                "A_log": torch.log(torch.rand(H, generator=gen, dtype=dtype) * 4 + 0.5),
-                "dt_bias": rand(H, scale=0.1),
-            }
-        out.append(LayerWeights(proj, params))
-    return out
-
-
-def _layer_inputs(model: ModelShape, w: LayerWeights, h: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Token inputs of one layer from hidden h [batch, H*P] (engine shapes)."""
-    batch = h.shape[0]
-    G, H, N, P = model.key_heads, model.value_heads, model.d_k, model.d_v
-    if model.family == "mamba2":
-        return {
-            "x": h.view(batch, H, P),
-            "dt": h @ w.proj["dt"].T,
-            "B": (h @ w.proj["B"].T).view(batch, G, N),
-            "C": (h @ w.proj["C"].T).view(batch, G, N),
+    def __init__(self, model: ModelShape, gen: torch.Generator):
+        G, H, N, P = model.key_heads, model.value_heads, model.d_k, model.d_v
+        hidden = H * P
+        self.model = model
+        self.proj = {
+            "B": torch.randn(G * N, hidden, generator=gen, dtype=torch.float64) * hidden**-0.5,
+            "C": torch.randn(G * N, hidden, generator=gen, dtype=torch.float64) * hidden**-0.5,
+            "dt": torch.randn(H, hidden, generator=gen, dtype=torch.float64) * 0.3 * hidden**-0.5,
         }
-    g, beta = gdn_gates(
-        w.params["A_log"], h @ w.proj["a"].T, w.params["dt_bias"], h @ w.proj["b"].T
-    )
-    return {
-        "q": (h @ w.proj["q"].T).view(batch, G, N),
-        "k": (h @ w.proj["k"].T).view(batch, G, N),
-        "v": h.view(batch, H, P),
-        "g": g.to(h.dtype),
-        "beta": beta.to(h.dtype),
-    }
+        self.params = {
+            "A": -(0.5 + torch.rand(H, generator=gen, dtype=torch.float64)),
+            "D": torch.randn(H, generator=gen, dtype=torch.float64),
+            "dt_bias": torch.randn(H, generator=gen, dtype=torch.float64) * 0.1 - 1.0,
+        }
+
+    def inputs(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
+        m, batch = self.model, h.shape[0]
+        return {
+            "x": h.view(batch, m.value_heads, m.d_v),
+            "dt": h @ self.proj["dt"].T,
+            "B": (h @ self.proj["B"].T).view(batch, m.key_heads, m.d_k),
+            "C": (h @ self.proj["C"].T).view(batch, m.key_heads, m.d_k),
+        }
+
+    def reference_step(self, state, inp):
+        return mamba2_step(state, **inp, **self.params, dt_softplus=True)
+
+    def reference_sequence(self, checkpoint, window):
+        return Mamba2Sequence(checkpoint, L=window, T=1, dt_softplus=True, **self.params)
+
+    @staticmethod
+    def sequence_inputs(inp):
+        return inp
+
+    @staticmethod
+    def cache(model, batch, **common):
+        from replayssm_jit import Mamba2DecodeCache
+
+        return Mamba2DecodeCache(
+            batch, num_heads=model.value_heads, headdim=model.d_v, dstate=model.d_k,
+            ngroups=model.key_heads, **common,
+        )  # fmt: skip
+
+    @staticmethod
+    def wrapper(cache, mode):
+        from replayssm_jit import Mamba2DecodeWrapper
+
+        return Mamba2DecodeWrapper(cache, mode=mode)
+
+    def run(self, wrapper, t, p, slots):
+        return wrapper.run(
+            t["x"], t["dt"], p["A"], t["B"], t["C"], slots, D=p["D"], dt_bias=p["dt_bias"]
+        )
 
 
-def _next_hidden(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    z = h + y.reshape(h.shape)
-    return z / z.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
+class GDNLayer:
+    """Random projections from the hidden vector to one Gated DeltaNet layer's inputs."""
+
+    def __init__(self, model: ModelShape, gen: torch.Generator):
+        H, HV, K, V = model.key_heads, model.value_heads, model.d_k, model.d_v
+        hidden = HV * V
+        self.model = model
+        self.proj = {
+            name: torch.randn(rows, hidden, generator=gen, dtype=torch.float64) * hidden**-0.5
+            for name, rows in (("q", H * K), ("k", H * K), ("a", HV), ("b", HV))
+        }
+        self.params = {
+            "A_log": torch.log(torch.rand(HV, generator=gen, dtype=torch.float64) * 4 + 0.5),
+            "dt_bias": torch.randn(HV, generator=gen, dtype=torch.float64) * 0.1,
+        }
+
+    def inputs(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
+        m, batch = self.model, h.shape[0]
+        return {
+            "q": (h @ self.proj["q"].T).view(batch, m.key_heads, m.d_k),
+            "k": (h @ self.proj["k"].T).view(batch, m.key_heads, m.d_k),
+            "v": h.view(batch, m.value_heads, m.d_v),
+            "a": h @ self.proj["a"].T,
+            "b": h @ self.proj["b"].T,
+        }
+
+    def sequence_inputs(self, inp):
+        g, beta = gdn_gates(self.params["A_log"], inp["a"], self.params["dt_bias"], inp["b"])
+        return {"q": inp["q"], "k": inp["k"], "v": inp["v"], "g": g, "beta": beta}
+
+    def reference_step(self, state, inp):
+        return gdn_step(state, **self.sequence_inputs(inp))
+
+    @staticmethod
+    def reference_sequence(checkpoint, window):
+        return GDNSequence(checkpoint, L=window, T=1)
+
+    @staticmethod
+    def cache(model, batch, **common):
+        from replayssm_jit import GDNDecodeCache
+
+        return GDNDecodeCache(
+            batch, num_k_heads=model.key_heads, num_v_heads=model.value_heads,
+            head_k_dim=model.d_k, head_v_dim=model.d_v, **common,
+        )  # fmt: skip
+
+    @staticmethod
+    def wrapper(cache, mode):
+        from replayssm_jit import GDNDecodeWrapper
+
+        return GDNDecodeWrapper(cache, mode=mode)
+
+    def run(self, wrapper, t, p, slots):
+        return wrapper.run(
+            t["q"], t["k"], t["v"], slots, a=t["a"], b=t["b"], A_log=p["A_log"],
+            dt_bias=p["dt_bias"],
+        )  # fmt: skip
+
+
+# The demo's per-family adapters, by family name.
+LAYERS = {"mamba2": Mamba2Layer, "gdn": GDNLayer}
 
 
 class ReferenceBackend:
-    """float64 references: batched conventional steps, and one ReplaySSM sequence per row."""
+    """float64 oracles: batched conventional steps, and one ReplaySSM sequence per row."""
 
-    name = "reference (float64 PyTorch, CPU): no GPU found"
+    name = "reference (float64 PyTorch oracles, CPU)"
 
-    def __init__(self, model, layers, batch, window, gen):
-        self.model = model
-        shape = (batch, model.value_heads, model.d_v, model.d_k)
-        init = [torch.randn(shape, generator=gen, dtype=torch.float64) * 0.1 for _ in layers]
+    def __init__(self, layers, batch, window, init):
+        self.layers = layers
         self.conv_states = [s.clone() for s in init]
-        if model.family == "mamba2":
-            self.seqs = [
-                [
-                    Mamba2Sequence(s[b], L=window, T=1, dt_softplus=True, **w.params)
-                    for b in range(batch)
-                ]
-                for s, w in zip(init, layers)
-            ]
-        else:
-            self.seqs = [[GDNSequence(s[b], L=window, T=1) for b in range(batch)] for s in init]
-        self.flushes = 0
+        self.seqs = [
+            [layer.reference_sequence(s[b], window) for b in range(batch)]
+            for s, layer in zip(init, layers)
+        ]
+        self.flushes = self.held = 0
 
-    def conventional(self, layer: int, w: LayerWeights, inp: dict) -> torch.Tensor:
-        if self.model.family == "mamba2":
-            y, self.conv_states[layer] = mamba2_step(
-                self.conv_states[layer], **inp, **w.params, dt_softplus=True
-            )
-        else:
-            y, self.conv_states[layer] = gdn_step(self.conv_states[layer], **inp)
+    def conventional(self, i: int, inp: dict) -> torch.Tensor:
+        y, self.conv_states[i] = self.layers[i].reference_step(self.conv_states[i], inp)
         return y
 
-    def replay(self, layer: int, w: LayerWeights, inp: dict) -> torch.Tensor:
+    def replay(self, i: int, inp: dict) -> torch.Tensor:
+        tok = self.layers[i].sequence_inputs(inp)
         ys = []
-        for b, seq in enumerate(self.seqs[layer]):
-            ys.append(seq.step(**{k: v[b] for k, v in inp.items()}))
+        for b, seq in enumerate(self.seqs[i]):
+            self.held += seq.n
+            ys.append(seq.step(**{k: v[b] for k, v in tok.items()}))
             self.flushes += seq.last_step_flushed
         return torch.stack(ys)
 
 
-class CudaBackend:
-    """Our kernels in float32: a conventional-mode cache and a ReplaySSM-mode cache."""
+class KernelBackend:
+    """The package's own API in float32 (wrappers over the functional ops): a conventional and
+    a ReplaySSM cache per layer, on CUDA (the kernels) or the CPU (the PyTorch path)."""
 
-    name = "cuda (replayssm-jit kernels, fp32 state and activations)"
-
-    def __init__(self, model, layers, batch, window, gen):
-        from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
-
-        if model.family != "mamba2":
-            raise NotImplementedError(
-                "the CUDA demo runs the Mamba-2 models; GDN runs on the reference"
-            )
-        self.model, self.batch = model, batch
-        kw = dict(
-            num_heads=model.value_heads,
-            headdim=model.d_v,
-            dstate=model.d_k,
-            ngroups=model.key_heads,
-            window=window,
-            state_dtype=torch.float32,
-            act_dtype=torch.float32,
-            device="cuda",
+    def __init__(self, layers, batch, window, init, device: torch.device):
+        self.layers, self.device = layers, device
+        if device.type == "cuda":
+            self.name = f"cuda (replayssm-jit kernels on {torch.cuda.get_device_name(device)})"
+        else:
+            self.name = "cpu (replayssm-jit's PyTorch path on CPU tensors)"
+        common = dict(
+            window=window, state_dtype=torch.float32, act_dtype=torch.float32, device=device
         )
         self.caches = {
-            mode: [Mamba2DecodeCache(batch, **kw) for _ in layers]
+            mode: [layer.cache(layer.model, batch, **common) for layer in layers]
             for mode in ("conventional", "replay")
         }
-        self.slots = torch.arange(batch, dtype=torch.int32, device="cuda")
-        for i, _ in enumerate(layers):
-            init = torch.randn(
-                (batch, model.value_heads, model.d_v, model.d_k), generator=gen, dtype=torch.float64
-            )
-            for mode in self.caches:
-                self.caches[mode][i].reset(self.slots, (0.1 * init).float().cuda())
-        self.wrappers = {}
+        self.wrappers = {mode: [] for mode in self.caches}
         for mode, caches in self.caches.items():
-            self.wrappers[mode] = [Mamba2DecodeWrapper(c, mode=mode) for c in caches]
-            for wrapper in self.wrappers[mode]:
+            for layer, cache, s in zip(layers, caches, init):
+                self.slots = cache.allocate(batch)
+                cache.reset(self.slots, s.float())
+                wrapper = layer.wrapper(cache, mode)
                 wrapper.plan(batch)
-        self.flushes = 0
+                self.wrappers[mode].append(wrapper)
+        self.flushes = self.held = 0
 
-    def _run(self, mode, layer, w, inp):
-        p = {k: v.float().cuda().contiguous() for k, v in w.params.items()}
-        t = {k: v.float().cuda().contiguous() for k, v in inp.items()}
-        y = self.wrappers[mode][layer].run(
-            t["x"], t["dt"], p["A"], t["B"], t["C"], self.slots, D=p["D"], dt_bias=p["dt_bias"]
-        )
-        return y.double().cpu()
+    def _run(self, mode, i, inp):
+        layer = self.layers[i]
+        p = {k: v.float().to(self.device).contiguous() for k, v in layer.params.items()}
+        t = {k: v.float().to(self.device).contiguous() for k, v in inp.items()}
+        return layer.run(self.wrappers[mode][i], t, p, self.slots).double().cpu()
 
-    def conventional(self, layer, w, inp):
-        return self._run("conventional", layer, w, inp)
+    def conventional(self, i, inp):
+        return self._run("conventional", i, inp)
 
-    def replay(self, layer, w, inp):
-        held = self.caches["replay"][layer].cursors[:, 0]
-        self.flushes += int((held + 1 >= self.caches["replay"][layer].window).sum())
-        return self._run("replay", layer, w, inp)
+    def replay(self, i, inp):
+        cursors = self.caches["replay"][i].cursors
+        epochs = int(cursors[:, 1].sum())
+        self.held += int(cursors[:, 0].sum())
+        y = self._run("replay", i, inp)
+        self.flushes += int(cursors[:, 1].sum()) - epochs  # a flush advances its slot's epoch
+        return y
 
 
-def state_bytes_per_step(
-    model: ModelShape, window: int, flush_fraction: float, state_size: int = 4
-) -> dict:
-    """Bytes one layer moves per sequence per step (DESIGN §5): state, plus the ReplaySSM records."""
-    s = model.state_bytes(state_size)
-    if model.family == "mamba2":  # x [H,P] bf16, B [G,N] bf16, dt [H] f32
-        record = (
-            model.value_heads * model.d_v * 2
-            + model.key_heads * model.d_k * 2
-            + model.value_heads * 4
-        )
-    else:  # u [HV,V] f32, k [H,K] bf16, g [HV] f32
-        record = (
-            model.value_heads * model.d_v * 4
-            + model.key_heads * model.d_k * 2
-            + model.value_heads * 4
-        )
-    mean_records = (window - 1) / 2
-    replay = s + flush_fraction * s + record * (mean_records + 1)
+def traffic_estimate(model: ModelShape, mean_held: float, flush_fraction: float) -> dict:
+    """An analytic estimate, not a measurement, of the bytes one layer moves per sequence per
+    step with an fp32 state and bf16 activations: conventional reads and writes the state;
+    ReplaySSM reads the checkpoint, writes it at a flush, reads the held records and writes one."""
+    s = model.state_bytes(4)
+    shape = HeadShape(model.key_heads, model.value_heads, model.d_k, model.d_v)
+    record = sum(  # one ring row of each ring
+        torch.Size(ring.per_slot_shape(shape, 1)).numel()
+        * ring.torch_dtype(torch.bfloat16).itemsize
+        for ring in get_family(model.family).rings
+    )
+    replay = s + flush_fraction * s + record * (mean_held + 1)
     return {"conventional": 2 * s, "replay": replay, "record": record}
 
 
-def run_demo(
-    model_name: str, batch: int, steps: int, window: int, layers: int, backend: str, seed: int
-) -> dict:
+def run_demo(model_name: str, batch: int, steps: int, window: int, layers: int, backend: str,
+             seed: int) -> dict:  # fmt: skip
     model = get_model(model_name)
     gen = torch.Generator().manual_seed(seed)
-    weights = _make_layers(model, layers, gen, torch.float64)
-    use_cuda = backend == "cuda" or (
-        backend == "auto" and torch.cuda.is_available() and model.family == "mamba2"
-    )
-    engine = (CudaBackend if use_cuda else ReferenceBackend)(model, weights, batch, window, gen)
+    stack = [LAYERS[model.family](model, gen) for _ in range(layers)]
+    shape = (batch, model.value_heads, model.d_v, model.d_k)
+    init = [0.1 * torch.randn(shape, generator=gen, dtype=torch.float64) for _ in stack]
+    if backend == "auto":
+        backend = "cuda" if torch.cuda.is_available() else "cpu"
+    if backend == "reference":
+        engine = ReferenceBackend(stack, batch, window, init)
+    else:
+        engine = KernelBackend(stack, batch, window, init, torch.device(backend))
     started = time.perf_counter()
     h = torch.randn(batch, model.value_heads * model.d_v, generator=gen, dtype=torch.float64)
     worst = 0.0
     for _ in range(steps):
         h = _next_hidden(h, torch.randn(h.shape, generator=gen, dtype=torch.float64))
-        for i, w in enumerate(weights):
+        for i, layer in enumerate(stack):
             # Teacher-forced: both methods see the same layer inputs, so the difference measures
             # the decode methods, not how the (chaotic) layer stack amplifies it.
-            inp = _layer_inputs(model, w, h)
-            y_conv = engine.conventional(i, w, inp)
-            y_rep = engine.replay(i, w, inp)
+            inp = layer.inputs(h)
+            y_conv = engine.conventional(i, inp)
+            y_rep = engine.replay(i, inp)
             worst = max(worst, ((y_rep - y_conv).norm() / y_conv.norm()).item())
             h = _next_hidden(h, y_conv)
-    flush_fraction = engine.flushes / (steps * layers * batch)
+    layer_steps = steps * layers * batch
+    flush_fraction, mean_held = engine.flushes / layer_steps, engine.held / layer_steps
     return {
         "model": model.name,
         "backend": engine.name,
@@ -241,8 +270,14 @@ def run_demo(
         "max_rel_diff": worst,
         "seconds": time.perf_counter() - started,
         "flush_fraction": flush_fraction,
-        "bytes": state_bytes_per_step(model, window, flush_fraction),
+        "mean_held": mean_held,
+        "bytes": traffic_estimate(model, mean_held, flush_fraction),
     }
+
+
+def _next_hidden(h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    z = h + y.reshape(h.shape)
+    return z / z.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,27 +289,40 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=36)
-    parser.add_argument("--window", type=int, default=16, help="replay window L")
+    parser.add_argument("--window", type=int, default=16, help="replay window L (1-256)")
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--backend", choices=("auto", "cuda", "reference"), default="auto")
+    parser.add_argument("--backend", choices=("auto", "cuda", "cpu", "reference"), default="auto")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for name in ("batch", "steps", "window", "layers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected >= 1, got {getattr(args, name)}")
+    if args.window > 256:
+        parser.error(f"--window: expected at most 256, got {args.window}")
+    try:
+        get_model(args.model)
+    except ValueError as exc:
+        parser.error(f"--{exc}")
+    if args.backend == "cuda" and not torch.cuda.is_available():
+        parser.error("--backend cuda: no CUDA device is available here (try --backend cpu)")
     r = run_demo(
         args.model, args.batch, args.steps, args.window, args.layers, args.backend, args.seed
     )
     b = r["bytes"]
     print(
-        f"model      {r['model']}: {r['layers']} SSM layers, batch {r['batch']}, {r['steps']} steps, L={r['window']}"
+        f"model      {r['model']}: {r['layers']} SSM layers, batch {r['batch']}, "
+        f"{r['steps']} steps, L={r['window']}"
     )
     print(f"backend    {r['backend']}")
     print(
         f"agreement  max relative difference, ReplaySSM vs conventional outputs: {r['max_rel_diff']:.2e}"
     )
-    print(f"flushes    {100 * r['flush_fraction']:.1f}% of layer steps")
-    print("traffic    state bytes per layer per sequence per step (fp32 state):")
+    print(
+        f"flushes    {100 * r['flush_fraction']:.1f}% of layer steps; "
+        f"{r['mean_held']:.2f} records held on average"
+    )
+    print("traffic    estimated from the model shape (not measured), bytes per layer per sequence")
+    print("           per step with an fp32 state:")
     print(f"             conventional {b['conventional'] / 1e6:8.3f} MB (read + write)")
     print(
         f"             ReplaySSM    {b['replay'] / 1e6:8.3f} MB (checkpoint read, flush write, records)"

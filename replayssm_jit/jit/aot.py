@@ -1,4 +1,4 @@
-"""Ahead-of-time builds: `python -m replayssm_jit.aot --out DIR [--preset NAME ...] [--spec SPEC ...]`.
+"""Ahead-of-time builds: `python -m replayssm_jit aot --out DIR [--preset NAME ...] [--spec SPEC ...]`.
 
 DIR gets one folder per specialization (<uri>/<uri>.so and manifest.json). Point
 REPLAYSSM_AOT_DIR at DIR, or package DIR/.. as `replayssm_jit_cache` (modules under
@@ -16,29 +16,23 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from replayssm_jit.families import FAMILIES, HeadShape, get_family
 from replayssm_jit.jit import env
 from replayssm_jit.jit.build import build
 from replayssm_jit.models import MODELS, ModelShape
-from replayssm_jit.spec import KernelSpec, gdn_spec, mamba2_spec
-
-MAMBA2_FLAGS = ("d", "dt_bias", "dt_softplus")
-GDN_FLAGS = ("gates_in_kernel", "qk_l2norm")
+from replayssm_jit.spec import KernelSpec, family_spec, make_spec
 
 
 def model_spec(model: ModelShape, **kwargs) -> KernelSpec:
     """The spec of `model`'s SSM layer shape (window, dtypes and flags from kwargs)."""
-    heads_per_key = model.value_heads // model.key_heads
-    if model.family == "mamba2":
-        return mamba2_spec(
-            headdim=model.d_v, dstate=model.d_k, heads_per_group=heads_per_key, **kwargs
-        )
-    return gdn_spec(
-        head_k_dim=model.d_k, head_v_dim=model.d_v, value_heads_per_key_head=heads_per_key, **kwargs
-    )
+    shape = HeadShape(model.key_heads, model.value_heads, model.d_k, model.d_v)
+    return make_spec(model.family, shape, **kwargs)
 
 
-def _model_specs(family, windows, act_dtypes, state_dtypes, flags) -> list[KernelSpec]:
-    """Every model of `family` x window x act dtype x state dtype, with `flags`."""
+def _model_specs(family, windows, act_dtypes, state_dtypes, extra_flags=(), flags=None):
+    """Every model of `family` x window x act dtype x state dtype, with `flags` (default: the
+    family's default flags) plus `extra_flags`."""
+    flags = (*(get_family(family).default_flags if flags is None else flags), *extra_flags)
     return [
         model_spec(model, window=window, act_dtype=act, state_dtype=state, flags=flags)
         for model in MODELS.values()
@@ -49,51 +43,38 @@ def _model_specs(family, windows, act_dtypes, state_dtypes, flags) -> list[Kerne
     ]
 
 
-def _mamba2_model_specs(windows, act_dtypes, state_dtypes, flags=MAMBA2_FLAGS) -> list[KernelSpec]:
-    return _model_specs("mamba2", windows, act_dtypes, state_dtypes, flags)
-
-
-def _gdn_model_specs(windows, act_dtypes, state_dtypes, flags=GDN_FLAGS) -> list[KernelSpec]:
-    return _model_specs("gdn", windows, act_dtypes, state_dtypes, flags)
-
-
 def _preset_ci() -> list[KernelSpec]:
-    return [mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=16)]
+    return [family_spec("mamba2", headdim=64, dstate=128, heads_per_group=16, window=16)]
 
 
 def _preset_models() -> list[KernelSpec]:
-    specs = _mamba2_model_specs((1, 16), ("bf16",), ("f32", "bf16"))
-    specs += _gdn_model_specs((1, 16), ("bf16",), ("f32", "bf16"))
-    return specs
+    return [
+        spec
+        for family in FAMILIES
+        for spec in _model_specs(family, (1, 16), ("bf16",), ("f32", "bf16"))
+    ]
 
 
 def _preset_h200() -> list[KernelSpec]:
     """What the H200 GPU tests and benchmarks load."""
-    specs = _mamba2_model_specs((1, 4, 16, 32), ("f32",), ("f32",))
-    specs += _mamba2_model_specs((1, 4, 8, 16, 32), ("bf16",), ("f32", "bf16"))
-    specs += _mamba2_model_specs((16,), ("bf16",), ("f16",))
-    specs += _mamba2_model_specs((16,), ("bf16",), ("bf16", "f16"), MAMBA2_FLAGS + ("sr",))
-    specs += _mamba2_model_specs((16,), ("bf16",), ("f32",), ("d", "z", "dt_bias", "dt_softplus"))
-    odd = dict(
-        headdim=24,
-        dstate=64,
-        heads_per_group=2,
-        act_dtype="f32",
-        state_dtype="f32",
-        flags=("d", "z", "dt_bias", "dt_softplus"),
-    )
-    specs += [mamba2_spec(window=w, **odd) for w in (1, 4, 16, 32)]
-
-    # GDN: qwen4b (vph 2) and qwen122b (vph 4) are distinct specs; "k64" is the small test shape.
+    specs = []
+    for family in FAMILIES:
+        specs += _model_specs(family, (1, 4, 16, 32), ("f32",), ("f32",))
+        specs += _model_specs(family, (1, 4, 8, 16, 32), ("bf16",), ("f32", "bf16"))
+        specs += _model_specs(family, (16,), ("bf16",), ("bf16", "f16"), ("sr",))
+    specs += _model_specs("mamba2", (16,), ("bf16",), ("f16",))
+    specs += _model_specs("gdn", (1, 16), ("bf16",), ("f16",))
+    specs += _model_specs("mamba2", (16,), ("bf16",), ("f32",), ("z",))
+    odd = dict(headdim=24, dstate=64, heads_per_group=2, act_dtype="f32", state_dtype="f32")
+    specs += [
+        family_spec("mamba2", window=w, flags=("d", "z", "dt_bias", "dt_softplus"), **odd)
+        for w in (1, 4, 16, 32)
+    ]
+    # GDN's small test shape, and precomputed g / beta (the caller forms the gates).
     k64 = dict(head_k_dim=64, head_v_dim=64, value_heads_per_key_head=2, act_dtype="f32")
-    specs += _gdn_model_specs((1, 4, 16, 32), ("f32",), ("f32",))
-    specs += [gdn_spec(window=w, state_dtype="f32", **k64) for w in (1, 4, 16, 32)]
-    specs += _gdn_model_specs((1, 4, 8, 16, 32), ("bf16",), ("f32", "bf16"))
-    specs += _gdn_model_specs((1, 16), ("bf16",), ("f16",))
-    specs += _gdn_model_specs((16,), ("bf16",), ("bf16", "f16"), GDN_FLAGS + ("sr",))
-    # Precomputed g / beta (the caller forms the gates).
-    specs += _gdn_model_specs((16,), ("f32",), ("f32",), ("qk_l2norm",))
-    specs += [gdn_spec(window=16, state_dtype="f32", flags=("qk_l2norm",), **k64)]
+    specs += [family_spec("gdn", window=w, state_dtype="f32", **k64) for w in (1, 4, 16, 32)]
+    specs += _model_specs("gdn", (16,), ("f32",), ("f32",), flags=("qk_l2norm",))
+    specs += [family_spec("gdn", window=16, state_dtype="f32", flags=("qk_l2norm",), **k64)]
     return specs
 
 
@@ -132,16 +113,13 @@ def build_aot(
     return built
 
 
-SPEC_CONSTRUCTORS = {"mamba2": mamba2_spec, "gdn": gdn_spec}
-
-
 def parse_spec(text: str) -> KernelSpec:
     """A spec from the command line: FAMILY:key=value,... with flags joined by '+', e.g.
     mamba2:headdim=64,dstate=128,heads_per_group=16,window=16,state_dtype=bf16,flags=d+dt_softplus"""
     family, _, rest = text.partition(":")
-    if family not in SPEC_CONSTRUCTORS:
+    if family not in FAMILIES:
         raise ValueError(
-            f"--spec: expected FAMILY:key=value,... with FAMILY in {sorted(SPEC_CONSTRUCTORS)}, got {text!r}"
+            f"--spec: expected FAMILY:key=value,... with FAMILY in {sorted(FAMILIES)}, got {text!r}"
         )
     kwargs: dict[str, object] = {}
     for item in filter(None, rest.split(",")):
@@ -153,18 +131,22 @@ def parse_spec(text: str) -> KernelSpec:
         else:
             kwargs[key] = int(value) if value.isdigit() else value
     try:
-        return SPEC_CONSTRUCTORS[family](**kwargs)
-    except TypeError as exc:
-        raise ValueError(f"--spec: {exc}") from exc
+        return family_spec(family, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"--spec {text!r}: {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m replayssm_jit.aot", description=__doc__.splitlines()[0]
+        prog="python -m replayssm_jit aot", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", type=Path, help="output directory (required unless --list)")
     parser.add_argument(
-        "--preset", action="append", default=[], help=f"one of {sorted(PRESETS)}; repeatable"
+        "--preset",
+        action="append",
+        default=[],
+        choices=sorted(PRESETS),
+        help="a list of specializations; repeatable",
     )
     parser.add_argument(
         "--jobs",
@@ -180,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--list", action="store_true", help="print the URIs and exit")
     args = parser.parse_args(argv)
+    if args.jobs is not None and args.jobs < 1:
+        parser.error(f"--jobs: expected >= 1, got {args.jobs}")
     try:
         chosen = [parse_spec(text) for text in args.spec]
     except ValueError as exc:
@@ -196,7 +180,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"building {len(specs)} modules for {' '.join(archs)} into {args.out}", file=sys.stderr)
     build_aot(specs, args.out, args.jobs or env.max_jobs(), archs)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,8 +18,9 @@ from pathlib import Path
 import jinja2
 from filelock import FileLock
 
+from replayssm_jit.families import get_family
 from replayssm_jit.jit import env
-from replayssm_jit.spec import FAMILY_TEMPLATES, KernelSpec
+from replayssm_jit.spec import KernelSpec
 
 logger = logging.getLogger("replayssm_jit")
 
@@ -51,11 +52,11 @@ def _jinja_env(root: str) -> jinja2.Environment:
     )
 
 
-def _headers_digest(root: Path, family: str) -> str:
-    """Digest of the headers a family's module can include (common/ and its own folder), so
+def _headers_digest(root: Path, folder: str) -> str:
+    """Digest of the headers a module can include (common/ and its template's folder), so
     that editing one changes the rendered source and invalidates stale prebuilt modules."""
     h = hashlib.sha256()
-    for path in sorted([*(root / "common").rglob("*.cuh"), *(root / family).rglob("*.cuh")]):
+    for path in sorted([*(root / "common").rglob("*.cuh"), *(root / folder).rglob("*.cuh")]):
         h.update(path.relative_to(root).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -64,9 +65,10 @@ def _headers_digest(root: Path, family: str) -> str:
 def render(spec: KernelSpec) -> str:
     """The CUDA source of `spec` (deterministic; embeds a digest of the headers)."""
     root = template_root()
-    template = _jinja_env(str(root)).get_template(FAMILY_TEMPLATES[spec.family])
-    body = template.render(**spec.template_context())
-    return f"// {spec.uri}\n// headers {_headers_digest(root, spec.family)}\n{body}"
+    template_name = get_family(spec.family).template
+    body = _jinja_env(str(root)).get_template(template_name).render(**spec.template_context())
+    folder = Path(template_name).parent.as_posix()
+    return f"// {spec.uri}\n// headers {_headers_digest(root, folder)}\n{body}"
 
 
 def source_digest(spec: KernelSpec, archs: list[str]) -> str:
@@ -170,7 +172,7 @@ def load_module(spec: KernelSpec):
             raise JITDisabledError(
                 f"REPLAYSSM_DISABLE_JIT is set and specialization {spec.uri!r} is not AOT-built; "
                 f"searched {', '.join(searched)}. Build it with "
-                f"`python -m replayssm_jit.aot --out DIR` and point REPLAYSSM_AOT_DIR at DIR."
+                f"`python -m replayssm_jit aot --out DIR` and point REPLAYSSM_AOT_DIR at DIR."
             )
         so_path = build(spec)
     module = tvm_ffi.load_module(str(so_path))

@@ -1,0 +1,15 @@
+"""Functional ops on caller-owned tensors: the only place a kernel is launched.
+
+    plan = plan_decode(layout, batch_size, device=..., mode="replay", config=LaunchConfig())
+    mamba2_decode(plan, state=..., rec_x=..., rec_b=..., rec_dt=..., cursors=..., x=..., ...)
+    gdn_decode(plan, state=..., rec_u=..., rec_k=..., rec_g=..., cursors=..., q=..., ...)
+
+Tensors come from the layout (families.layout.mamba2_layout / gdn_layout). On CPU tensors the
+same calls run a PyTorch implementation of the same cursor, ring and flush semantics.
+"""
+
+from replayssm_jit.ops.gdn import gdn_decode
+from replayssm_jit.ops.mamba2 import mamba2_decode
+from replayssm_jit.ops.plan import DecodePlan, plan_decode
+
+__all__ = ["DecodePlan", "gdn_decode", "mamba2_decode", "plan_decode"]

@@ -1,95 +1,105 @@
-"""Gated DeltaNet (GDN) decode ops: argument validation (launch choice: ops/tiling.py).
+"""Gated DeltaNet (GDN) decode step on caller-owned tensors.
 
-Shapes (H key heads, HV value heads, HV % H == 0 and value head hv reads key head
-hv // (HV // H); K head_k_dim, V head_v_dim; CAP = L + T ring rows):
-    state        [slots, HV, V, K]  checkpoint dtype; each slot's [HV, V, K] block contiguous,
-                                    16-byte aligned slot stride
-    q, k         [batch, H, K]      activation dtype, unit stride in K, 16-byte aligned rows
-    v            [batch, HV, V]     activation dtype, unit stride in V, 16-byte aligned rows
-    gate_a, gate_b [batch, HV]      float32, any strides. Flag "gates_in_kernel": raw a and b;
-                                    the kernel forms g = -exp(A_log) softplus(a + dt_bias) and
-                                    beta = sigmoid(b). Without it: g (log-decay) and beta.
-    A_log, dt_bias [HV]             float32, contiguous; given exactly with "gates_in_kernel"
-    out          [batch, HV, V]     activation dtype, contiguous
+Shapes (H key heads, HV value heads, HV % H == 0, value head hv reads key head hv // (HV // H);
+K head_k_dim, V head_v_dim; CAP = L + T ring rows):
+    state        [slots, HV, V, K]  checkpoint dtype, each slot's block contiguous
+    rec_u        [slots, HV, CAP, V] float32 (computed corrections u)  } ReplaySSM records
+    rec_k        [slots, H, CAP, K] act dtype (raw k)                  } (families.layout.
+    rec_g        [slots, HV, CAP]   float32 (log-decay g)              }  gdn_layout)
+    cursors      [slots, 4]         int32
+    q, k         [batch, H, K]      act dtype, unit stride in K, 16-byte aligned rows
+    v            [batch, HV, V]     act dtype, unit stride in V, 16-byte aligned rows
+    a, b         [batch, HV]        float32, any strides: raw gates (plan gates_in_kernel=True),
+                                    with A_log, dt_bias [HV] float32 contiguous; the kernel forms
+                                    g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b)
+    g, beta      [batch, HV]        float32: precomputed gates (gates_in_kernel=False)
+    out          [batch, HV, V]     act dtype, contiguous
     slot_indices [batch]            int32; pad_slot_id rows get out = 0 and write nothing
-Flag "qk_l2norm": q and k are normalised in the kernel (x * rsqrt(sum(x^2) + 1e-6)); q is
-then multiplied by `scale` (default K**-0.5) either way.
-Records (ReplaySSM):
-    rec_u [slots, HV, CAP, V] float32 (computed corrections u), rec_k [slots, H, CAP, K] act
-    (k as given; normalised again on replay), rec_g [slots, HV, CAP] float32 (log-decay g)
-    cursors [slots, 4] int32: records held, flush epoch, CTA arrivals (scratch), spare
-Split kernel workspace (float32; spec.split_workspace_floats, templates/common/split.cuh): per (batch row, value head)
-    [pred | osum] [2 V], 5 replay scalars, coef [CAP]; per batch row info [4] int32
+With use_qk_l2norm, q and k are normalised in the kernel (x * rsqrt(sum(x^2) + 1e-6)); q is then
+multiplied by the plan's scale (default K**-0.5) either way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from replayssm_jit.checks import (
-    check_aligned_rows,
-    check_cuda,
-    check_planned,
-    check_slot_pool,
-    check_tensor,
-)
-from replayssm_jit.ops import tiling
-from replayssm_jit.spec import TORCH_DTYPES, KernelSpec
-
-ROWS_ENV = tiling.rows_env("gdn")
+from replayssm_jit.checks import check_aligned_rows, check_tensor
+from replayssm_jit.families import GDN
+from replayssm_jit.ops import cpu
+from replayssm_jit.ops.decode import check_plan, output_buffer, run_step
+from replayssm_jit.ops.plan import DecodePlan
 
 
-@dataclass(frozen=True)
-class GDNDims:
-    num_k_heads: int  # H
-    num_v_heads: int  # HV
-    head_k_dim: int  # K
-    head_v_dim: int  # V
+def _check_gates(plan: DecodePlan, given: dict[str, torch.Tensor | None]) -> tuple:
+    """(gate_a, gate_b, A_log, dt_bias) in the bindings' order, from the named gates."""
+    HV, batch, dev = plan.layout.shape.value_heads, plan.batch_size, plan.device
+    raw = "gates_in_kernel" in plan.spec.flags
+    wanted = ("a", "b", "A_log", "dt_bias") if raw else ("g", "beta")
+    for name, t in given.items():
+        if (t is not None) != (name in wanted):
+            raise ValueError(
+                f"{name}: expected {'a tensor' if name in wanted else 'None'} (plan() had "
+                f"gates_in_kernel={raw}: pass {', '.join(wanted)}), "
+                f"got {'a tensor' if t is not None else 'None'}"
+            )
+    for name in wanted[:2]:
+        check_tensor(name, given[name], shape=(batch, HV), dtype=torch.float32, device=dev)
+    for name in wanted[2:]:
+        check_tensor(
+            name, given[name], shape=(HV,), dtype=torch.float32, device=dev, contiguous=True
+        )
+    if raw:
+        return given["a"], given["b"], given["A_log"], given["dt_bias"]
+    return given["g"], given["beta"], None, None
 
 
-def dims_of(spec: KernelSpec, num_v_heads: int) -> GDNDims:
-    return GDNDims(num_v_heads // spec.dim("vph"), num_v_heads, spec.dim("k"), spec.dim("v"))
-
-
-def validate_step(
-    spec: KernelSpec,
-    dims: GDNDims,
+def gdn_decode(
+    plan: DecodePlan,
     *,
     state: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    gate_a: torch.Tensor,
-    gate_b: torch.Tensor,
-    A_log: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-    out: torch.Tensor,
-) -> int:
-    """Check every tensor against `spec`; return the batch size. Raises before any launch.
+    slot_indices: torch.Tensor,
+    a: torch.Tensor | None = None,
+    b: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    rec_u: torch.Tensor | None = None,
+    rec_k: torch.Tensor | None = None,
+    rec_g: torch.Tensor | None = None,
+    cursors: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+    seed: int | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One GDN decode step; returns out [batch, HV, V] (allocated when None).
 
-    Shapes and dtypes are checked before the device, so CPU tensors reach every message.
+    Gates: a, b with A_log, dt_bias where the plan has gates_in_kernel=True, else g, beta. The
+    rings and cursors are required in replay mode. workspace and seed as in mamba2_decode.
+    Everything is checked before the launch; a failed call changes nothing.
     """
-    H, HV, K, V = dims.num_k_heads, dims.num_v_heads, dims.head_k_dim, dims.head_v_dim
-    act = TORCH_DTYPES[spec.act_dtype]
-    in_kernel = "gates_in_kernel" in spec.flags
-    a_name, b_name = ("a", "b") if in_kernel else ("g", "beta")
-    check_tensor("state", state, shape=(None, HV, V, K), dtype=TORCH_DTYPES[spec.state_dtype])
-    device = state.device
-    check_slot_pool("state", state, "[HV, V, K]")
-    check_tensor("q", q, shape=(None, H, K), dtype=act, device=device, inner_contiguous=True)
-    batch = q.shape[0]
-    check_tensor("k", k, shape=(batch, H, K), dtype=act, device=device, inner_contiguous=True)
-    check_tensor("v", v, shape=(batch, HV, V), dtype=act, device=device, inner_contiguous=True)
-    for name, t, role in (("gate_a", gate_a, a_name), ("gate_b", gate_b, b_name)):
-        check_tensor(f"{name} ({role})", t, shape=(batch, HV), dtype=torch.float32, device=device)
-    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
-        check_planned(name, t, in_kernel, f"gates_in_kernel={in_kernel}")
-        if t is not None:
-            check_tensor(name, t, shape=(HV,), dtype=torch.float32, device=device, contiguous=True)
-    check_tensor("out", out, shape=(batch, HV, V), dtype=act, device=device, contiguous=True)
+    check_plan(plan, GDN)
+    shape = plan.layout.shape
+    H, HV, K, V = shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim
+    act, dev, batch = plan.layout.act_dtype, plan.device, plan.batch_size
+    check_tensor("q", q, shape=(batch, H, K), dtype=act, device=dev, inner_contiguous=True)
+    check_tensor("k", k, shape=(batch, H, K), dtype=act, device=dev, inner_contiguous=True)
+    check_tensor("v", v, shape=(batch, HV, V), dtype=act, device=dev, inner_contiguous=True)
+    gate_a, gate_b, A_log, dt_bias = _check_gates(
+        plan, {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
+    )
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_aligned_rows(name, t)
-    check_cuda("state", device)
-    return batch
+    out = output_buffer(plan, out, (HV, V))
+    inputs = {
+        "q": q, "k": k, "v": v, "gate_a": gate_a, "gate_b": gate_b,
+        "A_log": A_log, "dt_bias": dt_bias, "scale": plan.options["scale"],
+    }  # fmt: skip
+    tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
+    return run_step(
+        plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,
+        seed=seed, cpu_step=cpu.gdn_step,
+    )  # fmt: skip

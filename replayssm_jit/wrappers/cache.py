@@ -1,82 +1,191 @@
-"""Slot-indexed decode caches shared by every family: state pool, record rings, cursors.
+"""Slot caches: the per-slot tensors of one layer (from its CacheLayout) plus a free list.
 
-A cache owns, per slot, one checkpoint (the recurrent state at its last flush), ring buffers of
-the input records since then, and a cursor row (int32 [4]: records held, flush epoch, a scratch
-word the kernels use to agree on who advances the cursor, spare). Kernels read and advance the
-cursors on the device, so decode steps need no host sync.
+A convenience for standalone use: engines allocate the same tensors themselves from the layout
+and call the functional ops (replayssm_jit.ops), or wrap them with `from_tensors`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 
-CURSOR_WORDS = 4
+from replayssm_jit.checks import check_slot_pool, check_tensor
+from replayssm_jit.families.base import check_positive_int
+from replayssm_jit.families.layout import CacheLayout
+from replayssm_jit.ops.plan import resolve_device
+
+
+def default_device() -> torch.device:
+    """CUDA where it is available, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class SlotCache:
-    """State pool [num_slots, *state_shape] plus named rings [num_slots, *ring_shape].
+    """A layer's slot tensors: checkpoint pool, record rings and cursors, [num_slots, ...] each.
 
-    The rings' order is the order the kernels take them in (see DecodeWrapper._launch).
-
-    `pad_slot_id` in [0, num_slots) is reserved (vLLM uses 0) and never handed out.
+    pad_slot_id: the id batch rows use for padding: negative (-1 by default, SGLang) or a slot
+    in [0, num_slots) that is then reserved and never handed out (vLLM uses 0).
     """
 
     def __init__(
         self,
-        num_slots: int,
-        state_shape: tuple[int, ...],
-        state_dtype: torch.dtype,
-        rings: dict[str, tuple[tuple[int, ...], torch.dtype]],
+        layout: CacheLayout,
+        num_slots: int | None = None,
         *,
-        device: torch.device | str,
+        device: torch.device | str | None = None,
         pad_slot_id: int = -1,
+        tensors: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        if not isinstance(num_slots, int) or num_slots <= 0:
-            raise ValueError(f"num_slots: expected a positive int, got {num_slots!r}")
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        self.num_slots = num_slots
-        self.pad_slot_id = pad_slot_id
-        self.state = torch.zeros((num_slots, *state_shape), dtype=state_dtype, device=self.device)
-        self.rings = {
-            name: torch.zeros((num_slots, *shape), dtype=dtype, device=self.device)
-            for name, (shape, dtype) in rings.items()
-        }
-        self.cursors = torch.zeros((num_slots, CURSOR_WORDS), dtype=torch.int32, device=self.device)
+        if not isinstance(layout, CacheLayout):
+            raise TypeError(f"layout: expected a CacheLayout, got {type(layout).__name__}")
+        if tensors is None:
+            check_positive_int("num_slots", num_slots)
+            device = resolve_device(default_device() if device is None else device)
+        else:
+            num_slots, device = _check_tensors(layout, tensors)
+        if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
+            raise TypeError(
+                f"pad_slot_id: expected an int, got {type(pad_slot_id).__name__} {pad_slot_id!r}"
+            )
+        if pad_slot_id >= num_slots:
+            raise ValueError(
+                f"pad_slot_id: expected a negative id or a slot in [0, {num_slots}), got {pad_slot_id}"
+            )
+        self.layout, self.num_slots, self.device, self.pad_slot_id = (
+            layout,
+            num_slots,
+            device,
+            pad_slot_id,
+        )
+        self.tensors: dict[str, torch.Tensor] = (
+            dict(tensors) if tensors is not None else layout.allocate(num_slots, device)
+        )
         self._free = [s for s in range(num_slots) if s != pad_slot_id]
 
+    @classmethod
+    def from_tensors(cls, layout: CacheLayout, *, pad_slot_id: int = -1, **tensors: torch.Tensor):
+        """A cache over caller-owned tensors (named as layout.tensors(); nothing is allocated)."""
+        cache = cls.__new__(cls)
+        SlotCache.__init__(cache, layout, pad_slot_id=pad_slot_id, tensors=tensors)
+        return cache
+
+    # --- the tensors ---------------------------------------------------------------------
+    @property
+    def state(self) -> torch.Tensor:
+        return self.tensors["state"]
+
+    @property
+    def cursors(self) -> torch.Tensor:
+        return self.tensors["cursors"]
+
+    @property
+    def rings(self) -> dict[str, torch.Tensor]:
+        """The record rings by name, in the kernels' order."""
+        return {name: self.tensors[name] for name in self.layout.ring_names}
+
+    @property
+    def window(self) -> int:
+        return self.layout.window
+
+    @property
+    def drafts(self) -> int:
+        return self.layout.drafts
+
+    @property
+    def act_dtype(self) -> torch.dtype:
+        return self.layout.act_dtype
+
+    # --- slots ---------------------------------------------------------------------------
+    def _slot_ids(self, name: str, slots: object) -> list[int]:
+        """Slot ids from an int tensor or a sequence of ints, each a real slot (not the pad)."""
+        if isinstance(slots, torch.Tensor):
+            if slots.dtype.is_floating_point or slots.dtype.is_complex or slots.dtype == torch.bool:
+                raise TypeError(f"{name}: expected an integer tensor, got dtype {slots.dtype}")
+            if slots.dim() != 1:
+                raise ValueError(f"{name}: expected a 1-D tensor, got shape {list(slots.shape)}")
+            values = slots.tolist()
+        elif isinstance(slots, Sequence) and not isinstance(slots, (str, bytes)):
+            values = list(slots)
+            for v in values:
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise TypeError(f"{name}: expected int slot ids, got {type(v).__name__} {v!r}")
+        else:
+            raise TypeError(
+                f"{name}: expected an int tensor or a list of ints, got {type(slots).__name__}"
+            )
+        for v in values:
+            if not 0 <= v < self.num_slots or v == self.pad_slot_id:
+                raise ValueError(
+                    f"{name}: expected slot ids in [0, {self.num_slots}) other than "
+                    f"pad_slot_id={self.pad_slot_id}, got {v}"
+                )
+        return values
+
     def allocate(self, count: int) -> torch.Tensor:
-        """Hand out `count` free slots (reset to a zero state) as an int32 device tensor."""
-        if count > len(self._free):
-            raise ValueError(f"count: expected at most {len(self._free)} free slots, got {count}")
-        slots, self._free = self._free[:count], self._free[count:]
-        ids = torch.tensor(slots, dtype=torch.int32, device=self.device)
+        """Hand out `count` free slots (checkpoints zeroed, no records) as an int32 tensor."""
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise TypeError(f"count: expected an int, got {type(count).__name__} {count!r}")
+        if not 0 <= count <= len(self._free):
+            raise ValueError(f"count: expected 0 to {len(self._free)} free slots, got {count}")
+        ids = torch.tensor(self._free[:count], dtype=torch.int32, device=self.device)
         self.reset(ids)
+        del self._free[:count]
         return ids
 
-    def free(self, slots: torch.Tensor | list[int]) -> None:
-        values = slots.tolist() if isinstance(slots, torch.Tensor) else list(slots)
-        taken = set(range(self.num_slots)) - set(self._free) - {self.pad_slot_id}
-        bad = [s for s in values if s not in taken]
-        if bad:
-            raise ValueError(f"slots: expected allocated slot ids, got {bad[0]}")
+    def free(self, slots: torch.Tensor | Sequence[int]) -> None:
+        """Return allocated slots to the free list (each once)."""
+        values = self._slot_ids("slots", slots)
+        free = set(self._free)
+        seen: set[int] = set()
+        for v in values:
+            if v in free or v in seen:
+                raise ValueError(
+                    f"slots: expected allocated slot ids, each once, got {v} "
+                    f"({'given twice' if v in seen else 'not allocated'})"
+                )
+            seen.add(v)
         self._free.extend(values)
 
-    def reset(self, slots: torch.Tensor, initial_state: torch.Tensor | None = None) -> None:
-        """Set the checkpoints of `slots` (zeros, or `initial_state` [len, *state_shape]) and drop their records."""
-        index = slots.to(device=self.device, dtype=torch.long)
+    def reset(
+        self, slots: torch.Tensor | Sequence[int], initial_state: torch.Tensor | None = None
+    ) -> None:
+        """Start new sequences in `slots`: checkpoints zero (or `initial_state` [len, *state
+        per slot], converted to the state dtype), no records held, flush epoch 0."""
+        values = self._slot_ids("slots", slots)
+        if initial_state is not None:
+            want = (len(values), *self.state.shape[1:])
+            check_tensor("initial_state", initial_state, shape=want)
+            if not initial_state.dtype.is_floating_point:
+                raise TypeError(
+                    f"initial_state: expected a floating dtype, got {initial_state.dtype}"
+                )
+        index = torch.tensor(values, dtype=torch.long, device=self.device)
         if initial_state is None:
             self.state[index] = 0
         else:
-            want = (len(index), *self.state.shape[1:])
-            if tuple(initial_state.shape) != want:
-                raise ValueError(
-                    f"initial_state: expected shape {list(want)}, got {list(initial_state.shape)}"
-                )
-            self.state[index] = initial_state.to(self.state.dtype)
+            self.state[index] = initial_state.to(device=self.device, dtype=self.state.dtype)
         self.cursors[index] = 0
 
-    def records_held(self, slots: torch.Tensor) -> torch.Tensor:
-        """Records held since the last flush, per slot (a device tensor; reading it syncs)."""
-        return self.cursors[slots.to(device=self.device, dtype=torch.long), 0]
+    def records_held(self, slots: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """Records held since the last flush, per slot (int32 on the cache's device)."""
+        index = torch.tensor(self._slot_ids("slots", slots), dtype=torch.long, device=self.device)
+        return self.cursors[index, 0]
+
+
+def _check_tensors(
+    layout: CacheLayout, tensors: Mapping[str, torch.Tensor]
+) -> tuple[int, torch.device]:
+    names = [t.name for t in layout.tensors()]
+    if set(tensors) != set(names):
+        raise ValueError(f"tensors: expected exactly {names}, got {sorted(tensors)}")
+    state = tensors["state"]
+    check_tensor("state", state)
+    num_slots, device = state.shape[0] if state.dim() else 0, state.device
+    for t in layout.tensors():
+        value = check_tensor(
+            t.name, tensors[t.name], shape=t.shape(num_slots), dtype=t.dtype, device=device
+        )
+        check_slot_pool(t.name, value, str(list(t.per_slot_shape)))
+    check_positive_int("num_slots", num_slots)
+    return num_slots, device

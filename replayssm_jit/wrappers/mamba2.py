@@ -1,22 +1,24 @@
-"""Mamba-2 decode cache and plan/run wrapper (ReplaySSM or conventional)."""
+"""Mamba-2 decode cache and plan()/run() wrapper (ReplaySSM or conventional)."""
 
 from __future__ import annotations
 
 import torch
 
-from replayssm_jit.ops import mamba2 as ops
-from replayssm_jit.spec import KernelSpec, dtype_name, mamba2_spec
+from replayssm_jit.families import MAMBA2
+from replayssm_jit.families.layout import mamba2_layout
+from replayssm_jit.launch.config import LaunchConfig
+from replayssm_jit.ops.mamba2 import mamba2_decode
+from replayssm_jit.spec import KernelSpec
 from replayssm_jit.wrappers.base import DecodeWrapper
 from replayssm_jit.wrappers.cache import SlotCache
 
 
 class Mamba2DecodeCache(SlotCache):
-    """Per-slot Mamba-2 checkpoint and record rings (CAP = window + drafts rows).
+    """Per-slot Mamba-2 checkpoints and record rings (mamba2_layout; CAP = window + drafts):
 
-    state   [num_slots, H, P, N]   state_dtype (fp32/bf16/fp16)
-    x ring  [num_slots, H, CAP, P] act_dtype (inputs are stored exactly)
-    B ring  [num_slots, G, CAP, N] act_dtype
-    dt ring [num_slots, H, CAP]    float32 (dt after bias and softplus)
+    state  [num_slots, H, P, N] state_dtype (fp32/bf16/fp16); rec_x [num_slots, H, CAP, P] and
+    rec_b [num_slots, G, CAP, N] act_dtype; rec_dt [num_slots, H, CAP] float32; cursors
+    [num_slots, 4] int32. device: default CUDA where available, else the CPU.
     """
 
     def __init__(
@@ -29,49 +31,21 @@ class Mamba2DecodeCache(SlotCache):
         ngroups: int,
         window: int = 16,
         drafts: int = 1,
-        state_dtype: torch.dtype = torch.float32,
-        act_dtype: torch.dtype = torch.bfloat16,
-        device: torch.device | str = "cuda",
+        state_dtype: torch.dtype | str = torch.float32,
+        act_dtype: torch.dtype | str = torch.bfloat16,
+        device: torch.device | str | None = None,
         pad_slot_id: int = -1,
     ) -> None:
-        for name, value in (
-            ("num_heads", num_heads),
-            ("headdim", headdim),
-            ("dstate", dstate),
-            ("ngroups", ngroups),
-        ):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
-        if num_heads % ngroups:
-            raise ValueError(f"ngroups: expected a divisor of num_heads={num_heads}, got {ngroups}")
-        dtype_name(state_dtype, "state_dtype")
-        dtype_name(act_dtype, "act_dtype")
-        self.num_heads, self.headdim, self.dstate, self.ngroups = (
-            num_heads,
-            headdim,
-            dstate,
-            ngroups,
-        )
-        self.window, self.drafts, self.act_dtype = window, drafts, act_dtype
-        cap = window + drafts
-        super().__init__(
-            num_slots,
-            (num_heads, headdim, dstate),
-            state_dtype,
-            {
-                "x": ((num_heads, cap, headdim), act_dtype),
-                "B": ((ngroups, cap, dstate), act_dtype),
-                "dt": ((num_heads, cap), torch.float32),
-            },
-            device=device,
-            pad_slot_id=pad_slot_id,
-        )
+        layout = mamba2_layout(
+            num_heads=num_heads, headdim=headdim, dstate=dstate, ngroups=ngroups, window=window,
+            drafts=drafts, state_dtype=state_dtype, act_dtype=act_dtype,
+        )  # fmt: skip
+        super().__init__(layout, num_slots, device=device, pad_slot_id=pad_slot_id)
 
 
 class Mamba2DecodeWrapper(DecodeWrapper):
     __doc__ = DecodeWrapper.__doc__
-
-    cache: Mamba2DecodeCache
+    family = MAMBA2
 
     def plan(
         self,
@@ -83,36 +57,19 @@ class Mamba2DecodeWrapper(DecodeWrapper):
         dt_softplus: bool = True,
         stochastic_rounding: bool = False,
         seed: int = 0,
+        config: LaunchConfig | None = None,
     ) -> KernelSpec:
         """Choose and load the kernel for `batch_size` rows; returns its spec.
 
-        stochastic_rounding: round bf16/fp16 checkpoints stochastically at flush; the noise is
-        a hash of (seed, slot, element, flush count), so the same seed gives the same bits.
+        stochastic_rounding: round bf16/fp16 checkpoints stochastically at a flush; the noise
+        is a hash of (seed, slot, element, flush epoch), so the same seed gives the same bits.
+        config: launch choices to fix (LaunchConfig; "auto" fields are the policy's).
         """
-        self._check_batch_size(batch_size)
-        c = self.cache
-        flags = {
-            "d": has_D,
-            "z": has_z,
-            "dt_bias": has_dt_bias,
-            "dt_softplus": dt_softplus,
-            "sr": stochastic_rounding,
-        }
-        spec = mamba2_spec(
-            headdim=c.headdim,
-            dstate=c.dstate,
-            heads_per_group=c.num_heads // c.ngroups,
-            window=self.window,
-            drafts=c.drafts,
-            act_dtype=c.act_dtype,
-            state_dtype=c.state.dtype,
-            flags=tuple(name for name, on in flags.items() if on),
-        )
-        self._plan(spec, batch_size, seed)
-        return spec
-
-    def _out_row_shape(self) -> tuple[int, ...]:
-        return (self.cache.num_heads, self.cache.headdim)
+        return self._plan_step(
+            batch_size, config=config, seed=seed, has_D=has_D, has_z=has_z,
+            has_dt_bias=has_dt_bias, dt_softplus=dt_softplus,
+            stochastic_rounding=stochastic_rounding,
+        )  # fmt: skip
 
     def run(
         self,
@@ -127,18 +84,15 @@ class Mamba2DecodeWrapper(DecodeWrapper):
         z: torch.Tensor | None = None,
         dt_bias: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
+        seed: int | torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """One decode step; returns out [batch, H, P].
+        """One decode step; returns out [batch, H, P] (shapes: replayssm_jit.ops.mamba2).
 
-        x, z [batch, H, P] act dtype; dt [batch, H] float32 (raw); A, D, dt_bias [H] float32;
-        B, C [batch, G, N] act dtype; slot_indices [batch] int32 (pad_slot_id rows: zero output,
-        nothing written). Everything is validated before the launch; on error nothing is touched.
+        seed: overrides the plan's stochastic-rounding seed (an int64 device tensor of one
+        element is read on the device). Everything is checked before the launch; on error
+        nothing is touched.
         """
-        out = self._begin_run(x, slot_indices, out)
-        c, spec = self.cache, self.spec
-        ops.validate_step(
-            spec, ops.dims_of(spec, c.num_heads),
-            state=c.state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, out=out,
+        return self._run(
+            mamba2_decode, out, seed, x=x, dt=dt, A=A, B=B, C=C, slot_indices=slot_indices,
+            D=D, z=z, dt_bias=dt_bias,
         )  # fmt: skip
-        self._launch((x, z, dt, A, D, dt_bias, B, C), out, slot_indices)
-        return out

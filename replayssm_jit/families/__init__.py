@@ -1,0 +1,21 @@
+"""The family registry: one `Family` per kernel family; shared code asks it, never a name."""
+
+from __future__ import annotations
+
+from replayssm_jit.families.base import Family, HeadShape, RingLayout
+from replayssm_jit.families.delta import GDN
+from replayssm_jit.families.mamba2 import MAMBA2
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (MAMBA2, GDN)}
+
+
+def get_family(name: object) -> Family:
+    """The registered family called `name`, else a ValueError listing them."""
+    if isinstance(name, Family):
+        return name
+    if not isinstance(name, str) or name not in FAMILIES:
+        raise ValueError(f"family: expected one of {sorted(FAMILIES)}, got {name!r}")
+    return FAMILIES[name]
+
+
+__all__ = ["FAMILIES", "GDN", "MAMBA2", "Family", "HeadShape", "RingLayout", "get_family"]

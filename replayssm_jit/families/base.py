@@ -1,0 +1,190 @@
+"""What every kernel family declares: its head shape, spec dims, rings, flags and launch traits.
+
+Shared code asks a `Family` instead of branching on a family's name. A family's state per
+value head is [value_dim, key_dim] (key_dim contiguous); its records live in per-slot rings of
+CAP = L + T rows, each on the key or the value heads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+DTYPE_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "f32",
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+}
+TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
+DTYPE_BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2}
+CPP_TYPES: dict[str, str] = {"f32": "float", "bf16": "__nv_bfloat16", "f16": "__half"}
+
+# Limits of a spec's ring: the replay window L and the draft tokens T it also holds.
+MAX_WINDOW = 256
+MAX_DRAFTS = 16
+
+
+def dtype_name(dtype: object, arg: str) -> str:
+    """The short name ("f32", "bf16", "f16") of a torch dtype or short name, else a TypeError."""
+    if isinstance(dtype, str) and dtype in TORCH_DTYPES:
+        return dtype
+    if isinstance(dtype, torch.dtype) and dtype in DTYPE_NAMES:
+        return DTYPE_NAMES[dtype]
+    raise TypeError(
+        f"{arg}: expected one of {sorted(TORCH_DTYPES)} or torch.float32/bfloat16/float16, "
+        f"got {dtype!r}"
+    )
+
+
+def check_positive_int(name: str, value: object, *, upper: int | None = None) -> int:
+    """A positive int (not a bool), at most `upper`; else a ValueError/TypeError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value <= 0 or (upper is not None and value > upper):
+        bound = f"in [1, {upper}]" if upper is not None else "a positive int"
+        raise ValueError(f"{name}: expected {bound}, got {value}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """A layer's heads in family-neutral terms.
+
+    key_heads: Mamba-2 groups G, GDN key heads H; value_heads: Mamba-2 heads H, GDN value
+    heads HV; key_dim: Mamba-2 dstate N, GDN K; value_dim: Mamba-2 headdim P, GDN V.
+    """
+
+    key_heads: int
+    value_heads: int
+    key_dim: int
+    value_dim: int
+
+    @property
+    def heads_per_key(self) -> int:
+        return self.value_heads // self.key_heads
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """One record ring: [slots, heads, CAP, width] (or [slots, heads, CAP] for a scalar).
+
+    heads: "key" or "value"; width: "key_dim", "value_dim" or None; dtype: "act" (the
+    activation dtype, records stored exactly as given) or "f32".
+    """
+
+    name: str
+    heads: str
+    width: str | None
+    dtype: str
+
+    def per_slot_shape(self, shape: HeadShape, capacity: int) -> tuple[int, ...]:
+        heads = shape.key_heads if self.heads == "key" else shape.value_heads
+        width = () if self.width is None else (getattr(shape, self.width),)
+        return (heads, capacity, *width)
+
+    def torch_dtype(self, act_dtype: torch.dtype) -> torch.dtype:
+        return act_dtype if self.dtype == "act" else torch.float32
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kernel family. Subclasses add the family's records-kernel shared-memory bound.
+
+    shape_args: the user-facing names of (key_heads, value_heads, key_dim, value_dim).
+    spec_dims: the spec's (URI key, HeadShape field or "heads_per_key", user-facing name), in
+        URI order.
+    rings: the record rings in the order the module's replay_step binding takes them.
+    flags / default_flags: the compile-time features a spec may name, and the default set.
+    records_warps: the warp counts the split step's records kernel is compiled for.
+    capped_state_registers: the split state kernel has a variant capped at 96 registers.
+    flush_every_step_kernel: the flush-every-step step is its own per-item instantiation.
+    tile_targets: per step ("conventional", "split", "per-item", "flush-every-step") the CTAs
+        per SM its row tile aims for, tried in order.
+    """
+
+    name: str
+    template: str
+    shape_args: tuple[str, str, str, str]
+    spec_dims: tuple[tuple[str, str, str], ...]
+    rings: tuple[RingLayout, ...]
+    flags: frozenset[str]
+    default_flags: tuple[str, ...]
+    records_warps: tuple[int, ...]
+    capped_state_registers: bool
+    flush_every_step_kernel: bool
+    tile_targets: Mapping[str, tuple[int, ...]] = field(hash=False, compare=False)
+
+    # --- shapes -------------------------------------------------------------------------
+    def head_shape(self, **kwargs: object) -> HeadShape:
+        """A HeadShape from the family's own argument names, each checked."""
+        names = dict(zip(("key_heads", "value_heads", "key_dim", "value_dim"), self.shape_args))
+        missing = [arg for arg in self.shape_args if arg not in kwargs]
+        unknown = sorted(set(kwargs) - set(self.shape_args))
+        if missing or unknown:
+            raise TypeError(
+                f"{self.name} shape: expected arguments {list(self.shape_args)}, "
+                f"got missing {missing} and unknown {unknown}"
+            )
+        values = {role: check_positive_int(arg, kwargs[arg]) for role, arg in names.items()}
+        if values["value_heads"] % values["key_heads"]:
+            raise ValueError(
+                f"{names['key_heads']}: expected a divisor of "
+                f"{names['value_heads']}={values['value_heads']}, got {values['key_heads']}"
+            )
+        return HeadShape(**values)
+
+    def shape_from_spec_dims(self, dims: Mapping[str, int], value_heads: int) -> HeadShape:
+        """The HeadShape of a spec's dims with `value_heads` heads in the state pool."""
+        role = {key: field_ for key, field_, _ in self.spec_dims}
+        by_role = {role[k]: v for k, v in dims.items()}
+        return HeadShape(
+            key_heads=value_heads // by_role["heads_per_key"],
+            value_heads=value_heads,
+            key_dim=by_role["key_dim"],
+            value_dim=by_role["value_dim"],
+        )
+
+    def dims_of(self, shape: HeadShape) -> tuple[tuple[str, int], ...]:
+        """The spec dims of `shape`, in URI order."""
+        return tuple(
+            (key, shape.heads_per_key if role == "heads_per_key" else getattr(shape, role))
+            for key, role, _ in self.spec_dims
+        )
+
+    def dim_arg(self, key: str) -> str:
+        """The user-facing name of spec dim `key`, for error messages."""
+        return next(arg for k, _, arg in self.spec_dims if k == key)
+
+    def role_key(self, role: str) -> str:
+        """The spec dim key of a HeadShape field, e.g. "value_dim" -> "p" for Mamba-2."""
+        return next(k for k, r, _ in self.spec_dims if r == role)
+
+    # --- what a spec of this family compiles -------------------------------------------------
+    def records_heads(self, dims: Mapping[str, int]) -> int:
+        """Value heads one records CTA of the split step serves (those of one key head)."""
+        return dims[self.role_key("heads_per_key")]
+
+    def records_shared_bytes(self, spec) -> int:
+        """Upper bound on the split step's records-kernel shared memory for `spec`."""
+        raise NotImplementedError
+
+    def template_context(self) -> dict:
+        """What the family's module template needs beyond the spec itself."""
+        return {
+            "records_warps": list(self.records_warps),
+            "capped_state_registers": self.capped_state_registers,
+            "flush_every_step_kernel": self.flush_every_step_kernel,
+        }
+
+    # --- planning -------------------------------------------------------------------------
+    def plan_flags(self, options: Mapping[str, object]) -> tuple[tuple[str, ...], dict]:
+        """Spec flags and per-plan scalars from plan() options (checked); see subclasses."""
+        raise NotImplementedError

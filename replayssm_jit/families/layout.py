@@ -1,0 +1,148 @@
+"""What a slot of a layer's cache holds: an engine allocates its own tensors from this.
+
+Every tensor is [num_slots, *per_slot_shape]; each slot's block is contiguous and 16-byte
+aligned. The cursor row is int32 [4]: records held since the last flush, the flush epoch, a
+scratch word the kernels use to agree on who advances the cursor, and a spare word; zero it
+(and the checkpoint) when a slot starts a new sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from replayssm_jit.families import get_family
+from replayssm_jit.families.base import (
+    TORCH_DTYPES,
+    Family,
+    HeadShape,
+    check_positive_int,
+    dtype_name,
+)
+
+CURSOR_WORDS = 4
+
+
+@dataclass(frozen=True)
+class TensorLayout:
+    """One per-slot tensor: its name (the functional ops' argument), shape per slot, dtype."""
+
+    name: str
+    per_slot_shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def shape(self, num_slots: int) -> tuple[int, ...]:
+        return (num_slots, *self.per_slot_shape)
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The per-slot tensors of one layer of `family` for a replay window and draft count.
+
+    Build it with `mamba2_layout(...)` or `gdn_layout(...)`, which check every argument.
+    """
+
+    family: Family
+    shape: HeadShape
+    window: int
+    drafts: int
+    state_dtype: torch.dtype
+    act_dtype: torch.dtype
+
+    @property
+    def capacity(self) -> int:
+        """Ring rows per slot: window + drafts."""
+        return self.window + self.drafts
+
+    def tensors(self) -> tuple[TensorLayout, ...]:
+        """The checkpoint, each record ring (in the kernels' order) and the cursors."""
+        s = self.shape
+        rings = tuple(
+            TensorLayout(r.name, r.per_slot_shape(s, self.capacity), r.torch_dtype(self.act_dtype))
+            for r in self.family.rings
+        )
+        return (
+            TensorLayout("state", (s.value_heads, s.value_dim, s.key_dim), self.state_dtype),
+            *rings,
+            TensorLayout("cursors", (CURSOR_WORDS,), torch.int32),
+        )
+
+    @property
+    def ring_names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.family.rings)
+
+    def bytes_per_slot(self) -> int:
+        return sum(torch.Size(t.per_slot_shape).numel() * t.dtype.itemsize for t in self.tensors())
+
+    def allocate(self, num_slots: int, device: torch.device | str) -> dict[str, torch.Tensor]:
+        """Zeroed tensors for `num_slots` slots, by name."""
+        check_positive_int("num_slots", num_slots)
+        return {
+            t.name: torch.zeros(t.shape(num_slots), dtype=t.dtype, device=device)
+            for t in self.tensors()
+        }
+
+
+def _layout(family: str, window, drafts, state_dtype, act_dtype, **shape_args) -> CacheLayout:
+    from replayssm_jit.spec import make_spec
+
+    fam = get_family(family)
+    shape = fam.head_shape(**shape_args)
+    layout = CacheLayout(
+        family=fam,
+        shape=shape,
+        window=window,
+        drafts=drafts,
+        state_dtype=TORCH_DTYPES[dtype_name(state_dtype, "state_dtype")],
+        act_dtype=TORCH_DTYPES[dtype_name(act_dtype, "act_dtype")],
+    )
+    # Everything a plan() of this layout needs must hold now, not at the first plan().
+    make_spec(fam.name, shape, window=window, drafts=drafts, act_dtype=act_dtype,
+              state_dtype=state_dtype)  # fmt: skip
+    return layout
+
+
+def mamba2_layout(
+    *,
+    num_heads: int,
+    headdim: int,
+    dstate: int,
+    ngroups: int,
+    window: int = 16,
+    drafts: int = 1,
+    state_dtype: torch.dtype | str = torch.float32,
+    act_dtype: torch.dtype | str = torch.bfloat16,
+) -> CacheLayout:
+    """A Mamba-2 layer's slot tensors (CAP = window + drafts):
+
+    state [H, P, N] state_dtype; rec_x [H, CAP, P] act_dtype; rec_b [G, CAP, N] act_dtype;
+    rec_dt [H, CAP] float32 (dt after bias and softplus); cursors [4] int32.
+    """
+    return _layout(
+        "mamba2", window, drafts, state_dtype, act_dtype,
+        num_heads=num_heads, headdim=headdim, dstate=dstate, ngroups=ngroups,
+    )  # fmt: skip
+
+
+def gdn_layout(
+    *,
+    num_k_heads: int,
+    num_v_heads: int,
+    head_k_dim: int,
+    head_v_dim: int,
+    window: int = 16,
+    drafts: int = 1,
+    state_dtype: torch.dtype | str = torch.float32,
+    act_dtype: torch.dtype | str = torch.bfloat16,
+) -> CacheLayout:
+    """A Gated DeltaNet layer's slot tensors (CAP = window + drafts):
+
+    state [HV, V, K] state_dtype; rec_u [HV, CAP, V] float32; rec_k [H, CAP, K] act_dtype (raw
+    k); rec_g [HV, CAP] float32 (log-decay); cursors [4] int32.
+    """
+    return _layout(
+        "gdn", window, drafts, state_dtype, act_dtype,
+        num_k_heads=num_k_heads, num_v_heads=num_v_heads,
+        head_k_dim=head_k_dim, head_v_dim=head_v_dim,
+    )  # fmt: skip

@@ -1,0 +1,101 @@
+"""LaunchConfig: the launch choices a plan() may fix, each "auto" by default.
+
+`REPLAYSSM_LAUNCH` (for experiments, e.g. "kernel=split,rows_per_cta=16") supplies values for
+the fields a caller left "auto"; production code passes a LaunchConfig instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+
+AUTO = "auto"
+REPLAY_KERNELS = ("split", "per-item", "flush-every-step")
+LAUNCH_ENV = "REPLAYSSM_LAUNCH"
+
+_BOOL_FIELDS = ("capped_state_registers", "overlap_prior_kernel", "speculative_records")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How plan() launches a step; every field "auto" lets the launch policy choose.
+
+    kernel: the ReplaySSM kernel, one of "split" (a records kernel, then a state kernel),
+        "per-item" or "flush-every-step" (per-item, flushing every token).
+    rows_per_cta: the state rows one CTA holds, one of the spec's compiled tiles.
+    records_warps: warps of the split step's records CTAs (a value the family compiles).
+    capped_state_registers: the split state kernel's 96-register variant (where compiled).
+    overlap_prior_kernel: launch the step's first kernel as a programmatic dependent of the
+        stream's previous kernel (sm_90).
+    speculative_records: issue every ring row's loads before the cursor is read.
+    """
+
+    kernel: str = AUTO
+    rows_per_cta: int | str = AUTO
+    records_warps: int | str = AUTO
+    capped_state_registers: bool | str = AUTO
+    overlap_prior_kernel: bool | str = AUTO
+    speculative_records: bool | str = AUTO
+
+    def __post_init__(self) -> None:
+        if self.kernel != AUTO and self.kernel not in REPLAY_KERNELS:
+            raise ValueError(
+                f"kernel: expected 'auto' or one of {REPLAY_KERNELS}, got {self.kernel!r}"
+            )
+        for name in ("rows_per_cta", "records_warps"):
+            value = getattr(self, name)
+            if value != AUTO and (
+                not isinstance(value, int) or isinstance(value, bool) or value <= 0
+            ):
+                raise ValueError(f"{name}: expected 'auto' or a positive int, got {value!r}")
+        for name in _BOOL_FIELDS:
+            value = getattr(self, name)
+            if value != AUTO and not isinstance(value, bool):
+                raise ValueError(f"{name}: expected 'auto' or a bool, got {value!r}")
+
+    def with_defaults(self, other: LaunchConfig) -> LaunchConfig:
+        """This config with its "auto" fields taken from `other`."""
+        return replace(
+            self,
+            **{
+                f.name: getattr(other, f.name)
+                for f in fields(self)
+                if getattr(self, f.name) == AUTO
+            },
+        )
+
+
+def parse_launch(text: str, source: str = LAUNCH_ENV) -> LaunchConfig:
+    """A LaunchConfig from "field=value,..." (bools as 0/1/true/false); errors name `source`."""
+    values: dict[str, object] = {}
+    names = {f.name for f in fields(LaunchConfig)}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep or key not in names:
+            raise ValueError(
+                f"{source}: expected field=value pairs with fields {sorted(names)}, got {item!r}"
+            )
+        if key in _BOOL_FIELDS:
+            lowered = raw.lower()
+            if lowered not in ("0", "1", "true", "false", AUTO):
+                raise ValueError(f"{source}: {key} expected 0, 1, true, false or auto, got {raw!r}")
+            values[key] = AUTO if lowered == AUTO else lowered in ("1", "true")
+        elif key == "kernel":
+            values[key] = raw
+        else:
+            values[key] = int(raw) if raw.isdigit() else raw
+    try:
+        return LaunchConfig(**values)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def resolve_config(config: LaunchConfig | None) -> LaunchConfig:
+    """`config` (checked) with REPLAYSSM_LAUNCH filling its "auto" fields."""
+    if config is None:
+        config = LaunchConfig()
+    elif not isinstance(config, LaunchConfig):
+        raise TypeError(f"config: expected a LaunchConfig or None, got {type(config).__name__}")
+    raw = os.environ.get(LAUNCH_ENV, "")
+    return config.with_defaults(parse_launch(raw)) if raw.strip() else config

@@ -1,0 +1,233 @@
+"""The launch policy: which kernel, row tile and flags run a step of a spec at a batch size.
+
+Every rule keeps a one-line reason here; the measurements behind each constant are in
+docs/tuning.md under the constant's name. A LaunchConfig field other than "auto" overrides
+the rule it names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+from replayssm_jit.families import get_family
+from replayssm_jit.launch.config import AUTO, LaunchConfig
+from replayssm_jit.launch.tiles import (
+    MAX_CTA_SHARED_BYTES,
+    SPLIT_RECORDS_THREADS,
+    lane_values,
+)
+from replayssm_jit.spec import KernelSpec, spec_tilings
+
+# Bits of the modules' `flags` argument (templates/common/launch.cuh).
+FLAG_SPECULATIVE_RECORDS = 1
+FLAG_SPLIT = 4
+FLAG_FLUSH_EVERY_STEP = 8
+FLAG_FEW_RECORDS_WARPS = 16
+FLAG_CAPPED_STATE_REGISTERS = 32
+FLAG_OVERLAP_PRIOR_KERNEL = 64
+
+# 4-warp tiles beat 8-warp tiles of twice the rows.
+PREFERRED_WARPS = 4
+# More state values per lane than this spill the per-item kernels' registers.
+MAX_LANE_VALUES = 96
+# From one (batch row, head) pair per SM the split step's cycle beats the per-item kernel.
+SPLIT_MIN_PAIRS_PER_SM = 1
+# Past a couple of records CTAs per SM, loading unheld ring rows costs more bandwidth than the
+# round trip it saves.
+SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM = 2
+# Under a few records CTAs per SM, overlapping the previous kernel's tail does not pay.
+SPLIT_OVERLAP_PRIOR_MIN_RECORDS_CTAS_PER_SM = 4
+# With the grid several times over the chip and little work per row, a 4-warp records CTA
+# spends less on per-warp fixed work.
+FEW_RECORDS_WARPS_MIN_CTAS_PER_SM = 8
+FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD = 2
+FEW_RECORDS_THREADS = 4 * 32  # one thread per value head for its scalars
+# Capping the split state kernel's registers fits one more CTA per SM; it pays once the
+# grid is many times over the chip (sooner for 16-bit checkpoints).
+CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = {"f32": 64, "bf16": 12, "f16": 12}
+
+# Where no GPU is visible (CPU tests of the policy), plan for an H200.
+DEFAULT_SM_COUNT = 132
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What plan() chose: the kernel ("conventional", "split", "per-item" or
+    "flush-every-step"), its row tile, and the flags word the module's bindings take."""
+
+    kernel: str
+    rows_per_cta: int
+    flags: int
+
+
+@cache
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of `device`, read once per device (an H200's 132 for a non-CUDA device)."""
+    if device.type == "cuda":
+        return _cuda_sm_count(
+            device.index if device.index is not None else torch.cuda.current_device()
+        )
+    return DEFAULT_SM_COUNT
+
+
+def can_split(spec: KernelSpec) -> bool:
+    """Whether `spec`'s split step fits: at most SPLIT_RECORDS_THREADS heads per key head, and
+    their records within one CTA's shared memory."""
+    fam = get_family(spec.family)
+    heads = fam.records_heads(dict(spec.dims))
+    return heads <= SPLIT_RECORDS_THREADS and fam.records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
+
+
+def choose_replay_kernel(
+    spec: KernelSpec, batch: int, heads: int, sms: int, config: LaunchConfig
+) -> str:
+    """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split; below it the
+    per-item kernel, flushing every token for FP32 checkpoints (with nothing held, the step is
+    the conventional one plus a cursor read; 16-bit checkpoints keep the window so that they are
+    rounded once per L tokens)."""
+    if config.kernel == "split" and not can_split(spec):
+        fam = get_family(spec.family)
+        raise ValueError(
+            f"config.kernel: 'split' needs at most {SPLIT_RECORDS_THREADS} heads per key head and "
+            f"{MAX_CTA_SHARED_BYTES} bytes of shared memory for their records; got "
+            f"{fam.records_heads(dict(spec.dims))} heads and {fam.records_shared_bytes(spec)} "
+            f"bytes ({spec.uri})"
+        )
+    if config.kernel != AUTO:
+        return config.kernel
+    if can_split(spec) and batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms:
+        return "split"
+    return "flush-every-step" if spec.state_dtype == "f32" else "per-item"
+
+
+def _largest_filling_tile(options: list[int], rows: int, batch: int, heads: int, sms: int,
+                          targets: Sequence[int]) -> int:  # fmt: skip
+    """The largest tile (options largest first) whose CTAs cover every SM as many times as the
+    first of `targets` some tile reaches, else the smallest."""
+    for target in targets:
+        for r in options:
+            if batch * heads * (rows // r) >= target * sms:
+                return r
+    return options[-1]
+
+
+def choose_rows_per_cta(spec: KernelSpec, step: str, batch: int, heads: int, sms: int,
+                        config: LaunchConfig) -> int:  # fmt: skip
+    """The largest row tile of PREFERRED_WARPS warps, at most MAX_LANE_VALUES state values per
+    lane, that reaches the step's CTAs-per-SM target (the family's tile_targets)."""
+    tilings = spec_tilings(spec)
+    options = [r for r, _ in tilings]
+    if config.rows_per_cta != AUTO:
+        if config.rows_per_cta not in options:
+            raise ValueError(
+                f"config.rows_per_cta: expected one of {options} (compiled into {spec.uri}), "
+                f"got {config.rows_per_cta}"
+            )
+        return config.rows_per_cta
+    rows, cols = spec.state_rows_cols
+    preferred = [(r, w) for r, w in tilings if w == PREFERRED_WARPS] or list(tilings)
+    light = [(r, w) for r, w in preferred if lane_values(r, w, cols) <= MAX_LANE_VALUES]
+    preferred = light or preferred
+    targets = get_family(spec.family).tile_targets[step]
+    return _largest_filling_tile([r for r, _ in preferred], rows, batch, heads, sms, targets)
+
+
+def launch_flags(kernel: str, records_ctas: int, sms: int, config: LaunchConfig) -> int:
+    """Speculative ring loads: always per item (nothing held under flush-every-step, so never
+    there), and for the split step under SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM records CTAs
+    per SM. Programmatic launch after the previous kernel: per item always, split from
+    SPLIT_OVERLAP_PRIOR_MIN_RECORDS_CTAS_PER_SM."""
+    if config.speculative_records != AUTO:
+        speculative = config.speculative_records
+    elif kernel == "flush-every-step":
+        speculative = False
+    else:
+        speculative = (
+            kernel != "split" or records_ctas < SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * sms
+        )
+    if config.overlap_prior_kernel != AUTO:
+        overlap = config.overlap_prior_kernel
+    else:
+        overlap = (
+            kernel != "split" or records_ctas >= SPLIT_OVERLAP_PRIOR_MIN_RECORDS_CTAS_PER_SM * sms
+        )
+    flags = (FLAG_SPECULATIVE_RECORDS if speculative else 0) | (
+        FLAG_OVERLAP_PRIOR_KERNEL if overlap else 0
+    )
+    if kernel == "split":
+        flags |= FLAG_SPLIT
+    elif kernel == "flush-every-step":
+        flags |= FLAG_FLUSH_EVERY_STEP
+    return flags
+
+
+def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int, config: LaunchConfig) -> bool:
+    """Whether the split records kernel runs 4-warp CTAs: where the family compiles them, its
+    key head's value heads fit 4 warps' threads, from FEW_RECORDS_WARPS_MIN_CTAS_PER_SM records
+    CTAs per SM with at most FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD value rows per thread."""
+    fam = get_family(spec.family)
+    heads = fam.records_heads(dict(spec.dims))
+    possible = 4 in fam.records_warps and heads <= FEW_RECORDS_THREADS
+    if config.records_warps != AUTO:
+        allowed = [w for w in fam.records_warps if w != 4 or possible]
+        if config.records_warps not in allowed:
+            raise ValueError(
+                f"config.records_warps: expected one of {allowed} for {spec.uri}, "
+                f"got {config.records_warps}"
+            )
+        return config.records_warps == 4
+    if not possible:
+        return False
+    rows_per_thread = heads * spec.state_rows_cols[0] / FEW_RECORDS_THREADS
+    return (
+        records_ctas >= FEW_RECORDS_WARPS_MIN_CTAS_PER_SM * sms
+        and rows_per_thread <= FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD
+    )
+
+
+def capped_state_registers(
+    spec: KernelSpec, state_ctas: int, sms: int, config: LaunchConfig
+) -> bool:
+    """Whether the split state kernel caps its registers: where the family compiles the variant,
+    from CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM state CTAs per SM."""
+    fam = get_family(spec.family)
+    if config.capped_state_registers != AUTO:
+        if config.capped_state_registers and not fam.capped_state_registers:
+            raise ValueError(
+                f"config.capped_state_registers: expected False or 'auto' for {spec.family} "
+                "(no capped-registers state kernel), got True"
+            )
+        return config.capped_state_registers
+    if not fam.capped_state_registers:
+        return False
+    return state_ctas >= CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM[spec.state_dtype] * sms
+
+
+def choose_launch(spec: KernelSpec, batch: int, heads: int, sms: int, *, replay: bool,
+                  config: LaunchConfig | None = None) -> Launch:  # fmt: skip
+    """The launch of a step of `spec` at `batch` rows over a pool of `heads` value heads on
+    `sms` SMs; every override in `config` is checked whether or not the step uses it."""
+    config = config or LaunchConfig()
+    fam = get_family(spec.family)
+    kernel = choose_replay_kernel(spec, batch, heads, sms, config) if replay else "conventional"
+    step = kernel
+    rows = spec.state_rows_cols[0]
+    tile = choose_rows_per_cta(spec, step, batch, heads, sms, config)
+    records_ctas = batch * (heads // fam.records_heads(dict(spec.dims)))
+    # The conventional step launches the per-item kernel with its flags.
+    flags = launch_flags(kernel if replay else "per-item", records_ctas, sms, config)
+    few = few_records_warps(spec, records_ctas, sms, config)
+    capped = capped_state_registers(spec, batch * heads * (rows // tile), sms, config)
+    if flags & FLAG_SPLIT and few:
+        flags |= FLAG_FEW_RECORDS_WARPS
+    if flags & FLAG_SPLIT and capped:
+        flags |= FLAG_CAPPED_STATE_REGISTERS
+    return Launch(kernel, tile, flags)

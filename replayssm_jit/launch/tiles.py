@@ -1,0 +1,64 @@
+"""Row-tile geometry of the kernels (mirrors RowTiling in templates/common/replay.cuh) and the
+sm_90 limits the launch policy plans against. Data and arithmetic only: no device access."""
+
+from __future__ import annotations
+
+# Largest dynamic shared memory of one CTA on sm_90.
+MAX_CTA_SHARED_BYTES = 227 * 1024
+# sm_90 per-SM limits (shared_memory_resident_ctas in templates/common/split.cuh).
+MAX_THREADS_PER_SM = 2048
+SHARED_BYTES_PER_SM = 227 * 1024
+SHARED_BYTES_RESERVED_PER_CTA = 1024
+# Threads of the split step's 8-warp records CTA: one per head for its scalars.
+SPLIT_RECORDS_THREADS = 256
+SPLIT_RECORDS_FULL_SM_CTAS = MAX_THREADS_PER_SM // SPLIT_RECORDS_THREADS
+# Enough CTAs to cover every SM twice before a head's rows are split further.
+TARGET_CTAS_PER_SM = 2
+
+
+def lanes_per_row(rows_per_warp: int, cols: int, state_bytes: int) -> int:
+    """Lanes sharing a state row in a tile with `rows_per_warp` rows per warp: the fewest of 8
+    and 16 (at most one per 16-byte chunk) that split a warp's rows into whole passes, else one
+    per chunk up to 32 (RowTiling's narrow rows)."""
+    vecs = cols // (16 // state_bytes)
+    for lanes in (8, 16):
+        if lanes <= vecs and rows_per_warp % (32 // lanes) == 0:
+            return lanes
+    return min(32, vecs)
+
+
+def rows_tilings(
+    rows: int,
+    cols: int,
+    state_bytes: int,
+    *,
+    warp_options: tuple[int, ...] = (4, 8, 2, 1),
+    max_chunks: int = 16,
+) -> list[tuple[int, int]]:
+    """(rows_per_cta, warps) pairs for a [rows, cols] state per head, largest first.
+
+    A lane holds 16-byte chunks of a state row, so a warp covers 32 / lanes_per_row rows per
+    pass; splitting the rows across CTAs buys parallelism at small batch. `max_chunks` bounds
+    the state registers per lane (chunks x 16 bytes).
+    """
+    vec = 16 // state_bytes
+    tilings = []
+    for split in (1, 2, 4, 8):
+        if rows % split:
+            continue
+        per_cta = rows // split
+        for warps in warp_options:
+            per_warp = per_cta // warps if per_cta % warps == 0 else 0
+            if not per_warp:
+                continue
+            rows_per_pass = 32 // lanes_per_row(per_warp, cols, state_bytes)
+            chunks = per_warp * cols // (32 * vec)
+            if per_warp % rows_per_pass == 0 and chunks <= max_chunks:
+                tilings.append((per_cta, warps))
+                break
+    return tilings
+
+
+def lane_values(rows_per_cta: int, warps: int, cols: int) -> int:
+    """State values each lane holds for a (rows_per_cta, warps) tile of a [*, cols] state."""
+    return rows_per_cta * cols // (warps * 32)

@@ -1,0 +1,130 @@
+"""The one place a decode step is launched: checks shared by every family, then the module's
+binding (CUDA) or the PyTorch path (CPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+from replayssm_jit.checks import check_slot_indices, check_slot_pool, check_tensor
+from replayssm_jit.families.base import Family
+from replayssm_jit.ops.plan import DecodePlan
+
+
+def check_plan(plan: object, family: Family) -> DecodePlan:
+    if not isinstance(plan, DecodePlan):
+        raise TypeError(f"plan: expected a DecodePlan, got {type(plan).__name__}")
+    if plan.family is not family:
+        raise ValueError(f"plan: expected a {family.name} plan, got a {plan.family.name} plan")
+    return plan
+
+
+def check_cache_tensors(plan: DecodePlan, tensors: Mapping[str, torch.Tensor | None]) -> int:
+    """The slot tensors against the plan's layout (conventional steps need only the state);
+    returns the number of slots."""
+    num_slots = None
+    for t in plan.layout.tensors():
+        value = tensors.get(t.name)
+        if value is None and (t.name != "state" and not plan.replay):
+            continue
+        want = tuple("*" if i == 0 else d for i, d in enumerate(t.shape(0)))
+        check_tensor(
+            t.name, value, shape=(None, *t.per_slot_shape), dtype=t.dtype, device=plan.device
+        )
+        check_slot_pool(t.name, value, "[" + ", ".join(map(str, want[1:])) + "]")
+        if num_slots is None:
+            num_slots = value.shape[0]
+        elif value.shape[0] != num_slots:
+            raise ValueError(
+                f"{t.name}: expected {num_slots} slots (as state), got {value.shape[0]}"
+            )
+    return num_slots
+
+
+def resolve_seed(plan: DecodePlan, seed: object) -> tuple[int, torch.Tensor | None]:
+    """(seed, seed_tensor): the plan's seed, an int, or an int64 device tensor of one element
+    that the kernels read on the device (so a CUDA graph may change it)."""
+    if seed is None:
+        return plan.seed, None
+    if isinstance(seed, torch.Tensor):
+        check_tensor("seed", seed, dtype=torch.int64, device=plan.device)
+        if seed.numel() != 1:
+            raise ValueError(f"seed: expected a tensor of 1 element, got shape {list(seed.shape)}")
+        return plan.seed, seed.reshape(1)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(
+            f"seed: expected None, an int or an int64 tensor, got {type(seed).__name__}"
+        )
+    return seed & (2**63 - 1), None
+
+
+def run_step(
+    plan: DecodePlan,
+    tensors: Mapping[str, torch.Tensor | None],
+    inputs: Mapping[str, object],
+    *,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    workspace: torch.Tensor | None,
+    seed: object,
+    cpu_step: Callable[..., None],
+) -> torch.Tensor:
+    """Check the slot tensors, slot ids, workspace and seed, then launch. `inputs` holds the
+    family's token inputs in its bindings' order (already checked)."""
+    num_slots = check_cache_tensors(plan, tensors)
+    check_slot_indices(
+        slot_indices, plan.batch_size, num_slots, plan.pad_slot_id, plan.device,
+        read_values=plan.check_slot_values,
+    )  # fmt: skip
+    seed_value, seed_tensor = resolve_seed(plan, seed)
+    if workspace is None:
+        workspace = torch.empty(plan.workspace_floats, dtype=torch.float32, device=plan.device)
+    else:
+        check_tensor(
+            "workspace", workspace, dtype=torch.float32, device=plan.device, contiguous=True
+        )
+        if workspace.numel() < plan.workspace_floats:
+            raise ValueError(
+                f"workspace: expected at least {plan.workspace_floats} float32 elements "
+                f"(plan.workspace_floats), got {workspace.numel()}"
+            )
+    rings = [tensors[name] for name in plan.layout.ring_names]
+    if plan.backend == "cpu":
+        if seed_tensor is not None:
+            seed_value = int(seed_tensor.item()) & (2**63 - 1)
+        cpu_step(
+            replay=plan.replay, flush_every_step=plan.kernel == "flush-every-step",
+            window=plan.spec.window, capacity=plan.spec.capacity, flags=frozenset(plan.spec.flags),
+            state=tensors["state"], **dict(zip(plan.layout.ring_names, rings if plan.replay else [None] * len(rings))),
+            cursors=tensors.get("cursors") if plan.replay else None,
+            **inputs, out=out, slot_indices=slot_indices, pad_slot_id=plan.pad_slot_id, seed=seed_value,
+        )  # fmt: skip
+        return out
+    tail = (
+        out,
+        slot_indices,
+        plan.pad_slot_id,
+        seed_value,
+        seed_tensor,
+        plan.rows_per_cta,
+        plan.flags,
+    )
+    if plan.replay:
+        plan.module.replay_step(
+            tensors["state"], *rings, tensors["cursors"], *inputs.values(), *tail, workspace
+        )
+    else:
+        plan.module.conventional_step(tensors["state"], *inputs.values(), *tail)
+    return out
+
+
+def output_buffer(
+    plan: DecodePlan, out: torch.Tensor | None, row_shape: tuple[int, ...]
+) -> torch.Tensor:
+    """`out` (checked: [batch, *row_shape], activation dtype, contiguous) or a new one."""
+    shape = (plan.batch_size, *row_shape)
+    if out is None:
+        return torch.empty(shape, dtype=plan.layout.act_dtype, device=plan.device)
+    return check_tensor("out", out, shape=shape, dtype=plan.layout.act_dtype, device=plan.device,
+                        contiguous=True)  # fmt: skip

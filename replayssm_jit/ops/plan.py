@@ -1,0 +1,155 @@
+"""DecodePlan: everything plan() decides once per batch shape, for the functional ops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from replayssm_jit.families.base import check_bool, check_positive_int
+from replayssm_jit.families.layout import CacheLayout
+from replayssm_jit.launch.config import resolve_config
+from replayssm_jit.launch.policy import FLAG_SPLIT, choose_launch, sm_count
+from replayssm_jit.spec import KernelSpec, make_spec
+
+MODES = ("replay", "conventional")
+BACKENDS = ("cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """A planned decode step of one layer layout at one batch size.
+
+    backend: "cuda" (the JIT/AOT kernels) or "cpu" (the PyTorch path with the same cursor, ring
+    and flush semantics). kernel: "conventional", "split", "per-item" or "flush-every-step".
+    workspace_floats: float32 elements of scratch a step needs (the split step's hand-over
+    between its two kernels; 0 otherwise). options: per-family scalars (GDN: scale).
+    """
+
+    layout: CacheLayout
+    spec: KernelSpec
+    mode: str
+    batch_size: int
+    device: torch.device
+    backend: str
+    kernel: str
+    rows_per_cta: int
+    flags: int
+    workspace_floats: int
+    pad_slot_id: int
+    seed: int
+    check_slot_values: bool
+    options: dict = field(default_factory=dict, compare=False)
+    module: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def family(self):
+        return self.layout.family
+
+    @property
+    def replay(self) -> bool:
+        return self.mode == "replay"
+
+
+def resolve_device(device: object) -> torch.device:
+    """A torch.device with its index (CUDA), or a ValueError where CUDA is asked for and absent."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: expected a torch device, got {device!r}") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "device: expected a usable device, got 'cuda' but CUDA is not available "
+                "(use device='cpu' for the CPU path)"
+            )
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    elif device.type != "cpu":
+        raise ValueError(f"device: expected 'cuda' or 'cpu', got {device}")
+    return device
+
+
+def check_int(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    return value
+
+
+def plan_decode(
+    layout: CacheLayout,
+    batch_size: int,
+    *,
+    device: torch.device | str,
+    mode: str = "replay",
+    pad_slot_id: int = -1,
+    check_slot_values: bool = True,
+    config=None,
+    seed: int = 0,
+    **options,
+) -> DecodePlan:
+    """Plan a decode step of `batch_size` rows over tensors laid out as `layout` on `device`.
+
+    mode: "replay" (ReplaySSM) or "conventional". config: a LaunchConfig ("auto" fields are
+    the launch policy's). seed: the stochastic-rounding seed (a run may pass a device tensor
+    instead). options: the family's plan() flags (Mamba-2: has_D, has_z, has_dt_bias,
+    dt_softplus, stochastic_rounding; GDN: use_qk_l2norm, gates_in_kernel, scale,
+    stochastic_rounding). On a CUDA device the module is loaded (AOT, else JIT); on the CPU
+    nothing is compiled.
+    """
+    if not isinstance(layout, CacheLayout):
+        raise TypeError(f"layout: expected a CacheLayout, got {type(layout).__name__}")
+    check_positive_int("batch_size", batch_size)
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    check_int("pad_slot_id", pad_slot_id)
+    check_bool("check_slot_values", check_slot_values)
+    check_int("seed", seed)
+    device = resolve_device(device)
+    fam = layout.family
+    flags, extras = fam.plan_flags(options, layout.shape)
+    replay = mode == "replay"
+    spec = make_spec(
+        fam.name, layout.shape, window=layout.window if replay else 1, drafts=layout.drafts,
+        act_dtype=layout.act_dtype, state_dtype=layout.state_dtype, flags=flags,
+    )  # fmt: skip
+    config = resolve_config(config)
+    heads = layout.shape.value_heads
+    if device.type == "cuda":
+        from replayssm_jit.jit.build import load_module
+
+        launch = choose_launch(
+            spec, batch_size, heads, sm_count(device), replay=replay, config=config
+        )
+        module = load_module(spec)
+        floats = (
+            int(module.split_workspace_floats(batch_size, heads))
+            if launch.flags & FLAG_SPLIT
+            else 0
+        )
+        kernel, rows, bits = launch.kernel, launch.rows_per_cta, launch.flags
+    else:
+        # One PyTorch step serves every kernel's semantics; only flush-every-step differs.
+        module, floats, rows, bits = None, 0, 0, 0
+        kernel = (
+            "conventional"
+            if not replay
+            else ("flush-every-step" if config.kernel == "flush-every-step" else "per-item")
+        )
+    return DecodePlan(
+        layout=layout,
+        spec=spec,
+        mode=mode,
+        batch_size=batch_size,
+        device=device,
+        backend=device.type,
+        kernel=kernel,
+        rows_per_cta=rows,
+        flags=bits,
+        workspace_floats=floats,
+        pad_slot_id=pad_slot_id,
+        seed=seed & (2**63 - 1),
+        check_slot_values=check_slot_values,
+        options=extras,
+        module=module,
+    )
