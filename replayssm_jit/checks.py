@@ -81,12 +81,6 @@ def check_planned(name: str, t: object, planned: bool, plan_arg: str) -> None:
         )
 
 
-def check_cuda(name: str, device: torch.device) -> None:
-    """The last check of every op: shapes and dtypes are checked first, so CPU tests reach them."""
-    if device.type != "cuda":
-        raise ValueError(f"{name}: expected a CUDA tensor, got device {device}")
-
-
 def check_slot_indices(
     slot_indices: torch.Tensor,
     batch: int,

@@ -1,6 +1,6 @@
-"""Shared helpers for the float64 reference oracles (see DESIGN.md §2, §3).
+"""Shared helpers for the float64 reference oracles (the math: docs/design.md).
 
-Notation (1-based positions, as in DESIGN §2): records 1..n follow the checkpoint S_c, and
+Notation (1-based positions): records 1..n follow the checkpoint S_c, and
 ``a(i:j) = prod_{m=i..j} alpha_m``, an empty product being 1. Every decay product here is formed as
 ``exp(sum of log-decays)``, never as a product of rounded factors.
 
@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import torch
 
+from replayssm_jit import checks
+
 F64 = torch.float64
 
 
@@ -22,22 +24,16 @@ F64 = torch.float64
 # ---------------------------------------------------------------------------------------------
 
 
-def _fmt_shape(shape: Sequence[int | None]) -> str:
-    return "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
-
-
 def check_tensor(name: str, t, shape: Sequence[int | None], *, optional: bool = False) -> None:
-    """Check that ``t`` is a floating tensor of ``shape`` (``None`` entries match any size)."""
+    """A floating tensor of ``shape`` (``None`` entries match any size), in the library's one
+    error style (replayssm_jit.checks): TypeError for a wrong type, ValueError for a wrong shape."""
     if t is None:
         if optional:
             return
-        raise ValueError(f"{name}: required, got None")
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        raise ValueError(f"{name}: expected a tensor, got None")
+    checks.check_tensor(name, t, shape=shape)
     if not t.is_floating_point():
-        raise ValueError(f"{name}: expected a floating dtype, got {t.dtype}")
-    if t.dim() != len(shape) or any(e is not None and e != s for e, s in zip(shape, t.shape)):
-        raise ValueError(f"{name}: expected shape {_fmt_shape(shape)}, got {tuple(t.shape)}")
+        raise TypeError(f"{name}: expected a floating dtype, got {t.dtype}")
 
 
 def check_divides(name: str, n_small: int, n_big: int, what: str) -> None:

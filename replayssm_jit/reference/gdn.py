@@ -1,5 +1,5 @@
 """Gated DeltaNet (GDN) float64 references: conventional step, pool step, ReplaySSM replay, fold,
-speculative verify and a stateful per-sequence helper (DESIGN.md §2).
+speculative verify and a stateful per-sequence helper.
 
 Per value head hv (key head hk = hv // (HV // H)), with q, k L2-normalised and q scaled:
 

@@ -1,4 +1,4 @@
-"""Kimi Delta Attention (KDA) float64 references (DESIGN.md §2): GDN with a per-channel decay.
+"""Kimi Delta Attention (KDA) float64 references: GDN with a per-channel decay.
 
 Per value head hv (key head hk = hv // (HV // H)), with q, k L2-normalised and q scaled:
 

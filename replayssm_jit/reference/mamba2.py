@@ -1,5 +1,5 @@
 """Mamba-2 (tied head dim) float64 references: conventional step, pool step, ReplaySSM replay,
-fold, speculative verify and a stateful per-sequence helper (DESIGN.md §2).
+fold, speculative verify and a stateful per-sequence helper.
 
 Per head h (group g = h // (H // G)):
 
