@@ -40,8 +40,8 @@ from replayssm_jit.reference import (
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-# DESIGN §6 (H key heads, HV value heads), K = V = 128. GDN: Qwen3-Next; KDA: Kimi-Linear (no
-# GVA). "_r" = few heads, same HV/H ratio; "kimi_gva" adds HV/H = 2 at few heads.
+# H key heads, HV value heads (docs/design.md, "The math"), K = V = 128. GDN: the Qwen3-Next
+# layers; KDA: Kimi-Linear's (no GVA). "_r" = few heads, same HV/H; "kimi_gva": HV/H = 2, few heads.
 SHAPES = {
     "qwen4b": dict(H=16, HV=32, K=128, V=128),
     "qwen122b": dict(H=16, HV=64, K=128, V=128),
