@@ -355,13 +355,14 @@ def test_bad_inputs_raise_naming_the_argument(case):
         ("k", t["k"][:, :, :8], "^k: expected shape"),
         ("k", t["k"][:, :1], "^k: expected shape"),
         ("v", t["v"][:, :3], "^v: expected shape"),
-        ("g", t["g"][..., None], rf"^g: expected shape [(\[]{g_shape}[)\]]"),
-        ("g", other_g, rf"^g: expected shape [(\[]{g_shape}[)\]]"),
+        ("g", t["g"][..., None], rf"^g: expected shape \[{g_shape}\]"),
+        ("g", other_g, rf"^g: expected shape \[{g_shape}\]"),
         ("beta", t["beta"][:1], "^beta: expected shape"),
-        ("q", t["q"].long(), "^q: expected a floating dtype"),
     ]:
         with pytest.raises(ValueError, match=match):
             case.step(state, **{**t, name: bad})
+    with pytest.raises(TypeError, match="^q: expected a floating dtype"):
+        case.step(state, **{**t, "q": t["q"].long()})
     with pytest.raises(ValueError, match=r"^k: key heads H \(3\) must divide 4"):
         case.step(state, randn(gen, 2, 3, 16), randn(gen, 2, 3, 16), t["v"], t["g"], t["beta"])
     with pytest.raises(ValueError, match="^state: expected shape"):
@@ -387,7 +388,7 @@ def test_bad_inputs_raise_naming_the_argument(case):
     with pytest.raises(ValueError, match=f"^records: expected {case.records.__name__}"):
         case.fold(state[0], foreign)
     rec_g_shape = ", ".join(map(str, case.g_shape(1, HV=4, K=16)))
-    with pytest.raises(ValueError, match=rf"^records.g: expected shape [(\[]{rec_g_shape}[)\]]"):
+    with pytest.raises(ValueError, match=rf"^records.g: expected shape \[{rec_g_shape}\]"):
         case.fold(state[0], case.records(*foreign._fields()))
     seq = fam.sequence(state[0], L=4, T=2)
     seq.verify(parents=[-1, -1], **fam.tokens(2))
