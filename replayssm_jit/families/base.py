@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from replayssm_jit.launch.tiles import (
+    SHARED_BYTES_PER_SM,
+    SHARED_BYTES_RESERVED_PER_CTA,
+    SPLIT_RECORDS_FULL_SM_CTAS,
+)
+
 DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "f32",
     torch.bfloat16: "bf16",
@@ -117,6 +123,7 @@ class Family:
     rings: tuple[RingLayout, ...]
     flags: frozenset[str]
     default_flags: tuple[str, ...]
+    plan_options: Mapping[str, tuple[str, bool]] = field(hash=False, compare=False)
     records_warps: tuple[int, ...]
     capped_state_registers: bool
     flush_every_step_kernel: bool
@@ -176,6 +183,15 @@ class Family:
         """Upper bound on the split step's records-kernel shared memory for `spec`."""
         raise NotImplementedError
 
+    @staticmethod
+    def held_rows_where_they_fit(base: int, held_rows: int, placeholder: int) -> int:
+        """A records CTA's shared bytes: `base` plus its held record rows where a full SM of
+        8-warp records CTAs still fits with them, else `placeholder` (one row stands in for the
+        array and the rows are read through L2)."""
+        per_cta = base + held_rows + SHARED_BYTES_RESERVED_PER_CTA
+        fits = SHARED_BYTES_PER_SM // per_cta >= SPLIT_RECORDS_FULL_SM_CTAS
+        return base + (held_rows if fits else placeholder)
+
     def template_context(self) -> dict:
         """What the family's module template needs beyond the spec itself."""
         return {
@@ -185,6 +201,25 @@ class Family:
         }
 
     # --- planning -------------------------------------------------------------------------
-    def plan_flags(self, options: Mapping[str, object]) -> tuple[tuple[str, ...], dict]:
-        """Spec flags and per-plan scalars from plan() options (checked); see subclasses."""
-        raise NotImplementedError
+    def plan_flags(
+        self, options: Mapping[str, object], shape: HeadShape
+    ) -> tuple[tuple[str, ...], dict]:
+        """Spec flags (from the bool `plan_options`, each checked) and per-plan scalars (from
+        `plan_scalars`) of plan()'s keyword options."""
+        scalars = self.plan_scalars(options, shape)
+        unknown = sorted(set(options) - set(self.plan_options) - set(scalars))
+        if unknown:
+            raise TypeError(
+                f"plan(): unexpected options {unknown} for {self.name}; "
+                f"expected {sorted([*self.plan_options, *scalars])}"
+            )
+        flags = tuple(
+            flag
+            for option, (flag, default) in self.plan_options.items()
+            if check_bool(option, options.get(option, default))
+        )
+        return flags, scalars
+
+    def plan_scalars(self, options: Mapping[str, object], shape: HeadShape) -> dict:
+        """The family's non-flag plan() options, checked, with their defaults applied."""
+        return {}

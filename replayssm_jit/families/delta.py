@@ -6,50 +6,24 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from replayssm_jit.families.base import DTYPE_BYTES, Family, RingLayout, check_bool
-from replayssm_jit.launch.tiles import (
-    SHARED_BYTES_PER_SM,
-    SHARED_BYTES_RESERVED_PER_CTA,
-    SPLIT_RECORDS_FULL_SM_CTAS,
-    TARGET_CTAS_PER_SM,
-)
-
-PLAN_OPTIONS = {
-    "use_qk_l2norm": ("qk_l2norm", True),
-    "gates_in_kernel": ("gates_in_kernel", True),
-    "stochastic_rounding": ("sr", False),
-}
+from replayssm_jit.families.base import DTYPE_BYTES, Family, HeadShape, RingLayout
+from replayssm_jit.launch.tiles import TARGET_CTAS_PER_SM
 
 
 class DeltaFamily(Family):
     def records_shared_bytes(self, spec) -> int:
         """Records::Smem of templates/gdn/split_kernel.cuh for a key head's value heads: held k
-        rows, this token's k, q and v, the scalars, and the held u rows where a full SM of
-        8-warp records CTAs still fits with them (else one row stands in for the array). The
-        4-warp variant holds its rows in shared memory less often, so this bounds it too."""
+        rows, this token's k, q and v, the scalars, and the held u rows where they fit (the
+        4-warp variant holds them in shared memory less often, so this bounds it too)."""
         act, cap = DTYPE_BYTES[spec.act_dtype], spec.capacity
         ring = max(cap - 1, 1)
         heads, k, v = spec.dim("vph"), spec.dim("k"), spec.dim("v")
         base = (ring + 2) * k * act + 4 * (4 * heads * cap + 3 * cap + 1 + 3 * heads)
         base += 6 * 16  # 16-byte alignment of the record arrays
-        held_rows = heads * ring * v * 4
-        fits = (
-            SHARED_BYTES_PER_SM // (base + held_rows + SHARED_BYTES_RESERVED_PER_CTA)
-            >= SPLIT_RECORDS_FULL_SM_CTAS
-        )
-        return base + (held_rows if fits else v * 4)
+        return self.held_rows_where_they_fit(base, heads * ring * v * 4, v * 4)
 
-    def plan_flags(self, options: Mapping[str, object], shape) -> tuple[tuple[str, ...], dict]:
-        unknown = sorted(set(options) - set(PLAN_OPTIONS) - {"scale"})
-        if unknown:
-            raise TypeError(
-                f"plan(): unexpected options {unknown} for {self.name}; "
-                f"expected {sorted([*PLAN_OPTIONS, 'scale'])}"
-            )
-        flags = []
-        for option, (flag, default) in PLAN_OPTIONS.items():
-            if check_bool(option, options.get(option, default)):
-                flags.append(flag)
+    def plan_scalars(self, options: Mapping[str, object], shape: HeadShape) -> dict:
+        """scale: multiplies q after its norm (default head_k_dim ** -0.5)."""
         scale = options.get("scale")
         if scale is None:
             scale = shape.key_dim**-0.5
@@ -57,7 +31,7 @@ class DeltaFamily(Family):
             raise TypeError(f"scale: expected a float, got {type(scale).__name__} {scale!r}")
         if not math.isfinite(scale):
             raise ValueError(f"scale: expected a finite float, got {scale!r}")
-        return tuple(flags), {"scale": float(scale)}
+        return {"scale": float(scale)}
 
 
 GDN = DeltaFamily(
@@ -77,6 +51,11 @@ GDN = DeltaFamily(
     ),
     flags=frozenset({"qk_l2norm", "gates_in_kernel", "sr"}),
     default_flags=("gates_in_kernel", "qk_l2norm"),
+    plan_options={
+        "use_qk_l2norm": ("qk_l2norm", True),
+        "gates_in_kernel": ("gates_in_kernel", True),
+        "stochastic_rounding": ("sr", False),
+    },
     records_warps=(8, 4),
     capped_state_registers=True,
     flush_every_step_kernel=False,

@@ -84,7 +84,16 @@ class CacheLayout:
         }
 
 
-def _layout(family: str, window, drafts, state_dtype, act_dtype, **shape_args) -> CacheLayout:
+def family_layout(
+    family: str,
+    *,
+    window: int = 16,
+    drafts: int = 1,
+    state_dtype: torch.dtype | str = torch.float32,
+    act_dtype: torch.dtype | str = torch.bfloat16,
+    **shape_args: int,
+) -> CacheLayout:
+    """The checked layout of `family` for its head-shape arguments (Family.shape_args)."""
     from replayssm_jit.spec import make_spec
 
     fam = get_family(family)
@@ -103,46 +112,21 @@ def _layout(family: str, window, drafts, state_dtype, act_dtype, **shape_args) -
     return layout
 
 
-def mamba2_layout(
-    *,
-    num_heads: int,
-    headdim: int,
-    dstate: int,
-    ngroups: int,
-    window: int = 16,
-    drafts: int = 1,
-    state_dtype: torch.dtype | str = torch.float32,
-    act_dtype: torch.dtype | str = torch.bfloat16,
-) -> CacheLayout:
-    """A Mamba-2 layer's slot tensors (CAP = window + drafts):
+def mamba2_layout(**kwargs) -> CacheLayout:
+    """A Mamba-2 layer's slot tensors, from num_heads (H), headdim (P), dstate (N), ngroups (G),
+    window=16, drafts=1, state_dtype=float32 and act_dtype=bfloat16 (CAP = window + drafts):
 
     state [H, P, N] state_dtype; rec_x [H, CAP, P] act_dtype; rec_b [G, CAP, N] act_dtype;
     rec_dt [H, CAP] float32 (dt after bias and softplus); cursors [4] int32.
     """
-    return _layout(
-        "mamba2", window, drafts, state_dtype, act_dtype,
-        num_heads=num_heads, headdim=headdim, dstate=dstate, ngroups=ngroups,
-    )  # fmt: skip
+    return family_layout("mamba2", **kwargs)
 
 
-def gdn_layout(
-    *,
-    num_k_heads: int,
-    num_v_heads: int,
-    head_k_dim: int,
-    head_v_dim: int,
-    window: int = 16,
-    drafts: int = 1,
-    state_dtype: torch.dtype | str = torch.float32,
-    act_dtype: torch.dtype | str = torch.bfloat16,
-) -> CacheLayout:
-    """A Gated DeltaNet layer's slot tensors (CAP = window + drafts):
+def gdn_layout(**kwargs) -> CacheLayout:
+    """A Gated DeltaNet layer's slot tensors, from num_k_heads (H), num_v_heads (HV), head_k_dim
+    (K), head_v_dim (V), window=16, drafts=1, state_dtype=float32 and act_dtype=bfloat16:
 
     state [HV, V, K] state_dtype; rec_u [HV, CAP, V] float32; rec_k [H, CAP, K] act_dtype (raw
     k); rec_g [HV, CAP] float32 (log-decay); cursors [4] int32.
     """
-    return _layout(
-        "gdn", window, drafts, state_dtype, act_dtype,
-        num_k_heads=num_k_heads, num_v_heads=num_v_heads,
-        head_k_dim=head_k_dim, head_v_dim=head_v_dim,
-    )  # fmt: skip
+    return family_layout("gdn", **kwargs)

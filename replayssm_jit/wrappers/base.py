@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from replayssm_jit.families.base import Family, check_bool
+from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops.plan import MODES, DecodePlan, plan_decode
 from replayssm_jit.spec import KernelSpec
 from replayssm_jit.wrappers.cache import SlotCache
@@ -72,24 +73,28 @@ class DecodeWrapper:
 
     @property
     def backend(self) -> str:
-        """ "cuda" (the kernels) or "cpu" (the PyTorch path)."""
+        """"cuda" (the kernels) or "cpu" (the PyTorch path); the rest of the plan's choices are
+        in decode_plan (rows_per_cta, flags, workspace_floats)."""
         return self.decode_plan.backend
-
-    @property
-    def rows_per_cta(self) -> int:
-        return self.decode_plan.rows_per_cta
-
-    @property
-    def launch_flags(self) -> int:
-        return self.decode_plan.flags
 
     @property
     def window(self) -> int:
         """Replay window of the kernels this wrapper runs (1 in conventional mode)."""
         return self.cache.window if self.mode == "replay" else 1
 
-    def _plan_step(self, batch_size: int, *, config, seed: int, **options) -> KernelSpec:
-        """Plan, then size the workspace (and the graph-mode output); nothing changes on error."""
+    def plan(self, batch_size: int, *, config: LaunchConfig | None = None, seed: int = 0,
+             **options) -> KernelSpec:  # fmt: skip
+        """Choose and load the kernel for `batch_size` rows; returns its spec. Nothing changes
+        on error (the previous plan stays).
+
+        options: the family's plan options (Family.plan_options and plan_scalars), e.g. for
+            Mamba-2 has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True; for GDN
+            use_qk_l2norm=True, gates_in_kernel=True (raw a, b plus A_log, dt_bias; else g,
+            beta), scale=K**-0.5; for both stochastic_rounding=False (bf16/fp16 checkpoints
+            rounded stochastically at a flush: the noise is a hash of (seed, slot, element,
+            flush epoch), so the same seed gives the same bits).
+        config: launch choices to fix (LaunchConfig; "auto" fields are the policy's).
+        """
         plan = plan_decode(
             self.cache.layout, batch_size, device=self.cache.device, mode=self.mode,
             pad_slot_id=self.cache.pad_slot_id, check_slot_values=self.check_slot_values,
@@ -98,19 +103,18 @@ class DecodeWrapper:
         workspace = torch.empty(plan.workspace_floats, dtype=torch.float32, device=plan.device)
         out = None
         if self.use_cuda_graph:
-            shape = (
-                batch_size,
-                self.cache.layout.shape.value_heads,
-                self.cache.layout.shape.value_dim,
-            )
-            out = torch.empty(shape, dtype=self.cache.act_dtype, device=plan.device)
+            shape = self.cache.layout.shape
+            out = torch.empty((batch_size, shape.value_heads, shape.value_dim),
+                              dtype=self.cache.act_dtype, device=plan.device)  # fmt: skip
         self._plan, self._workspace, self._out = plan, workspace, out
         return plan.spec
 
-    def _run(self, op, out: torch.Tensor | None, seed, **inputs) -> torch.Tensor:
+    def _run(self, op, **inputs) -> torch.Tensor:
         if self._plan is None:
             raise RuntimeError("run() called before plan()")
-        return op(
-            self._plan, **self.cache.tensors, **inputs,
-            out=out if out is not None else self._out, workspace=self._workspace, seed=seed,
-        )  # fmt: skip
+        for name in self.cache.tensors:
+            if name in inputs:
+                raise TypeError(f"run(): {name!r} is the cache's; it is not an argument")
+        if inputs.get("out") is None:
+            inputs["out"] = self._out
+        return op(self._plan, **self.cache.tensors, **inputs, workspace=self._workspace)

@@ -6,7 +6,7 @@ and call the functional ops (replayssm_jit.ops), or wrap them with `from_tensors
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -189,3 +189,14 @@ def _check_tensors(
         check_slot_pool(t.name, value, str(list(t.per_slot_shape)))
     check_positive_int("num_slots", num_slots)
     return num_slots, device
+
+
+class FamilyCache(SlotCache):
+    """A SlotCache that builds its layout from the family's arguments (`make_layout`)."""
+
+    make_layout: Callable[..., CacheLayout]
+
+    def __init__(self, num_slots: int, *, device: torch.device | str | None = None,
+                 pad_slot_id: int = -1, **layout_args) -> None:  # fmt: skip
+        layout = type(self).make_layout(**layout_args)
+        super().__init__(layout, num_slots, device=device, pad_slot_id=pad_slot_id)
