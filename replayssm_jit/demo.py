@@ -61,19 +61,10 @@ class Mamba2Layer:
         return inp
 
     @staticmethod
-    def cache(model, batch, **common):
-        from replayssm_jit import Mamba2DecodeCache
-
-        return Mamba2DecodeCache(
-            batch, num_heads=model.value_heads, headdim=model.d_v, dstate=model.d_k,
-            ngroups=model.key_heads, **common,
-        )  # fmt: skip
-
-    @staticmethod
-    def wrapper(cache, mode):
+    def wrapper_class():
         from replayssm_jit import Mamba2DecodeWrapper
 
-        return Mamba2DecodeWrapper(cache, mode=mode)
+        return Mamba2DecodeWrapper
 
     def run(self, wrapper, t, p, slots):
         return wrapper.run(
@@ -119,19 +110,10 @@ class GDNLayer:
         return GDNSequence(checkpoint, L=window, T=1)
 
     @staticmethod
-    def cache(model, batch, **common):
-        from replayssm_jit import GDNDecodeCache
-
-        return GDNDecodeCache(
-            batch, num_k_heads=model.key_heads, num_v_heads=model.value_heads,
-            head_k_dim=model.d_k, head_v_dim=model.d_v, **common,
-        )  # fmt: skip
-
-    @staticmethod
-    def wrapper(cache, mode):
+    def wrapper_class():
         from replayssm_jit import GDNDecodeWrapper
 
-        return GDNDecodeWrapper(cache, mode=mode)
+        return GDNDecodeWrapper
 
     def run(self, wrapper, t, p, slots):
         return wrapper.run(
@@ -182,19 +164,26 @@ class KernelBackend:
             self.name = f"cuda (replayssm-jit kernels on {torch.cuda.get_device_name(device)})"
         else:
             self.name = "cpu (replayssm-jit's PyTorch path on CPU tensors)"
-        common = dict(
-            window=window, state_dtype=torch.float32, act_dtype=torch.float32, device=device
-        )
+        from replayssm_jit import SlotCache
+        from replayssm_jit.families.layout import family_layout
+
+        def cache(model):
+            shape = (model.key_heads, model.value_heads, model.d_k, model.d_v)
+            layout = family_layout(
+                model.family, window=window, state_dtype=torch.float32, act_dtype=torch.float32,
+                **dict(zip(get_family(model.family).shape_args, shape)),
+            )  # fmt: skip
+            return SlotCache(layout, batch, device=device)
+
         self.caches = {
-            mode: [layer.cache(layer.model, batch, **common) for layer in layers]
-            for mode in ("conventional", "replay")
+            mode: [cache(layer.model) for layer in layers] for mode in ("conventional", "replay")
         }
         self.wrappers = {mode: [] for mode in self.caches}
         for mode, caches in self.caches.items():
             for layer, cache, s in zip(layers, caches, init):
                 self.slots = cache.allocate(batch)
                 cache.reset(self.slots, s.float())
-                wrapper = layer.wrapper(cache, mode)
+                wrapper = layer.wrapper_class()(cache, mode=mode)
                 wrapper.plan(batch)
                 self.wrappers[mode].append(wrapper)
         self.flushes = self.held = 0
