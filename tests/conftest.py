@@ -28,6 +28,26 @@ def jit_cache(tmp_path, monkeypatch):
     build._LOADED.clear()
 
 
+@pytest.fixture(scope="session")
+def aot_split_modules(tmp_path_factory):
+    """AOT builds (sm_90a, nvcc) of one split-capable module per family, made once per session
+    and in parallel (each takes about half a minute): the `ci` preset's Mamba-2 spec (super120b
+    heads, L = 16) and qwen4b's GDN spec (L = 16). Returns (aot_dir, {family: (spec, so_path)})."""
+    from replayssm_jit.jit.aot import build_aot, preset_specs
+    from replayssm_jit.spec import gdn_spec
+
+    specs = [
+        preset_specs(["ci"])[0],
+        gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=16),
+    ]
+    aot = tmp_path_factory.mktemp("aot")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("REPLAYSSM_CACHE_DIR", str(aot.parent / "aot-build-cache"))
+        built = build_aot(specs, aot, jobs=len(specs), archs=["9.0a"])
+    by_name = {path.name: path for path in built}
+    return aot, {s.family: (s, by_name[f"{s.uri}.so"]) for s in specs}
+
+
 # ---------------------------------------------------------------------------------------------
 # Reference-oracle test helpers (tests/test_reference_*.py): relative-error check and the random
 # flush / speculative schedule driver.
@@ -156,10 +176,19 @@ def single_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def no_launch_env(monkeypatch):
+    """No REPLAYSSM_LAUNCH from the caller's environment: the launch policy's own choices."""
+    from replayssm_jit.launch.config import LAUNCH_ENV
+
+    monkeypatch.delenv(LAUNCH_ENV, raising=False)
+
+
 @pytest.fixture(params=["split", "per-item"])
 def replay_kernel(request, monkeypatch):
-    """Run the test once per ReplaySSM kernel (REPLAYSSM_REPLAY_KERNEL)."""
-    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
+    """Run the test once per ReplaySSM kernel (REPLAYSSM_LAUNCH="kernel=...", which fills the
+    kernel of every plan whose LaunchConfig leaves it "auto")."""
+    from replayssm_jit.launch.config import LAUNCH_ENV
 
-    monkeypatch.setenv(REPLAY_KERNEL_ENV, request.param)
+    monkeypatch.setenv(LAUNCH_ENV, f"kernel={request.param}")
     return request.param

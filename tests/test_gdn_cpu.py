@@ -1,5 +1,5 @@
-"""GDN on the CPU: specs and URIs, presets, cache bookkeeping, validation messages (shapes and
-dtypes are checked before the device, so CPU tensors reach them), and the float64 reference
+"""GDN on the CPU: specs and URIs, presets, cache bookkeeping, validation messages, the
+PyTorch path the wrapper and the functional op run on CPU tensors, and the float64 reference
 against HF transformers' Qwen3-Next decode path."""
 
 from __future__ import annotations
@@ -10,19 +10,29 @@ import math
 import pytest
 import torch
 
-from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper, gdn_spec
+from replayssm_jit import (
+    GDNDecodeCache,
+    GDNDecodeWrapper,
+    gdn_decode,
+    gdn_layout,
+    gdn_spec,
+    mamba2_layout,
+    plan_decode,
+)
+from replayssm_jit.families.base import DTYPE_BYTES
 from replayssm_jit.jit import build
-from replayssm_jit.jit.aot import PRESETS, build_aot, preset_specs
-from replayssm_jit.ops import gdn as ops
-from replayssm_jit.ops import tiling
+from replayssm_jit.jit.aot import PRESETS, preset_specs
+from replayssm_jit.launch.policy import choose_launch
+from replayssm_jit.launch.tiles import rows_tilings
 from replayssm_jit.reference import GDNSequence, gdn_step
-from replayssm_jit.spec import DTYPE_BYTES, gdn_tilings, rows_tilings
-from replayssm_jit.wrappers import base
+from replayssm_jit.spec import spec_tilings
 
 TEMPLATE = build.template_root() / "gdn" / "decode.cu.jinja"
 needs_template = pytest.mark.skipif(
     not TEMPLATE.exists(), reason=f"GDN template {TEMPLATE} not written yet"
 )
+
+pytestmark = pytest.mark.usefixtures("no_launch_env")
 
 QWEN4B = dict(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128)
 
@@ -69,7 +79,11 @@ def test_uri_is_readable_and_unique():
         (dict(head_v_dim=3, state_dtype=torch.bfloat16), ValueError, "head_v_dim"),
         (dict(head_v_dim=-1), ValueError, "head_v_dim"),
         (dict(value_heads_per_key_head=0), ValueError, "value_heads_per_key_head"),
-        (dict(value_heads_per_key_head=2.0), ValueError, "value_heads_per_key_head"),
+        (dict(value_heads_per_key_head=2.0), TypeError, "value_heads_per_key_head"),
+        (dict(window=True), TypeError, "window"),
+        (dict(drafts=True), TypeError, "drafts"),
+        (dict(window=257), ValueError, "window"),
+        (dict(drafts=17), ValueError, "drafts"),
     ],
 )
 def test_spec_rejects_bad_arguments(kwargs, error, match):
@@ -92,7 +106,7 @@ def test_template_context_carries_the_row_tilings(state, kv):
     K, V = kv
     spec = gdn_spec(head_k_dim=K, head_v_dim=V, value_heads_per_key_head=2, state_dtype=state)
     ctx = spec.template_context()
-    assert ctx["tilings"] == rows_tilings(V, K, DTYPE_BYTES[state]) == gdn_tilings(V, K, state)
+    assert ctx["tilings"] == rows_tilings(V, K, DTYPE_BYTES[state]) == spec_tilings(spec)
     assert ctx["tilings"] and all(
         V % rows == 0 and rows % warps == 0 for rows, warps in ctx["tilings"]
     )
@@ -102,7 +116,9 @@ def test_template_context_carries_the_row_tilings(state, kv):
 
 def test_qwen_tilings():
     for state in ("f32", "bf16"):
-        tilings = gdn_tilings(128, 128, state)
+        tilings = spec_tilings(
+            gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, state_dtype=state)
+        )
         assert tilings[0][0] == 128, "whole heads first"
         assert len(tilings) > 1, "split heads for small batches"
         assert [r for r, _ in tilings] == sorted({r for r, _ in tilings}, reverse=True)
@@ -153,11 +169,12 @@ def test_every_preset_gdn_spec_renders(preset):
 
 @needs_template
 @pytest.mark.nvcc
-def test_gdn_aot_build_exports_both_steps(jit_cache, tmp_path, monkeypatch):
-    """nvcc builds one sm_90a GDN module; with JIT disabled the loader finds and loads it."""
-    spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=16)
-    aot = tmp_path / "aot"
-    (so_path,) = build_aot([spec], aot, jobs=1, archs=["9.0a"])
+def test_gdn_aot_build_exports_both_steps(jit_cache, aot_split_modules, monkeypatch):
+    """nvcc builds one sm_90a GDN module (qwen4b, L = 16; conftest's session build); with JIT
+    disabled the loader finds and loads it."""
+    aot, modules = aot_split_modules
+    spec, so_path = modules["gdn"]
+    assert spec == gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=16)
     assert so_path == aot / spec.uri / f"{spec.uri}.so"
     manifest = json.loads((aot / spec.uri / "manifest.json").read_text())
     assert manifest["uri"] == spec.uri
@@ -166,6 +183,7 @@ def test_gdn_aot_build_exports_both_steps(jit_cache, tmp_path, monkeypatch):
     assert build.find_prebuilt(spec) == so_path
     module = build.load_module(spec)  # loading needs only the CUDA runtime library, not a GPU
     assert callable(module.replay_step) and callable(module.conventional_step)
+    assert not (jit_cache / "build").exists(), "the JIT cache must not be used"
 
 
 # --- cache ------------------------------------------------------------------------------------
@@ -185,11 +203,30 @@ def test_cache_shapes_and_dtypes():
         device="cpu",
     )
     assert c.state.shape == (6, 6, 16, 32) and c.state.dtype == torch.bfloat16
-    assert c.rings["u"].shape == (6, 6, 6, 16) and c.rings["u"].dtype == torch.float32
-    assert c.rings["k"].shape == (6, 2, 6, 32) and c.rings["k"].dtype == torch.float16
-    assert c.rings["g"].shape == (6, 6, 6) and c.rings["g"].dtype == torch.float32
+    assert list(c.rings) == ["rec_u", "rec_k", "rec_g"]  # the kernels' order
+    assert c.rings["rec_u"].shape == (6, 6, 6, 16) and c.rings["rec_u"].dtype == torch.float32
+    assert c.rings["rec_k"].shape == (6, 2, 6, 32) and c.rings["rec_k"].dtype == torch.float16
+    assert c.rings["rec_g"].shape == (6, 6, 6) and c.rings["rec_g"].dtype == torch.float32
     assert c.cursors.shape == (6, 4) and c.cursors.dtype == torch.int32
     assert (c.window, c.drafts, c.act_dtype) == (4, 2, torch.float16)
+    # the cache's tensors are the layout's, by name
+    layout = gdn_layout(
+        num_k_heads=2, num_v_heads=6, head_k_dim=32, head_v_dim=16, window=4, drafts=2,
+        state_dtype="bf16", act_dtype="f16",
+    )  # fmt: skip
+    assert c.layout == layout and layout.capacity == 6
+    assert {t.name: (t.shape(6), t.dtype) for t in layout.tensors()} == {
+        name: (tuple(t.shape), t.dtype) for name, t in c.tensors.items()
+    }
+    assert layout.bytes_per_slot() == sum(
+        t[0].numel() * t.element_size() for t in c.tensors.values()
+    )
+
+
+def test_cache_takes_short_dtype_names():
+    c = GDNDecodeCache(2, **QWEN4B, state_dtype="bf16", act_dtype="f32", device="cpu")
+    assert c.state.dtype == torch.bfloat16 and c.act_dtype == torch.float32
+    assert c.rings["rec_k"].dtype == torch.float32
 
 
 def test_cache_allocate_free_reset():
@@ -216,114 +253,138 @@ def test_cache_allocate_free_reset():
 
 
 @pytest.mark.parametrize(
-    "kwargs, match",
+    "kwargs, error, match",
     [
-        (dict(num_k_heads=3), "num_k_heads"),
-        (dict(num_v_heads=0), "num_v_heads"),
-        (dict(head_k_dim=-128), "head_k_dim"),
-        (dict(window=0), "window"),
-        (dict(drafts=0), "drafts"),
+        (dict(num_k_heads=3), ValueError, "num_k_heads"),
+        (dict(num_v_heads=0), ValueError, "num_v_heads"),
+        (dict(head_k_dim=-128), ValueError, "head_k_dim"),
+        (dict(head_k_dim=12), ValueError, "head_k_dim"),  # 16-byte lane chunks
+        (dict(window=0), ValueError, "window"),
+        (dict(window=300), ValueError, "window"),
+        (dict(drafts=0), ValueError, "drafts"),
+        (dict(drafts=17), ValueError, "drafts"),
+        (dict(window=True), TypeError, "window"),
+        (dict(drafts=True), TypeError, "drafts"),
+        (dict(pad_slot_id=1.5), TypeError, "pad_slot_id"),
+        (dict(pad_slot_id=4), ValueError, "pad_slot_id"),
     ],
 )
-def test_cache_rejects_bad_dims(kwargs, match):
-    with pytest.raises(ValueError, match=match):
+def test_cache_rejects_bad_dims(kwargs, error, match):
+    with pytest.raises(error, match=rf"^{match}: expected"):
         GDNDecodeCache(4, **{**QWEN4B, **kwargs}, device="cpu")
-    with pytest.raises(ValueError, match="num_slots"):
+
+
+def test_cache_rejects_bad_slot_counts():
+    with pytest.raises(ValueError, match="^num_slots"):
         GDNDecodeCache(0, **QWEN4B, device="cpu")
 
 
-def test_cache_rejects_bad_dtypes():
-    with pytest.raises(TypeError, match="state_dtype"):
-        GDNDecodeCache(4, **QWEN4B, state_dtype=torch.float64, device="cpu")
-    with pytest.raises(TypeError, match="act_dtype"):
-        GDNDecodeCache(4, **QWEN4B, act_dtype=torch.int8, device="cpu")
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(state_dtype=torch.float64), "state_dtype"),
+        (dict(act_dtype=torch.int8), "act_dtype"),
+        (dict(state_dtype="bfloat16"), "state_dtype"),
+        (dict(act_dtype="fp8"), "act_dtype"),
+    ],
+)
+def test_cache_rejects_bad_dtypes(kwargs, match):
+    with pytest.raises(TypeError, match=rf"^{match}: expected one of \['bf16', 'f16', 'f32'\]"):
+        GDNDecodeCache(4, **QWEN4B, **kwargs, device="cpu")
 
 
 # --- wrapper and op validation on CPU tensors ---------------------------------------------------
 
 
-@pytest.fixture
-def no_module(monkeypatch):
-    """plan() without compiling or loading anything (the CPU checks never reach a launch)."""
-    loaded = []
-    monkeypatch.setattr(base, "load_module", lambda spec: loaded.append(spec) or object())
-    return loaded
-
-
-def cpu_setup(*, gates_in_kernel=True, batch=2, mode="replay", act=torch.bfloat16):
+def cpu_setup(*, gates_in_kernel=True, batch=2, mode="replay", act=torch.bfloat16, **wrapper):
     c = GDNDecodeCache(6, **QWEN4B, window=4, act_dtype=act, device="cpu")
-    w = GDNDecodeWrapper(c, mode=mode)
+    w = GDNDecodeWrapper(c, mode=mode, **wrapper)
     spec = w.plan(batch, gates_in_kernel=gates_in_kernel)
     slots = c.allocate(batch)
+    if gates_in_kernel:
+        gates = dict(a=torch.randn(batch, 32), b=torch.randn(batch, 32))
+        gates.update(A_log=torch.zeros(32), dt_bias=torch.zeros(32))
+    else:
+        gates = dict(g=-torch.rand(batch, 32), beta=torch.rand(batch, 32))
     args = dict(
         q=torch.randn(batch, 16, 128).to(act),
         k=torch.randn(batch, 16, 128).to(act),
         v=torch.randn(batch, 32, 128).to(act),
-        gate_a=torch.randn(batch, 32),
-        gate_b=torch.randn(batch, 32),
         slot_indices=slots,
-        A_log=torch.zeros(32) if gates_in_kernel else None,
-        dt_bias=torch.zeros(32) if gates_in_kernel else None,
         out=None,
+        **gates,
     )
     return c, w, spec, args
 
 
 def call(w, args, **override):
     a = {**args, **override}
-    return w.run(
-        a["q"],
-        a["k"],
-        a["v"],
-        a["gate_a"],
-        a["gate_b"],
-        a["slot_indices"],
-        A_log=a["A_log"],
-        dt_bias=a["dt_bias"],
-        out=a["out"],
-    )
+    q, k, v, slots = (a.pop(name) for name in ("q", "k", "v", "slot_indices"))
+    return w.run(q, k, v, slots, **a)
 
 
-def test_plan_builds_the_expected_spec(no_module):
+def snapshot(c):
+    return {name: t.clone() for name, t in c.tensors.items()}
+
+
+def unchanged(c, before):
+    return all(torch.equal(c.tensors[name], t) for name, t in before.items())
+
+
+def test_plan_builds_the_expected_spec(jit_cache):
     c, w, spec, _ = cpu_setup()
     assert spec.uri == "gdn_k128_v128_vph2_L4_T1_act-bf16_state-f32_gates_in_kernel_qk_l2norm"
-    assert no_module == [spec] and w.spec == spec and w.batch_size == 2
-    assert w.scale == 128**-0.5 and w.rows_per_cta in [r for r, _ in gdn_tilings(128, 128, "f32")]
+    assert w.spec == spec and w.batch_size == 2
+    # on CPU tensors: the PyTorch path, nothing compiled or loaded, no tile and no workspace
+    plan = w.decode_plan
+    assert plan.backend == "cpu" and w.kernel == plan.kernel == "per-item" and plan.module is None
+    assert plan.rows_per_cta == 0 and plan.flags == 0 and plan.workspace_floats == 0
+    assert not build._LOADED and not jit_cache.exists()
+    assert w.decode_plan.options["scale"] == 128**-0.5
+    # the tile the CUDA plan of this spec would take is one the module compiles
+    tile = choose_launch(spec, 2, 32, 132, replay=True).rows_per_cta
+    assert tile in [r for r, _ in spec_tilings(spec)]
     spec = w.plan(4, use_qk_l2norm=False, gates_in_kernel=False, scale=0.5)
-    assert spec.flags == () and w.scale == 0.5 and w.batch_size == 4
+    assert spec.flags == () and w.decode_plan.options["scale"] == 0.5 and w.batch_size == 4
     conv = GDNDecodeWrapper(c, mode="conventional")
-    assert conv.plan(2).window == 1  # conventional kernels hold no records
+    assert conv.plan(2).window == 1 and conv.kernel == "conventional"  # no records held
 
 
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
         (dict(batch_size=0), ValueError, "batch_size"),
-        (dict(batch_size=2.0), ValueError, "batch_size"),
+        (dict(batch_size=2.0), TypeError, "batch_size"),
         (dict(scale=math.nan), ValueError, "scale"),
-        (dict(scale="0.1"), ValueError, "scale"),
-        (dict(stochastic_rounding=True), ValueError, "sr"),  # fp32 state
+        (dict(scale="0.1"), TypeError, "scale"),
+        (dict(use_qk_l2norm=1), TypeError, "use_qk_l2norm"),
+        (dict(stochastic_rounding=True), ValueError, "flags: 'sr'"),  # fp32 state
+        (dict(seed=1.5), TypeError, "seed"),
     ],
 )
-def test_plan_rejects_bad_arguments(no_module, kwargs, error, match):
+def test_plan_rejects_bad_arguments(kwargs, error, match):
     c = GDNDecodeCache(4, **QWEN4B, device="cpu")
     w = GDNDecodeWrapper(c)
     kwargs = {"batch_size": 2, **kwargs}
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=rf"^{match}"):
         w.plan(kwargs.pop("batch_size"), **kwargs)
-    assert no_module == []
+    assert w.spec is None and w.batch_size == 0  # nothing planned
 
 
 def test_run_before_plan():
     c = GDNDecodeCache(4, **QWEN4B, device="cpu")
     with pytest.raises(RuntimeError, match="plan"):
-        GDNDecodeWrapper(c).run(*[torch.zeros(1)] * 6)
+        GDNDecodeWrapper(c).run(*[torch.zeros(1)] * 4)
 
 
-def test_wrapper_mode_is_checked():
+def test_wrapper_arguments_are_checked():
     c = GDNDecodeCache(4, **QWEN4B, device="cpu")
-    with pytest.raises(ValueError, match="mode"):
+    with pytest.raises(ValueError, match="^mode"):
         GDNDecodeWrapper(c, mode="chunked")
+    with pytest.raises(TypeError, match="^check_slot_values: expected a bool"):
+        GDNDecodeWrapper(c, check_slot_values=None)
+    with pytest.raises(TypeError, match="^use_cuda_graph: expected a bool"):
+        GDNDecodeWrapper(c, use_cuda_graph=1)
 
 
 def _bad_cases(batch):
@@ -331,137 +392,182 @@ def _bad_cases(batch):
     misaligned = torch.zeros(batch, 16, 136, dtype=bf)[..., 1:129]
     return [
         # (override, error, argument named first in the message)
-        (dict(q=torch.randn(batch + 1, 16, 128).to(bf)), ValueError, "batch"),
+        (dict(q=torch.randn(batch + 1, 16, 128).to(bf)), ValueError, "q"),  # batch
         (dict(slot_indices=torch.tensor([1, 99], dtype=torch.int32)), ValueError, "slot_indices"),
         (dict(slot_indices=torch.tensor([1, 1], dtype=torch.int32)), ValueError, "slot_indices"),
         (dict(slot_indices=torch.tensor([1, 2])), TypeError, "slot_indices"),
+        (dict(slot_indices=torch.tensor([1, 2, 3], dtype=torch.int32)), ValueError, "slot_indices"),
         (dict(q=torch.randn(batch, 16, 128)), TypeError, "q"),
         (dict(q=torch.randn(batch, 8, 128).to(bf)), ValueError, "q"),
         (dict(k=torch.randn(batch, 16, 64).to(bf)), ValueError, "k"),
         (dict(k=torch.randn(batch, 16, 128).to(torch.float16)), TypeError, "k"),
         (dict(v=torch.randn(batch, 16, 128).to(bf)), ValueError, "v"),
         (dict(v=torch.randn(batch, 32, 128)), TypeError, "v"),
-        (dict(gate_a=torch.randn(batch, 32).to(bf)), TypeError, "gate_a"),
-        (dict(gate_a=torch.randn(batch, 16)), ValueError, "gate_a"),
-        (dict(gate_b=torch.randn(batch, 32, dtype=torch.float64)), TypeError, "gate_b"),
+        (dict(a=torch.randn(batch, 32).to(bf)), TypeError, "a"),
+        (dict(a=torch.randn(batch, 16)), ValueError, "a"),
+        (dict(b=torch.randn(batch, 32, dtype=torch.float64)), TypeError, "b"),
+        (dict(b=None), ValueError, "b"),
         (dict(A_log=None), ValueError, "A_log"),
         (dict(dt_bias=None), ValueError, "dt_bias"),
         (dict(A_log=torch.zeros(16)), ValueError, "A_log"),
         (dict(dt_bias=torch.zeros(32, dtype=bf)), TypeError, "dt_bias"),
+        (dict(g=torch.zeros(batch, 32)), ValueError, "g"),  # planned gates_in_kernel=True
         (dict(out=torch.empty(batch, 32, 128, dtype=f32)), TypeError, "out"),
         (dict(out=torch.empty(batch, 128, 32, dtype=bf).transpose(1, 2)), ValueError, "out"),
         (dict(q=torch.randn(batch, 128, 16).to(bf).transpose(1, 2)), ValueError, "q"),
         (dict(v=torch.randn(batch, 32, 130).to(bf)[..., :128]), ValueError, "v"),  # row stride
         (dict(q=misaligned), ValueError, "q"),  # 16-byte rows
+        (dict(seed=1.5), TypeError, "seed"),
+        (dict(seed=torch.zeros(2, dtype=torch.int64)), ValueError, "seed"),
     ]
 
 
 @pytest.mark.parametrize("index", range(len(_bad_cases(2))))
-def test_run_names_the_bad_argument(no_module, index):
+def test_run_names_the_bad_argument(index):
     c, w, _, args = cpu_setup()
     override, error, name = _bad_cases(2)[index]
-    before = (c.state.clone(), c.cursors.clone(), {k: v.clone() for k, v in c.rings.items()})
-    with pytest.raises(error, match=rf"^{name}\b"):
+    before = snapshot(c)
+    with pytest.raises(error, match=rf"^{name}: expected"):
         call(w, args, **override)
-    assert torch.equal(c.state, before[0]) and torch.equal(c.cursors, before[1])
-    assert all(torch.equal(c.rings[k], v) for k, v in before[2].items())
+    assert unchanged(c, before)
 
 
-def test_run_messages_spell_expected_and_actual(no_module):
+def test_run_messages_spell_expected_and_actual():
     _, w, _, args = cpu_setup()
     with pytest.raises(ValueError, match=r"^k: expected shape \[2, 16, 128\], got \[2, 16, 64\]$"):
         call(w, args, k=args["k"][..., :64].contiguous())
     with pytest.raises(
         ValueError,
-        match=r"^A_log: expected a tensor \(plan\(\) had gates_in_kernel=True\), got None$",
+        match=r"^A_log: expected a tensor \(plan\(\) had gates_in_kernel=True: pass a, b, A_log, "
+        r"dt_bias\), got None$",
     ):
         call(w, args, A_log=None)
+    with pytest.raises(TypeError, match=r"^a: expected dtype torch.float32, got torch.bfloat16$"):
+        call(w, args, a=args["a"].to(torch.bfloat16))
     with pytest.raises(
-        TypeError, match=r"^gate_a \(a\): expected dtype torch.float32, got torch.bfloat16$"
+        ValueError, match=r"^slot_indices: expected values in \[0, 6\) or pad_slot_id=-1, got 99$"
     ):
-        call(w, args, gate_a=args["gate_a"].to(torch.bfloat16))
+        call(w, args, slot_indices=torch.tensor([1, 99], dtype=torch.int32))
 
 
-def test_precomputed_gates_take_no_gate_parameters(no_module):
-    _, w, _, args = cpu_setup(gates_in_kernel=False)
+def test_precomputed_gates_take_no_gate_parameters():
+    c, w, _, args = cpu_setup(gates_in_kernel=False)
+    before = snapshot(c)
     with pytest.raises(
-        ValueError, match=r"^A_log: expected None \(plan\(\) had gates_in_kernel=False\)"
+        ValueError,
+        match=r"^A_log: expected None \(plan\(\) had gates_in_kernel=False: pass g, beta\)",
     ):
         call(w, args, A_log=torch.zeros(32), dt_bias=torch.zeros(32))
-    with pytest.raises(ValueError, match=r"^gate_a \(g\): expected shape"):
-        call(w, args, gate_a=torch.zeros(2, 31))
-    with pytest.raises(ValueError, match=r"^state: expected a CUDA tensor"):
-        call(w, args)  # every shape and dtype is right: only the device is left
+    with pytest.raises(ValueError, match=r"^a: expected None"):
+        call(w, args, a=torch.zeros(2, 32))
+    with pytest.raises(ValueError, match=r"^g: expected shape \[2, 32\], got \[2, 31\]"):
+        call(w, args, g=torch.zeros(2, 31))
+    with pytest.raises(ValueError, match=r"^beta: expected a tensor"):
+        call(w, args, beta=None)
+    assert unchanged(c, before)
+    out = call(w, args)  # every shape and dtype is right: the step runs
+    assert out.shape == (2, 32, 128) and out.dtype == torch.bfloat16 and out.isfinite().all()
 
 
 @pytest.mark.parametrize("mode", ["replay", "conventional"])
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float32])
-def test_valid_cpu_arguments_fail_only_on_the_device(no_module, mode, act):
-    _, w, _, args = cpu_setup(mode=mode, act=act)
-    with pytest.raises(ValueError, match=r"^state: expected a CUDA tensor, got device cpu"):
-        call(w, args)
-    strided = dict(  # any batch/head strides, unit stride in the last dim, 16-byte rows
+def test_valid_cpu_arguments_run(mode, act):
+    """Valid CPU arguments run the PyTorch path: finite outputs of the right shape, with any
+    batch/head strides (unit stride in the last dim, 16-byte rows) and a pad row."""
+    c, w, _, args = cpu_setup(mode=mode, act=act)
+    out = call(w, args)
+    assert out.shape == (2, 32, 128) and out.dtype == act and out.isfinite().all()
+    assert out.abs().sum() > 0
+    before = snapshot(c)
+    strided = dict(
         q=torch.randn(16, 2, 128).to(act).transpose(0, 1),
         v=torch.randn(2, 64, 128).to(act)[:, ::2],
-        out=torch.empty(2, 32, 128, dtype=act),
+        out=torch.full((2, 32, 128), float("nan"), dtype=act),
         slot_indices=torch.tensor([-1, 1], dtype=torch.int32),
-        gate_a=torch.randn(2, 64)[:, 32:],  # b, a split from one projection
-        gate_b=torch.randn(32, 2).t(),
+        a=torch.randn(2, 64)[:, 32:],  # b, a split from one projection
+        b=torch.randn(32, 2).t(),
     )
-    with pytest.raises(ValueError, match=r"^state: expected a CUDA tensor"):
-        call(w, args, **strided)
+    result = call(w, args, **strided)
+    assert result is strided["out"] and result.isfinite().all()
+    assert result[0].eq(0).all() and result[1].abs().sum() > 0  # the pad row's output is 0
+    # only slot 1 moved: its cursor in replay mode (a record held), its state in conventional
+    for name, t in c.tensors.items():
+        assert torch.equal(t[[0, 2, 3, 4, 5]], before[name][[0, 2, 3, 4, 5]]), name
+    if mode == "replay":
+        assert c.records_held([0, 1]).tolist() == [1, 2]
+    else:
+        assert not torch.equal(c.state[1], before["state"][1])
 
 
-def test_validate_step_checks_the_state_pool():
-    spec = gdn_spec(head_k_dim=64, head_v_dim=32, value_heads_per_key_head=2, act_dtype="f32")
-    dims = ops.dims_of(spec, num_v_heads=4)
-    assert dims == ops.GDNDims(num_k_heads=2, num_v_heads=4, head_k_dim=64, head_v_dim=32)
+def test_slot_value_check_can_be_skipped_but_not_the_layout_checks():
+    """GDNDecodeWrapper takes check_slot_values as Mamba2DecodeWrapper does: the host read of
+    the slot values is skipped (repeated ids are then the caller's responsibility), never the
+    shape, dtype and device checks."""
+    for kwargs in (dict(check_slot_values=False), dict(use_cuda_graph=True)):
+        _, w, _, args = cpu_setup(**kwargs)
+        assert w.decode_plan.check_slot_values is False
+        call(w, args, slot_indices=torch.tensor([1, 1], dtype=torch.int32))  # not read
+        with pytest.raises(TypeError, match="^slot_indices: expected dtype torch.int32"):
+            call(w, args, slot_indices=torch.tensor([0, 1]))
+    _, w, _, args = cpu_setup()
+    assert w.decode_plan.check_slot_values is True
+    with pytest.raises(ValueError, match="^slot_indices: expected distinct slots"):
+        call(w, args, slot_indices=torch.tensor([1, 1], dtype=torch.int32))
+
+
+def test_graph_mode_writes_a_buffer_fixed_at_plan():
+    _, w, _, args = cpu_setup(use_cuda_graph=True)
+    first = call(w, args)
+    assert call(w, args) is first and first.shape == (2, 32, 128)
+
+
+def test_functional_op_checks_the_state_pool():
+    """gdn_decode on caller-owned tensors (the layout's): the slot pools are checked, each slot's
+    block contiguous and 16-byte aligned; padded slots are fine."""
+    layout = gdn_layout(
+        num_k_heads=2, num_v_heads=4, head_k_dim=64, head_v_dim=32, window=4, act_dtype="f32"
+    )
+    plan = plan_decode(layout, 3, device="cpu")
+    assert plan.spec == gdn_spec(
+        head_k_dim=64, head_v_dim=32, value_heads_per_key_head=2, window=4, act_dtype="f32"
+    )
+    tensors = layout.allocate(5, "cpu")
     args = dict(
         q=torch.randn(3, 2, 64),
         k=torch.randn(3, 2, 64),
         v=torch.randn(3, 4, 32),
-        gate_a=torch.randn(3, 4),
-        gate_b=torch.randn(3, 4),
+        a=torch.randn(3, 4),
+        b=torch.randn(3, 4),
         A_log=torch.zeros(4),
         dt_bias=torch.zeros(4),
         out=torch.empty(3, 4, 32),
+        slot_indices=torch.tensor([0, 2, 4], dtype=torch.int32),
+        **{k: v for k, v in tensors.items() if k != "state"},
     )
     with pytest.raises(ValueError, match=r"^state: expected shape \[\*, 4, 32, 64\]"):
-        ops.validate_step(spec, dims, state=torch.zeros(5, 4, 64, 32), **args)
+        gdn_decode(plan, state=torch.zeros(5, 4, 64, 32), **args)
     with pytest.raises(TypeError, match="^state: expected dtype torch.float32"):
-        ops.validate_step(spec, dims, state=torch.zeros(5, 4, 32, 64, dtype=torch.bfloat16), **args)
+        gdn_decode(plan, state=torch.zeros(5, 4, 32, 64, dtype=torch.bfloat16), **args)
     transposed = torch.zeros(5, 4, 64, 32).transpose(2, 3)
     with pytest.raises(
-        ValueError, match=r"^state: expected 16-byte aligned slots with contiguous \[HV, V, K\]"
+        ValueError, match=r"^state: expected 16-byte aligned slots with contiguous \[4, 32, 64\]"
     ):
-        ops.validate_step(spec, dims, state=transposed, **args)
+        gdn_decode(plan, state=transposed, **args)
     odd_slots = torch.zeros(5 * 4 * 32 * 64 + 5).as_strided(
         (5, 4, 32, 64), (4 * 32 * 64 + 1, 32 * 64, 64, 1)
     )
     with pytest.raises(ValueError, match="^state: expected 16-byte aligned slots"):
-        ops.validate_step(spec, dims, state=odd_slots, **args)
+        gdn_decode(plan, state=odd_slots, **args)
+    with pytest.raises(ValueError, match=r"^rec_u: expected 4 slots \(as state\), got 5"):
+        gdn_decode(plan, state=torch.zeros(4, 4, 32, 64), **args)
+    with pytest.raises(TypeError, match=r"^rec_g: expected a torch.Tensor, got NoneType"):
+        gdn_decode(plan, state=tensors["state"], **{**args, "rec_g": None})
     padded_slots = torch.zeros(5, 4 * 32 * 64 + 4)[:, : 4 * 32 * 64].view(5, 4, 32, 64)
-    with pytest.raises(ValueError, match="^state: expected a CUDA tensor"):
-        ops.validate_step(spec, dims, state=padded_slots, **args)  # padded slots are fine
-
-
-def test_rows_per_cta_override(monkeypatch):
-    spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
-    cpu = torch.device("cpu")
-    tilings = gdn_tilings(128, 128, "f32")
-    options = [r for r, _ in tilings]
-    four_warp = [r for r, w in tilings if w == 4]  # the heuristic prefers 4-warp tiles
-    assert (
-        tiling.choose_launch(spec, 256, 32, cpu, replay=False)[0] == four_warp[0]
-    )  # plenty of CTAs: big tiles
-    assert (
-        tiling.choose_launch(spec, 1, 32, cpu, replay=False)[0] == four_warp[-1]
-    )  # one sequence: split rows
-    monkeypatch.setenv(ops.ROWS_ENV, str(options[1]))
-    assert tiling.choose_launch(spec, 256, 32, cpu, replay=False)[0] == options[1]
-    monkeypatch.setenv(ops.ROWS_ENV, "24")
-    with pytest.raises(ValueError, match=ops.ROWS_ENV):
-        tiling.choose_launch(spec, 256, 32, cpu, replay=False)[0]
+    out = gdn_decode(plan, state=padded_slots, **args)  # padded slots are fine
+    assert out is args["out"] and out.isfinite().all()
+    m2 = mamba2_layout(num_heads=4, headdim=8, dstate=16, ngroups=2)
+    with pytest.raises(ValueError, match="^plan: expected a gdn plan, got a mamba2 plan"):
+        gdn_decode(plan_decode(m2, 3, device="cpu"), state=padded_slots, **args)
 
 
 # --- the float64 reference against HF transformers' Qwen3-Next decode --------------------------
