@@ -200,7 +200,7 @@ def test_a_failed_plan_keeps_the_previous_plan(family):
         with pytest.raises(error):
             wrapper.plan(**kwargs)
         assert wrapper.decode_plan is plan and wrapper.spec == spec and wrapper.batch_size == 3
-    with pytest.raises(ValueError, match="^kernel: expected 'auto' or one of"):
+    with pytest.raises(ValueError, match="^config.kernel: expected 'auto' or one of"):
         LaunchConfig(kernel="fast")
 
 

@@ -506,7 +506,9 @@ def test_slot_value_check_can_be_skipped_but_not_the_layout_checks():
     for kwargs in (dict(check_slot_values=False), dict(use_cuda_graph=True)):
         _, w, _, args = cpu_setup(**kwargs)
         assert w.decode_plan.check_slot_values is False
-        call(w, args, slot_indices=torch.tensor([1, 1], dtype=torch.int32))  # not read
+        # The CPU path reads its slot ids anyway (no sync to save): bad ones still raise.
+        with pytest.raises(ValueError, match="^slot_indices: expected distinct slots"):
+            call(w, args, slot_indices=torch.tensor([1, 1], dtype=torch.int32))
         with pytest.raises(TypeError, match="^slot_indices: expected dtype torch.int32"):
             call(w, args, slot_indices=torch.tensor([0, 1]))
     _, w, _, args = cpu_setup()

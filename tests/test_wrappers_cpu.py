@@ -194,7 +194,9 @@ def test_slot_value_check_can_be_skipped_but_not_the_layout_checks():
     for kwargs in (dict(check_slot_values=False), dict(use_cuda_graph=True)):
         _, wrapper, inputs = planned_wrapper(**kwargs)
         assert wrapper.decode_plan.check_slot_values is False
-        run(wrapper, inputs, slot_indices=torch.tensor([1, 1], dtype=torch.int32))  # not read
+        # The CPU path reads its slot ids anyway (no sync to save): bad ones still raise.
+        with pytest.raises(ValueError, match="^slot_indices: expected distinct slots"):
+            run(wrapper, inputs, slot_indices=torch.tensor([1, 1], dtype=torch.int32))
         with pytest.raises(TypeError, match="^slot_indices: expected dtype torch.int32"):
             run(wrapper, inputs, slot_indices=torch.tensor([0, 1]))
 

@@ -40,18 +40,18 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.kernel != AUTO and self.kernel not in REPLAY_KERNELS:
             raise ValueError(
-                f"kernel: expected 'auto' or one of {REPLAY_KERNELS}, got {self.kernel!r}"
+                f"config.kernel: expected 'auto' or one of {REPLAY_KERNELS}, got {self.kernel!r}"
             )
         for name in ("rows_per_cta", "records_warps"):
             value = getattr(self, name)
             if value != AUTO and (
                 not isinstance(value, int) or isinstance(value, bool) or value <= 0
             ):
-                raise ValueError(f"{name}: expected 'auto' or a positive int, got {value!r}")
+                raise ValueError(f"config.{name}: expected 'auto' or a positive int, got {value!r}")
         for name in _BOOL_FIELDS:
             value = getattr(self, name)
             if value != AUTO and not isinstance(value, bool):
-                raise ValueError(f"{name}: expected 'auto' or a bool, got {value!r}")
+                raise ValueError(f"config.{name}: expected 'auto' or a bool, got {value!r}")
 
     def with_defaults(self, other: LaunchConfig) -> LaunchConfig:
         """This config with its "auto" fields taken from `other`."""

@@ -75,7 +75,7 @@ def run_step(
     num_slots = check_cache_tensors(plan, tensors)
     check_slot_indices(
         slot_indices, plan.batch_size, num_slots, plan.pad_slot_id, plan.device,
-        read_values=plan.check_slot_values,
+        read_values=plan.check_slot_values or plan.backend == "cpu",  # (no sync to save there)
     )  # fmt: skip
     seed_value, seed_tensor = resolve_seed(plan, seed)
     if workspace is None:

@@ -73,7 +73,7 @@ class DecodeWrapper:
 
     @property
     def backend(self) -> str:
-        """"cuda" (the kernels) or "cpu" (the PyTorch path); the rest of the plan's choices are
+        """ "cuda" (the kernels) or "cpu" (the PyTorch path); the rest of the plan's choices are
         in decode_plan (rows_per_cta, flags, workspace_floats)."""
         return self.decode_plan.backend
 
