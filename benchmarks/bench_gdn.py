@@ -10,7 +10,11 @@ fla has no pool form, so it rotates through as many separate initial_state buffe
 new final_state each call (output_final_state=True), [B, HV, K, V] fp32 unless
 --fla-state-v-first (fla >= 0.6 offers the [B, HV, V, K] layout we use).
 
-    python benchmarks/bench_gdn.py --out benchmarks/results/DIR
+    python benchmarks/bench_gdn.py [--out DIR] [--launch kernel=split,rows_per_cta=16]
+
+Writes gdn.json into --out (default benchmarks/scratch/, git-ignored). Kernels, row tiles and
+launch flags are the launch policy's unless --launch fixes them (a LaunchConfig for every
+plan()); --tiling-sweep times every launch variant (harness.launch_variants) at the configs named.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from harness import (
     DTYPES,
     REPLAY_KERNELS,
     decode_timings,
+    launch_config,
     num_sets,
     replay_traffic,
     result_rows,
@@ -79,7 +84,11 @@ def fla_timing(inputs, HV, K, V, batch, nsets, gen, args):
 _FLA_DONE: set[tuple[str, int]] = set()
 
 
-def bench_config(shape, batch, window, state_name, args, kernels=(*REPLAY_KERNELS, "fla")):
+def bench_config(
+    shape, batch, window, state_name, args, kernels=(*REPLAY_KERNELS, "fla"), config=None,
+    check_slot_values=True,
+):  # fmt: skip
+    """Result rows of one config; our wrappers planned with launch_config(args, config)."""
     model = get_model(shape)
     H, HV, K, V = model.key_heads, model.value_heads, model.d_k, model.d_v
     state_dtype = DTYPES[state_name]
@@ -109,12 +118,13 @@ def bench_config(shape, batch, window, state_name, args, kernels=(*REPLAY_KERNEL
     out = torch.empty(batch, HV, V, dtype=ACT, device="cuda")
 
     def step(wrapper, slots):
-        return lambda: wrapper.run(q, k, v, a, b, slots, A_log=A_log, dt_bias=dt_bias, out=out)
+        return lambda: wrapper.run(q, k, v, slots, a=a, b=b, A_log=A_log, dt_bias=dt_bias, out=out)
 
-    conv = GDNDecodeWrapper(cache, mode="conventional")
-    conv.plan(batch)
-    replay = GDNDecodeWrapper(cache, mode="replay")
-    replay.plan(batch)
+    config = launch_config(args, config)
+    conv = GDNDecodeWrapper(cache, mode="conventional", check_slot_values=check_slot_values)
+    conv.plan(batch, config=config)
+    replay = GDNDecodeWrapper(cache, mode="replay", check_slot_values=check_slot_values)
+    replay.plan(batch, config=config)
     res = decode_timings(cache, window, step, conv, replay, sets, args, kernels)
     assert torch.isfinite(out.float()).all(), "non-finite output"
     traffic = bytes_per_step(H, HV, K, V, batch, window, esize)
@@ -131,11 +141,20 @@ def bench_config(shape, batch, window, state_name, args, kernels=(*REPLAY_KERNEL
             traffic["fla"] = traffic["conventional"]  # read h0, write a new final state (fp32)
     return result_rows(
         dict(
-            shape=shape, batch=batch, window=window, state=state_name, replay_kernel=replay.kernel
+            shape=shape,
+            batch=batch,
+            window=window,
+            state=state_name,
+            replay_kernel=replay.kernel,
+            replay_flags=replay.decode_plan.flags,
         ),
         res,
         traffic,
-        {"conventional": conv.rows_per_cta, "replay": replay.rows_per_cta, "fla": None},
+        {
+            "conventional": conv.decode_plan.rows_per_cta,
+            "replay": replay.decode_plan.rows_per_cta,
+            "fla": None,
+        },
     )
 
 

@@ -5,7 +5,11 @@ non-flush step (mean over held = 0..L-2), the flush step, the amortized step
 ((L-1) non-flush + 1 flush) / L, and one measured L-step cycle. State pool >= --min-pool-bytes,
 split into disjoint slot sets that consecutive calls rotate through.
 
-    python benchmarks/bench_mamba2.py --out benchmarks/results/DIR
+    python benchmarks/bench_mamba2.py [--out DIR] [--launch kernel=split,rows_per_cta=16]
+
+Writes mamba2.json into --out (default benchmarks/scratch/, git-ignored). Kernels, row tiles and
+launch flags are the launch policy's unless --launch fixes them (a LaunchConfig for every
+plan()); --tiling-sweep times every launch variant (harness.launch_variants) at the configs named.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from harness import (
     DTYPES,
     REPLAY_KERNELS,
     decode_timings,
+    launch_config,
     num_sets,
     replay_traffic,
     result_rows,
@@ -38,7 +43,11 @@ def bytes_per_step(H, P, N, G, batch, window, state_size, act_size=2):
     return replay_traffic(state, record, window)
 
 
-def bench_config(shape, batch, window, state_name, args, kernels=REPLAY_KERNELS):
+def bench_config(
+    shape, batch, window, state_name, args, kernels=REPLAY_KERNELS, config=None,
+    check_slot_values=True,
+):  # fmt: skip
+    """Result rows of one config; wrappers planned with launch_config(args, config)."""
     model = get_model(shape)
     H, P, N, G = model.value_heads, model.d_v, model.d_k, model.key_heads
     state_dtype = DTYPES[state_name]
@@ -70,19 +79,25 @@ def bench_config(shape, batch, window, state_name, args, kernels=REPLAY_KERNELS)
     def step(wrapper, slots):
         return lambda: wrapper.run(x, dt, A, B, C, slots, D=D, dt_bias=dt_bias, out=out)
 
-    conv = Mamba2DecodeWrapper(cache, mode="conventional")
-    conv.plan(batch)
-    replay = Mamba2DecodeWrapper(cache, mode="replay")
-    replay.plan(batch)
+    config = launch_config(args, config)
+    conv = Mamba2DecodeWrapper(cache, mode="conventional", check_slot_values=check_slot_values)
+    conv.plan(batch, config=config)
+    replay = Mamba2DecodeWrapper(cache, mode="replay", check_slot_values=check_slot_values)
+    replay.plan(batch, config=config)
     res = decode_timings(cache, window, step, conv, replay, sets, args, kernels)
     assert torch.isfinite(out.float()).all(), "non-finite output"
     return result_rows(
         dict(
-            shape=shape, batch=batch, window=window, state=state_name, replay_kernel=replay.kernel
+            shape=shape,
+            batch=batch,
+            window=window,
+            state=state_name,
+            replay_kernel=replay.kernel,
+            replay_flags=replay.decode_plan.flags,
         ),
         res,
         bytes_per_step(H, P, N, G, batch, window, esize),
-        {"conventional": conv.rows_per_cta, "replay": replay.rows_per_cta},
+        {"conventional": conv.decode_plan.rows_per_cta, "replay": replay.decode_plan.rows_per_cta},
     )
 
 

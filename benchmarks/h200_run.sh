@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # One device call: GPU tests, then benchmarks, with prebuilt modules (nothing compiles there).
 # Prepare here:  ../shared/tools/device-bundle .device
-#                python -m replayssm_jit.aot --out .device/aot --preset h200
+#                python -m replayssm_jit aot --out .device/aot --preset h200
 #                (FlashInfer peers) anchor_bench.py --precompile .device/fi_aot, anchors copied into .device/
 # On the device: bash benchmarks/h200_run.sh [tests|bench|bench-mamba2|bench-gdn|gdn|peers|all]...
 #   tests: every gpu-marked test; bench: both benchmarks; gdn: the GDN GPU tests + bench_gdn.
 #   Extra arguments: PYTEST_ARGS, BENCH_ARGS (bench_mamba2), GDN_BENCH_ARGS (bench_gdn), PEER_ARGS;
 #   select tests with PYTEST_ADDOPTS (pytest splits it with shell quoting): PYTEST_ADDOPTS="-k '256 or pad'".
+#   Launch choices for a benchmark go in its arguments: BENCH_ARGS="--launch kernel=split,rows_per_cta=16"
+#   (a LaunchConfig for every plan()). test_mamba2_gpu.py and test_gdn_gpu.py clear REPLAYSSM_LAUNCH.
 set -uo pipefail
 what=${*:-all}
 DEV=${DEVICE_DIR:-$PWD/.device}   # the carried bundle: prelude, prebuilt modules, peer scripts
@@ -23,6 +25,7 @@ if [ -d "$DEV/fi_aot" ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 git log -1 --format='commit %H %s' 2>/dev/null
+[ -n "${REPLAYSSM_LAUNCH:-}" ] && echo "REPLAYSSM_LAUNCH=$REPLAYSSM_LAUNCH (fills every plan()'s \"auto\" launch fields)"
 rc=0
 for step in $what; do
   case $step in

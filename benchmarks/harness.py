@@ -4,14 +4,21 @@ Method: warm-up eagerly, capture a call list into one CUDA graph, replay it unti
 times, then time `reps` replays with CUDA events over `rounds` captures; report the median
 per-call time. Callers rotate state sets so that one graph touches far more state than L2.
 
-A family's benchmark supplies `bench(shape, batch, window, state_name, args, kernels)` returning
-result rows; `decode_timings` times our conventional and ReplaySSM steps the same way for every
-family, `replay_traffic` is the bytes model, and `run_sweep` drives the config list.
+A family's benchmark supplies `bench(shape, batch, window, state_name, args, kernels, config)`
+returning result rows, its wrappers planned with `launch_config(args, config)`; `decode_timings`
+times our conventional and ReplaySSM steps the same way for every family, `replay_traffic` is the
+bytes model, and `run_sweep` drives the config list.
+
+Launch choices (kernel, row tile, flags) are selected through LaunchConfig only: --launch fixes
+them for a whole run ("kernel=split,rows_per_cta=16"; fields as replayssm_jit.LaunchConfig), and
+--tiling-sweep times every launch variant of a config (`launch_variants`). Outputs go to
+benchmarks/scratch/ (git-ignored) unless --out names a folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -25,6 +32,12 @@ from pathlib import Path
 
 import torch
 
+from replayssm_jit import LaunchConfig
+from replayssm_jit.launch.config import LAUNCH_ENV, parse_launch
+
+# Where experiment outputs go by default (git-ignored; benchmarks/results/ holds one committed
+# folder per measured version).
+SCRATCH_DIR = Path(__file__).resolve().parent / "scratch"
 COPY_CEILING_TBPS = 4.21  # H200 device-to-device copy, read + write (shared/anchors)
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 REPLAY_KERNELS = ("conventional", "cycle", "nonflush", "flush", "staggered")
@@ -114,6 +127,8 @@ def environment() -> dict:
         "git_dirty": False
         if os.environ.get("REPLAYSSM_GIT_COMMIT")
         else bool(sh("git status --porcelain --untracked-files=no")),
+        # The experiments-only launch override; it fills every "auto" field of every plan().
+        "replayssm_launch_env": os.environ.get(LAUNCH_ENV, ""),
         "nvidia_smi": sh(
             "nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader"
         ),
@@ -128,6 +143,33 @@ def write_results(path: Path, payload: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # Sweeps: arguments, the config list, the driver
 # ---------------------------------------------------------------------------------------------
+
+
+def launch_arg(text: str) -> LaunchConfig:
+    """--launch: "field=value,..." as a LaunchConfig (argparse reports a bad value)."""
+    try:
+        return parse_launch(text, "--launch")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--launch: ")) from None
+
+
+def add_launch_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--launch",
+        type=launch_arg,
+        default=LaunchConfig(),
+        metavar="FIELD=VALUE,...",
+        help="launch choices for every plan(), e.g. 'kernel=split,rows_per_cta=16' (fields: "
+        "kernel, rows_per_cta, records_warps, capped_state_registers, overlap_prior_kernel, "
+        "speculative_records; bools 0/1); default: the launch policy's",
+    )
+
+
+def launch_config(args, config: LaunchConfig | None = None) -> LaunchConfig:
+    """The LaunchConfig a benchmark plans with: `config` (a launch variant, or None) with its
+    "auto" fields from --launch."""
+    base = getattr(args, "launch", None) or LaunchConfig()
+    return (config or LaunchConfig()).with_defaults(base)
 
 
 def sweep_parser(description: str, shapes: str) -> argparse.ArgumentParser:
@@ -145,9 +187,18 @@ def sweep_parser(description: str, shapes: str) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--min-pool-bytes", type=float, default=1.0e9)
     p.add_argument(
-        "--tiling-sweep", default="", help="shape:batch:L:state,... configs to sweep row tilings at"
+        "--tiling-sweep",
+        default="",
+        help="shape:batch:L:state,... configs to sweep launch variants at (every row tile of "
+        "each kernel)",
     )
-    p.add_argument("--out", type=Path, required=True)
+    add_launch_arg(p)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=SCRATCH_DIR,
+        help=f"folder for the JSON (default {SCRATCH_DIR}, git-ignored)",
+    )
     return p
 
 
@@ -179,6 +230,7 @@ def run_sweep(args, name: str, bench: Callable[..., list[dict]]) -> int:
     payload = {
         "environment": environment(),
         "command": " ".join(sys.argv),
+        "launch": dataclasses.asdict(launch_config(args)),
         "copy": copy_ceiling(),
         "rows": [],
     }
@@ -201,30 +253,30 @@ def run_sweep(args, name: str, bench: Callable[..., list[dict]]) -> int:
     return 0
 
 
-def launch_variants(spec) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
-    """(label, environment, kernels) per launch choice of `spec`'s module: every per-item row
+def launch_variants(spec) -> list[tuple[str, LaunchConfig, tuple[str, ...]]]:
+    """(label, launch config, kernels) per launch choice of `spec`'s module: every per-item row
     tile (conventional and a ReplaySSM cycle), every flush-every-step tile (a cycle) and every
     split-kernel tile (a ReplaySSM cycle; the largest also without speculative ring loads)."""
-    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV, SPECULATIVE_ENV, rows_env
     from replayssm_jit.spec import spec_tilings
-
-    rows_var = rows_env(spec.family)
 
     tilings = [r for r, _ in spec_tilings(spec)]
     out = [
-        (f"rows{r}", {rows_var: str(r), REPLAY_KERNEL_ENV: "per-item"}, ("conventional", "cycle"))
+        (f"rows{r}", LaunchConfig(kernel="per-item", rows_per_cta=r), ("conventional", "cycle"))
         for r in tilings
     ]
-    every = {REPLAY_KERNEL_ENV: "flush-every-step"}
-    out += [(f"every{r}", {rows_var: str(r), **every}, ("cycle",)) for r in tilings]
-    split = {REPLAY_KERNEL_ENV: "split"}
-    out += [(f"split{r}", {rows_var: str(r), **split}, ("cycle",)) for r in tilings]
-    nospec = {rows_var: str(tilings[0]), SPECULATIVE_ENV: "0", **split}
+    out += [
+        (f"every{r}", LaunchConfig(kernel="flush-every-step", rows_per_cta=r), ("cycle",))
+        for r in tilings
+    ]
+    out += [
+        (f"split{r}", LaunchConfig(kernel="split", rows_per_cta=r), ("cycle",)) for r in tilings
+    ]
+    nospec = LaunchConfig(kernel="split", rows_per_cta=tilings[0], speculative_records=False)
     out.append((f"split{tilings[0]}-nospec", nospec, ("cycle",)))
     return out
 
 
-def model_variants(cfg) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
+def model_variants(cfg) -> list[tuple[str, LaunchConfig, tuple[str, ...]]]:
     """launch_variants of a (shape, batch, L, state dtype) config's model spec."""
     from replayssm_jit.jit.aot import model_spec
     from replayssm_jit.models import get_model
@@ -234,20 +286,11 @@ def model_variants(cfg) -> list[tuple[str, dict[str, str], tuple[str, ...]]]:
 
 
 def sweep_variants(bench, cfg, args, variants) -> list[dict]:
-    """Time `bench` at cfg once per launch variant (environment overrides set meanwhile)."""
+    """Time `bench` at cfg once per launch variant (its LaunchConfig over --launch)."""
     rows = []
-    for label, env, kernels in variants:
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
-            for r in bench(*cfg, args, kernels=kernels):
-                rows.append({**r, "kernel": f"{r['kernel']}@{label}"})
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    for label, config, kernels in variants:
+        for r in bench(*cfg, args, kernels=kernels, config=config):
+            rows.append({**r, "kernel": f"{r['kernel']}@{label}"})
     return rows
 
 

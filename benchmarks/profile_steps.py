@@ -6,9 +6,12 @@ each kernel's mean duration per step (the split kernel's records and state kerne
 to the step's CUDA-event time (eager launches, so launch gaps included). A programmatic dependent
 launch starts before its primary ends, so the two kernels' durations can add up to more than the
 step. At batch 1 with FP32 checkpoints the default kernel is flush-every-step: there every phase
-flushes, and its steady state is --held 0.
+flushes, and its steady state is --held 0. --launch fixes launch choices as in the benchmarks
+(a LaunchConfig for every plan(), e.g. "kernel=split,rows_per_cta=32").
 
-    python benchmarks/profile_steps.py --family mamba2 --shapes super120b --out DIR
+    python benchmarks/profile_steps.py --family mamba2 --shapes super120b [--out DIR]
+
+Writes profile_FAMILY.json into --out (default benchmarks/scratch/, git-ignored).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gdn
 import bench_mamba2
+from harness import SCRATCH_DIR, add_launch_arg
 
 BENCHES = {"mamba2": bench_mamba2, "gdn": bench_gdn}
 
@@ -64,8 +68,10 @@ def profile_calls(calls, prepare) -> tuple[dict[str, float], float]:
 
 def make_profiler(window: int, held: int, results: list, config: dict, single: bool):
     def decode_timings(cache, window_, step, conv, replay, sets, args, kernels=()):
-        # eager steps: no host read of the slot ids, so no sync between launches
-        conv.check_slot_values = replay.check_slot_values = False
+        # eager steps: the wrappers were planned with check_slot_values=False (no host read of
+        # the slot ids, so no sync between launches)
+        assert not conv.decode_plan.check_slot_values
+        assert not replay.decode_plan.check_slot_values
 
         def at_held(h):
             return lambda: cache.cursors[:, 0].fill_(h)
@@ -103,7 +109,13 @@ def main(argv=None) -> int:
     p.add_argument("--states", default="f32")
     p.add_argument("--min-pool-bytes", type=float, default=1.0e9)
     p.add_argument("--single", action="store_true", help="one untimed step per phase (for ncu)")
-    p.add_argument("--out", type=Path, required=True)
+    add_launch_arg(p)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=SCRATCH_DIR,
+        help=f"folder for the JSON (default {SCRATCH_DIR}, git-ignored)",
+    )
     args = p.parse_args(argv)
     held = args.window // 2 if args.held is None else args.held
     bench = BENCHES[args.family]
@@ -112,9 +124,14 @@ def main(argv=None) -> int:
         for state in args.states.split(","):
             config = dict(shape=shape, batch=args.batch, window=args.window, state=state)
             bench.decode_timings = make_profiler(args.window, held, results, config, args.single)
-            bench_args = argparse.Namespace(min_pool_bytes=args.min_pool_bytes, reps=1, rounds=1)
+            bench_args = argparse.Namespace(
+                min_pool_bytes=args.min_pool_bytes, reps=1, rounds=1, launch=args.launch
+            )
             kernels = ("conventional", "cycle")
-            bench.bench_config(shape, args.batch, args.window, state, bench_args, kernels=kernels)
+            bench.bench_config(
+                shape, args.batch, args.window, state, bench_args, kernels=kernels,
+                check_slot_values=False,
+            )  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"profile_{args.family}.json").write_text(json.dumps(results, indent=1))
     return 0

@@ -1,6 +1,10 @@
 """Turn one H200 run's JSON into a markdown table and a speedup-vs-batch plot.
 
-python benchmarks/report.py RUN_DIR [--fi RUN_DIR/fi/fi_more.json] --out benchmarks/results/DATE
+python benchmarks/report.py RUN_DIR [--fi RUN_DIR/fi/fi_more.json] [--out DIR]
+
+RUN_DIR holds the benchmarks' mamba2.json / gdn.json (an experiment's folder under
+benchmarks/scratch/, or a record folder under benchmarks/results/); tables.md and the plots go
+to --out, by default RUN_DIR itself.
 """
 
 from __future__ import annotations
@@ -170,8 +174,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dir", type=Path)
     p.add_argument("--fi", type=Path, default=None)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--out", type=Path, default=None, help="folder for tables.md and plots (default RUN_DIR)"
+    )
     args = p.parse_args(argv)
+    args.out = args.run_dir if args.out is None else args.out
     args.out.mkdir(parents=True, exist_ok=True)
     fi = load_fi(args.fi or args.run_dir / "fi" / "fi_more.json")
     parts = []

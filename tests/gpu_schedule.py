@@ -13,9 +13,11 @@ generator, wrapper run call and reference pool step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+
+from replayssm_jit import LaunchConfig
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -48,8 +50,10 @@ class Family:
         """A fresh SlotCache on CUDA."""
         raise NotImplementedError
 
-    def wrapper(self, cache, *, mode: str, batch: int, sr: bool, seed: int):
-        """A DecodeWrapper over `cache`, planned for `batch` rows."""
+    def wrapper(
+        self, cache, *, mode: str, batch: int, sr: bool, seed: int, config: LaunchConfig | None
+    ):
+        """A DecodeWrapper over `cache`, planned for `batch` rows with launch `config`."""
         raise NotImplementedError
 
     def inputs(self, gen: torch.Generator, act: torch.dtype) -> Inputs:
@@ -80,10 +84,13 @@ def run_schedule(
     pad_slot_id: int = -1,
     seed: int = 0,
     switch: tuple[int, str] | None = None,
+    config: LaunchConfig | None = None,
 ) -> ScheduleResult:
-    """Decode `steps` tokens through the wrapper and the reference side by side. `switch` =
-    (step, kernel): from that step on, a wrapper planned with REPLAYSSM_REPLAY_KERNEL=kernel
-    takes over the same cache (records held by the first kernel carry over)."""
+    """Decode `steps` tokens through the wrapper and the reference side by side, the wrapper
+    planned with launch `config` (its kernel and row tile, where fixed, are checked to be the
+    ones planned). `switch` = (step, kernel): from that step on, a wrapper planned with `config`
+    but LaunchConfig kernel=kernel takes over the same cache (records held by the first kernel
+    carry over)."""
     gen = torch.Generator(device="cuda").manual_seed(1000 * batch + window + seed)
     steps = steps or max(3 * window + 5, 40)
     num_slots = 2 * batch + 5
@@ -112,7 +119,8 @@ def run_schedule(
     start = {s: i % max(window, 1) for i, s in enumerate(slots.tolist())}  # staggered joins
 
     inputs = family.inputs(gen, act)
-    wrapper = family.wrapper(cache, mode=mode, batch=batch, sr=sr, seed=seed)
+    wrapper = family.wrapper(cache, mode=mode, batch=batch, sr=sr, seed=seed, config=config)
+    _check_planned(wrapper, config, mode)
     out = torch.empty(family.out_shape(batch), dtype=act, device="cuda")
     worst_out = 0.0
     held = dict.fromkeys(slots.tolist(), 0)
@@ -120,7 +128,7 @@ def run_schedule(
     flushes = dict.fromkeys(slots.tolist(), 0)
     for t in range(steps):
         if switch is not None and t == switch[0]:
-            wrapper = _planned_with_kernel(family, cache, switch[1], mode, batch, sr, seed)
+            wrapper = _planned_with_kernel(family, cache, switch[1], mode, batch, sr, seed, config)
         # conventional steps and ReplaySSM steps that flush every token leave the full state
         every_token = mode == "conventional" or wrapper.kernel == "flush-every-step"
         active = [s for s in slots.tolist() if start[s] <= t]
@@ -163,29 +171,32 @@ def run_schedule(
     return ScheduleResult(worst_out, state_err, min(flushes.values()), steps)
 
 
-def _planned_with_kernel(family: Family, cache, kernel: str, mode: str, batch: int, sr, seed):
-    """A wrapper over `cache` planned with REPLAYSSM_REPLAY_KERNEL=kernel (restored after)."""
-    import os
+def _check_planned(wrapper, config: LaunchConfig | None, mode: str) -> None:
+    """The wrapper runs the CUDA kernels, with the kernel and row tile `config` fixed."""
+    assert wrapper.backend == "cuda", wrapper.backend
+    if config is None:
+        return
+    if mode == "replay" and config.kernel != "auto":
+        assert wrapper.kernel == config.kernel, (wrapper.kernel, config)
+    if config.rows_per_cta != "auto":
+        rows = wrapper.decode_plan.rows_per_cta
+        assert rows == config.rows_per_cta, (rows, config)
 
-    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
 
-    before = os.environ.get(REPLAY_KERNEL_ENV)
-    os.environ[REPLAY_KERNEL_ENV] = kernel
-    try:
-        wrapper = family.wrapper(cache, mode=mode, batch=batch, sr=sr, seed=seed)
-    finally:
-        if before is None:
-            del os.environ[REPLAY_KERNEL_ENV]
-        else:
-            os.environ[REPLAY_KERNEL_ENV] = before
+def _planned_with_kernel(
+    family: Family, cache, kernel: str, mode: str, batch: int, sr, seed, config
+):
+    """A wrapper over `cache` planned with `config` but LaunchConfig kernel=`kernel`."""
+    config = replace(config or LaunchConfig(), kernel=kernel)
+    wrapper = family.wrapper(cache, mode=mode, batch=batch, sr=sr, seed=seed, config=config)
     assert wrapper.kernel == kernel, (wrapper.kernel, kernel)
+    _check_planned(wrapper, config, mode)
     return wrapper
 
 
 def assert_kernels_agree_bitwise(
     family: Family,
     kernels: tuple[str, str],
-    monkeypatch,
     *,
     act: torch.dtype,
     state: torch.dtype,
@@ -193,35 +204,34 @@ def assert_kernels_agree_bitwise(
     batch: int = 9,
     num_slots: int = 12,
     window: int = 4,
-    speculative: str | None = None,
+    config: LaunchConfig | None = None,
     launch_flags: int = 0,
 ) -> None:
     """Run the same steps (three flush cycles, padded rows, random checkpoints) through two
-    ReplaySSM kernels (REPLAYSSM_REPLAY_KERNEL) and require bit-identical outputs, checkpoints,
-    rings and cursors: for kernels that do the same arithmetic in the same order. `speculative`
-    forces REPLAYSSM_SPECULATIVE_RECORDS ("0": ring rows read after the cursor, as the split
-    kernel does by default at large batch). `launch_flags`: bits the first kernel's launch must
+    ReplaySSM kernels (each planned with `config` and LaunchConfig kernel=kernel) and require
+    bit-identical outputs, checkpoints, rings and cursors: for kernels that do the same
+    arithmetic in the same order. `config` fixes other launch choices for both, e.g.
+    LaunchConfig(speculative_records=False): ring rows read after the cursor, as the split
+    kernel does by default at large batch. `launch_flags`: bits the first kernel's launch must
     carry (so that the kernel variant meant is the one compared)."""
-    from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV, SPECULATIVE_ENV
-
-    if speculative is not None:
-        monkeypatch.setenv(SPECULATIVE_ENV, speculative)
-
+    base = config or LaunchConfig()
     pad = -1
     gen = torch.Generator(device="cuda").manual_seed(7)
     inputs = family.inputs(gen, act)
     runs = {}
     for kernel in kernels:
-        monkeypatch.setenv(REPLAY_KERNEL_ENV, kernel)
         cache = family.cache(
             num_slots, window=window, state_dtype=state, act_dtype=act, pad_slot_id=pad
         )
         init = torch.Generator().manual_seed(1)
         cache.state.copy_(torch.randn(cache.state.shape, generator=init))
-        w = family.wrapper(cache, mode="replay", batch=batch, sr=sr, seed=11)
+        w = family.wrapper(
+            cache, mode="replay", batch=batch, sr=sr, seed=11, config=replace(base, kernel=kernel)
+        )
         assert w.kernel == kernel
         if kernel == kernels[0]:
-            assert w.launch_flags & launch_flags == launch_flags, (w.launch_flags, launch_flags)
+            flags = w.decode_plan.flags
+            assert flags & launch_flags == launch_flags, (flags, launch_flags)
         runs[kernel] = (cache, w)
     order = torch.randperm(num_slots, generator=torch.Generator().manual_seed(2))[: batch - 2]
     rows = [int(s) for s in order] + [pad, pad]

@@ -12,19 +12,22 @@ import pytest
 import torch
 from gpu_schedule import rel_err
 
-from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
-from replayssm_jit.ops.gdn import ROWS_ENV
-from replayssm_jit.ops.tiling import (
-    CAPPED_STATE_REGISTERS_ENV,
-    FLAG_CAPPED_STATE_REGISTERS,
-    FLAG_FEW_RECORDS_WARPS,
-    RECORDS_WARPS_ENV,
-    REPLAY_KERNEL_ENV,
-)
+from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper, LaunchConfig
+from replayssm_jit.families.base import DTYPE_NAMES
+from replayssm_jit.launch.config import LAUNCH_ENV
+from replayssm_jit.launch.policy import FLAG_CAPPED_STATE_REGISTERS, FLAG_FEW_RECORDS_WARPS
 from replayssm_jit.reference import gdn_gates, gdn_step_pool
-from replayssm_jit.spec import DTYPE_NAMES, gdn_tilings
+from replayssm_jit.spec import gdn_spec, spec_tilings
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_env(monkeypatch):
+    """Launch choices come from each test's LaunchConfig only (REPLAYSSM_LAUNCH is for
+    experiments and would fill the fields a test leaves "auto")."""
+    monkeypatch.delenv(LAUNCH_ENV, raising=False)
+
 
 SHAPES = {  # (H, HV, K, V)
     "qwen4b": (16, 32, 128, 128),
@@ -59,11 +62,11 @@ class Inputs(gpu_schedule.Inputs):
             )
         return t
 
-    def gate_args(self, tok):
-        """(gate_a, gate_b, kwargs) of wrapper.run for this gate mode."""
+    def gate_kwargs(self, tok):
+        """The gate keyword arguments of wrapper.run for this gate mode."""
         if self.gates_in_kernel:
-            return tok["a"], tok["b"], dict(A_log=self.A_log, dt_bias=self.dt_bias)
-        return tok["g"], tok["beta"], {}
+            return dict(a=tok["a"], b=tok["b"], A_log=self.A_log, dt_bias=self.dt_bias)
+        return dict(g=tok["g"], beta=tok["beta"])
 
     def gates(self, tok):
         """(g, beta) of the reference: exact from a, b, or the fp32 g, beta the kernel got."""
@@ -72,8 +75,7 @@ class Inputs(gpu_schedule.Inputs):
         return tok["g"], tok["beta"]
 
     def run(self, wrapper, tok, slot_indices, out):
-        gate_a, gate_b, kw = self.gate_args(tok)
-        wrapper.run(tok["q"], tok["k"], tok["v"], gate_a, gate_b, slot_indices, out=out, **kw)
+        wrapper.run(tok["q"], tok["k"], tok["v"], slot_indices, out=out, **self.gate_kwargs(tok))
 
     def reference(self, ref_pool, slot_indices, tok, pad_slot_id):
         g, beta = self.gates(tok)
@@ -97,9 +99,12 @@ class GDN(gpu_schedule.Family):
             pad_slot_id=pad_slot_id,
         )
 
-    def wrapper(self, cache, *, mode, batch, sr, seed):
+    def wrapper(self, cache, *, mode, batch, sr, seed, config=None):
         wrapper = GDNDecodeWrapper(cache, mode=mode)
-        wrapper.plan(batch, gates_in_kernel=self.gates_in_kernel, stochastic_rounding=sr, seed=seed)
+        wrapper.plan(
+            batch, gates_in_kernel=self.gates_in_kernel, stochastic_rounding=sr, seed=seed,
+            config=config,
+        )  # fmt: skip
         return wrapper
 
     def inputs(self, gen, act):
@@ -130,17 +135,28 @@ def run_schedule(shape, batch, window, *, gates_in_kernel=True, **kwargs):
     return gpu_schedule.run_schedule(family, batch, window, **kwargs)
 
 
+def tilings(shape, state_dtype):
+    """The row tiles compiled into `shape`'s module for `state_dtype` checkpoints."""
+    H, HV, K, V = SHAPES[shape]
+    spec = gdn_spec(
+        head_k_dim=K, head_v_dim=V, value_heads_per_key_head=HV // H, state_dtype=state_dtype
+    )
+    return [rows for rows, _ in spec_tilings(spec)]
+
+
 def fp32_steps(batch, window):
     # 256 steps, or at batch 256 enough for 3 flushes of the last slot to join (keeps the
     # float64 reference affordable).
     return 256 if batch <= 64 else 4 * window + 8
 
 
+@pytest.mark.parametrize("kernel", ["split", "per-item"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 7, 64, 256])
 @pytest.mark.parametrize("window", [1, 4, 16, 32])
-def test_replay_fp32_matches_reference(shape, batch, window, replay_kernel):
-    r = run_schedule(shape, batch, window, steps=fp32_steps(batch, window))
+def test_replay_fp32_matches_reference(shape, batch, window, kernel):
+    config = LaunchConfig(kernel=kernel)
+    r = run_schedule(shape, batch, window, steps=fp32_steps(batch, window), config=config)
     assert r.min_flushes >= 3, r
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
@@ -148,11 +164,11 @@ def test_replay_fp32_matches_reference(shape, batch, window, replay_kernel):
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 7, 64])
 @pytest.mark.parametrize("window", [1, 4, 16])
-def test_flush_every_step_fp32_matches_reference(shape, batch, window, monkeypatch):
+def test_flush_every_step_fp32_matches_reference(shape, batch, window):
     """The per-item kernel flushing every token (the default below one (row, head) pair per SM
     with FP32 checkpoints): the checkpoint is the full state after every step."""
-    monkeypatch.setenv(REPLAY_KERNEL_ENV, "flush-every-step")
-    r = run_schedule(shape, batch, window, steps=40)
+    config = LaunchConfig(kernel="flush-every-step")
+    r = run_schedule(shape, batch, window, steps=40, config=config)
     assert r.out_err < 1e-5 and r.state_err < 1e-5 and r.min_flushes >= 3, r
 
 
@@ -165,11 +181,11 @@ def test_flush_every_step_fp32_matches_reference(shape, batch, window, monkeypat
         ("flush-every-step", "split"),
     ],
 )
-def test_switching_kernels_carries_held_records(shape, first, then, monkeypatch):
+def test_switching_kernels_carries_held_records(shape, first, then):
     """A wrapper planned for another batch takes over the cache mid-window: records held by one
     kernel are folded or replayed by the next (L = 16, switch after 21 steps)."""
-    monkeypatch.setenv(REPLAY_KERNEL_ENV, first)
-    r = run_schedule(shape, 7, 16, steps=48, switch=(21, then))
+    config = LaunchConfig(kernel=first)
+    r = run_schedule(shape, 7, 16, steps=48, switch=(21, then), config=config)
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
 
@@ -225,28 +241,25 @@ def test_vllm_pad_slot_zero():
     [(torch.float32, torch.float32, 1e-5, 1e-5), (torch.bfloat16, torch.bfloat16, 1e-2, 1e-2)],
     ids=["f32", "bf16"],
 )
-def test_every_row_tiling(act, state, out_bound, state_bound, monkeypatch):
-    """Each row tiling compiled into the module, forced through REPLAYSSM_GDN_ROWS_PER_CTA."""
-    _, _, K, V = SHAPES["qwen4b"]
-    tilings = [rows for rows, _ in gdn_tilings(V, K, DTYPE_NAMES[state])]
-    assert len(tilings) > 1
-    monkeypatch.setenv(REPLAY_KERNEL_ENV, "per-item")
-    for rows in tilings:
-        monkeypatch.setenv(ROWS_ENV, str(rows))
-        r = run_schedule("qwen4b", 7, 4, act=act, state=state, steps=24)
+def test_every_row_tiling(act, state, out_bound, state_bound):
+    """Each row tiling compiled into the module (per-item kernel), forced through LaunchConfig
+    rows_per_cta."""
+    tiles = tilings("qwen4b", state)
+    assert len(tiles) > 1
+    for rows in tiles:
+        config = LaunchConfig(kernel="per-item", rows_per_cta=rows)
+        r = run_schedule("qwen4b", 7, 4, act=act, state=state, steps=24, config=config)
         print(f"\nrows_per_cta={rows} state={state}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
         assert r.out_err < out_bound and r.state_err < state_bound, (rows, r)
 
 
 @pytest.mark.parametrize("shape", ["qwen4b", "k64"])
-def test_every_split_tile(shape, monkeypatch):
-    """Each row tile of the split kernel's state kernel, forced through
-    REPLAYSSM_GDN_ROWS_PER_CTA (L = 4, padded rows)."""
-    _, _, K, V = SHAPES[shape]
-    monkeypatch.setenv(REPLAY_KERNEL_ENV, "split")
-    for rows in [r for r, _ in gdn_tilings(V, K, "f32")]:
-        monkeypatch.setenv(ROWS_ENV, str(rows))
-        r = run_schedule(shape, 7, 4, steps=24)
+def test_every_split_tile(shape):
+    """Each row tile of the split kernel's state kernel, forced through LaunchConfig
+    rows_per_cta (L = 4, padded rows)."""
+    for rows in tilings(shape, "f32"):
+        config = LaunchConfig(kernel="split", rows_per_cta=rows)
+        r = run_schedule(shape, 7, 4, steps=24, config=config)
         print(f"\nsplit rows={rows}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
         assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
 
@@ -262,23 +275,21 @@ BITWISE_CASES = [
 
 
 @pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", BITWISE_CASES)
-def test_split_matches_per_item_bitwise(
-    shape, gates_in_kernel, act, state, sr, window, monkeypatch
-):
+def test_split_matches_per_item_bitwise(shape, gates_in_kernel, act, state, sr, window):
     """The split kernel does the per-item kernel's arithmetic in the same order."""
     family = GDN(shape, gates_in_kernel=gates_in_kernel)
     gpu_schedule.assert_kernels_agree_bitwise(
-        family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window
+        family, ("split", "per-item"), act=act, state=state, sr=sr, window=window
     )
 
 
-# The split kernel's large-batch variants: (name, override, value, launch flag, cases).
+# The split kernel's large-batch variants, forced for both kernels:
+# (name, launch config, launch flag, cases).
 SPLIT_VARIANTS = [
-    ("4-warp-records", RECORDS_WARPS_ENV, "4", FLAG_FEW_RECORDS_WARPS, BITWISE_CASES[1:4]),
+    ("4-warp-records", LaunchConfig(records_warps=4), FLAG_FEW_RECORDS_WARPS, BITWISE_CASES[1:4]),
     (
         "capped-state",
-        CAPPED_STATE_REGISTERS_ENV,
-        "1",
+        LaunchConfig(capped_state_registers=True),
         FLAG_CAPPED_STATE_REGISTERS,
         BITWISE_CASES[2:],
     ),
@@ -286,32 +297,31 @@ SPLIT_VARIANTS = [
 
 
 @pytest.mark.parametrize(
-    "env, value, flag, case",
+    "config, flag, case",
     [
-        pytest.param(env, value, flag, case, id=f"{name}-{case[0]}-{DTYPE_NAMES[case[3]]}")
-        for name, env, value, flag, cases in SPLIT_VARIANTS
+        pytest.param(config, flag, case, id=f"{name}-{case[0]}-{DTYPE_NAMES[case[3]]}")
+        for name, config, flag, cases in SPLIT_VARIANTS
         for case in cases
     ],
 )
-def test_split_variant_matches_per_item_bitwise(env, value, flag, case, monkeypatch):
+def test_split_variant_matches_per_item_bitwise(config, flag, case):
     """The 4-warp records CTAs and the capped-register state kernel (large batches) do the
     per-item kernel's arithmetic in the same order too."""
     shape, gates_in_kernel, act, state, sr, window = case
-    monkeypatch.setenv(env, value)
     family = GDN(shape, gates_in_kernel=gates_in_kernel)
     gpu_schedule.assert_kernels_agree_bitwise(
-        family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window,
-        launch_flags=flag,
+        family, ("split", "per-item"), act=act, state=state, sr=sr, window=window,
+        config=config, launch_flags=flag,
     )  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", ["qwen122b", "k64"])
-def test_split_matches_per_item_bitwise_without_speculative_loads(shape, monkeypatch):
+def test_split_matches_per_item_bitwise_without_speculative_loads(shape):
     """The ring rows read after the cursor (the split kernel's default at large batch) give the
     same bits on both kernels."""
     gpu_schedule.assert_kernels_agree_bitwise(
-        GDN(shape, gates_in_kernel=True), ("split", "per-item"), monkeypatch, act=torch.float32,
-        state=torch.float32, sr=False, speculative="0",
+        GDN(shape, gates_in_kernel=True), ("split", "per-item"), act=torch.float32,
+        state=torch.float32, sr=False, config=LaunchConfig(speculative_records=False),
     )  # fmt: skip
 
 
@@ -355,8 +365,7 @@ def test_cuda_graph_capture_and_replay():
     inputs.reference(ref_pool, slots, tok, cache.pad_slot_id)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        gate_a, gate_b, kw = inputs.gate_args(tok)
-        out = w.run(tok["q"], tok["k"], tok["v"], gate_a, gate_b, slots, **kw)
+        out = w.run(tok["q"], tok["k"], tok["v"], slots, **inputs.gate_kwargs(tok))
     for step in range(2 * window + 1):  # crosses two flushes: cursors advance on the device
         new = inputs.token(batch)
         for k in tok:
@@ -393,33 +402,25 @@ def test_bad_input_touches_nothing():
         (dict(q=tok["q"].float()), TypeError, "q"),
         (dict(k=tok["k"][:, :4]), ValueError, "k"),
         (dict(v=tok["v"][:, :, :64]), ValueError, "v"),
-        (dict(gate_a=tok["a"].double()), TypeError, "gate_a"),
-        (dict(gate_b=tok["b"][:, :8]), ValueError, "gate_b"),
+        (dict(a=tok["a"].double()), TypeError, "a"),
+        (dict(b=tok["b"][:, :8]), ValueError, "b"),
         (dict(A_log=inputs.A_log.cpu()), ValueError, "A_log"),
         (dict(A_log=None), ValueError, "A_log"),
         (dict(dt_bias=inputs.dt_bias[:4]), ValueError, "dt_bias"),
+        (dict(g=tok["a"]), ValueError, "g"),  # precomputed gates with gates_in_kernel=True
+        (dict(beta=tok["b"]), ValueError, "beta"),
         (dict(q=tok["q"].transpose(1, 2).contiguous().transpose(1, 2)), ValueError, "q"),
         (dict(q=misaligned_q), ValueError, "q"),
         (dict(out=torch.empty(2, 32, 128, dtype=torch.float32, device=dev)), TypeError, "out"),
     ]  # fmt: skip
     for override, error, name in cases:
         args = dict(
-            q=tok["q"], k=tok["k"], v=tok["v"], gate_a=tok["a"], gate_b=tok["b"],
-            slot_indices=slots, A_log=inputs.A_log, dt_bias=inputs.dt_bias, out=None,
+            q=tok["q"], k=tok["k"], v=tok["v"], slot_indices=slots, a=tok["a"], b=tok["b"],
+            A_log=inputs.A_log, dt_bias=inputs.dt_bias, g=None, beta=None, out=None,
         )  # fmt: skip
         args.update(override)
         with pytest.raises(error, match=rf"^{name}\b"):
-            w.run(
-                args["q"],
-                args["k"],
-                args["v"],
-                args["gate_a"],
-                args["gate_b"],
-                args["slot_indices"],
-                A_log=args["A_log"],
-                dt_bias=args["dt_bias"],
-                out=args["out"],
-            )
+            w.run(args.pop("q"), args.pop("k"), args.pop("v"), args.pop("slot_indices"), **args)
     torch.cuda.synchronize()
     assert torch.equal(cache.state, snapshot[0]) and torch.equal(cache.cursors, snapshot[1])
     assert all(torch.equal(cache.rings[k], v) for k, v in snapshot[2].items())

@@ -94,16 +94,15 @@ def test_matches_fla_fused_recurrent(act, mode, gates_in_kernel):
         b = torch.randn(batch, HV, generator=gen, device="cuda")
         g, beta = gdn_gates(A_log, a, dt_bias, b)
         if gates_in_kernel:
-            gate_args, kw, peer_gates = (
-                (a, b),
-                dict(A_log=A_log, dt_bias=dt_bias),
+            gates, peer_gates = (
+                dict(a=a, b=b, A_log=A_log, dt_bias=dt_bias),
                 ("raw", a, b, A_log, dt_bias),
             )
         else:
             g, beta = g.float(), beta.float()
-            gate_args, kw, peer_gates = (g, beta), {}, ("g", g, beta)
+            gates, peer_gates = dict(g=g, beta=beta), ("g", g, beta)
         y_ours = torch.full((batch, HV, V), float("nan"), dtype=act, device="cuda")
-        ours.run(q, k, v, *gate_args, idx, out=y_ours, **kw)
+        ours.run(q, k, v, idx, out=y_ours, **gates)
         y_fla, h = fla_step(fn, q, k, v, fla_pool[idx.long()], gates=peer_gates, scale=K**-0.5)
         fla_pool[idx.long()] = h.to(fla_pool.dtype)
         y_ref = gdn_step_pool(ref_pool, idx, q, k, v, g, beta)
@@ -150,11 +149,15 @@ def test_matches_hf_qwen3_next_decode(mode, gates_in_kernel):
     for t in range(tokens):
         q, k, v = (case[name][:, t].contiguous() for name in ("q", "k", "v"))
         if gates_in_kernel:
-            gate_a, gate_b = case["a"][:, t].contiguous(), case["b"][:, t].contiguous()
-            kw = dict(A_log=case["A_log"], dt_bias=case["dt_bias"])
+            gates = dict(
+                a=case["a"][:, t].contiguous(),
+                b=case["b"][:, t].contiguous(),
+                A_log=case["A_log"],
+                dt_bias=case["dt_bias"],
+            )
         else:
-            gate_a, gate_b, kw = case["g"][:, t].contiguous(), case["beta"][:, t].contiguous(), {}
-        out = w.run(q, k, v, gate_a, gate_b, slots, **kw)
+            gates = dict(g=case["g"][:, t].contiguous(), beta=case["beta"][:, t].contiguous())
+        out = w.run(q, k, v, slots, **gates)
         assert rel_err(out, case["out"][:, t]) < 1e-5, t
         if mode == "conventional" or (t + 1) % window == 0:
             assert rel_err(cache.state[slots.long()], case["states"][t]) < 1e-5, t

@@ -9,13 +9,20 @@ import pytest
 import torch
 from gpu_schedule import rel_err
 
-from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
-from replayssm_jit.ops.mamba2 import ROWS_ENV
-from replayssm_jit.ops.tiling import REPLAY_KERNEL_ENV
+from replayssm_jit import LaunchConfig, Mamba2DecodeCache, Mamba2DecodeWrapper
+from replayssm_jit.launch.config import LAUNCH_ENV
 from replayssm_jit.reference import mamba2_step_pool
 from replayssm_jit.spec import mamba2_spec, spec_tilings
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_env(monkeypatch):
+    """Launch choices come from each test's LaunchConfig only (REPLAYSSM_LAUNCH is for
+    experiments and would fill the fields a test leaves "auto")."""
+    monkeypatch.delenv(LAUNCH_ENV, raising=False)
+
 
 SHAPES = {  # (H, P, N, G)
     "nano4b": (96, 80, 128, 8),
@@ -96,7 +103,7 @@ class Mamba2(gpu_schedule.Family):
             pad_slot_id=pad_slot_id,
         )
 
-    def wrapper(self, cache, *, mode, batch, sr, seed):
+    def wrapper(self, cache, *, mode, batch, sr, seed, config=None):
         wrapper = Mamba2DecodeWrapper(cache, mode=mode)
         wrapper.plan(
             batch,
@@ -106,6 +113,7 @@ class Mamba2(gpu_schedule.Family):
             dt_softplus=True,
             stochastic_rounding=sr,
             seed=seed,
+            config=config,
         )
         return wrapper
 
@@ -121,18 +129,19 @@ def run_schedule(shape, batch, window, *, has_z=False, **kwargs) -> gpu_schedule
     return gpu_schedule.run_schedule(Mamba2(shape, has_z=has_z), batch, window, **kwargs)
 
 
+@pytest.mark.parametrize("kernel", ["split", "per-item"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 7, 64, 256])
 @pytest.mark.parametrize("window", [1, 4, 16, 32])
-def test_replay_fp32_matches_reference(shape, batch, window, replay_kernel):
+def test_replay_fp32_matches_reference(shape, batch, window, kernel):
     r = run_schedule(
-        shape, batch, window, steps=256 if batch <= 64 else 3 * window + 8, has_z=shape == "odd"
-    )
+        shape, batch, window, steps=256 if batch <= 64 else 3 * window + 8, has_z=shape == "odd",
+        config=LaunchConfig(kernel=kernel),
+    )  # fmt: skip
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
 
-def test_replay_defaults_to_split_kernel(monkeypatch):
-    monkeypatch.delenv(REPLAY_KERNEL_ENV, raising=False)
+def test_replay_defaults_to_split_kernel():
     fam = Mamba2("super120b")
     cache = fam.cache(
         4, window=16, state_dtype=torch.float32, act_dtype=torch.bfloat16, pad_slot_id=-1
@@ -142,15 +151,14 @@ def test_replay_defaults_to_split_kernel(monkeypatch):
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_every_split_tile(shape, monkeypatch):
-    """Each row tile of the split kernel's state kernel, forced through
-    REPLAYSSM_MAMBA2_ROWS_PER_CTA (L = 4, padded rows)."""
+def test_every_split_tile(shape):
+    """Each row tile of the split kernel's state kernel, forced through LaunchConfig
+    rows_per_cta (L = 4, padded rows)."""
     H, P, N, G = SHAPES[shape]
     spec = mamba2_spec(headdim=P, dstate=N, heads_per_group=H // G, window=4, act_dtype="f32")
-    monkeypatch.setenv(REPLAY_KERNEL_ENV, "split")
     for rows, _ in spec_tilings(spec):
-        monkeypatch.setenv(ROWS_ENV, str(rows))
-        r = run_schedule(shape, 7, 4, steps=24, has_z=shape == "odd")
+        config = LaunchConfig(kernel="split", rows_per_cta=rows)
+        r = run_schedule(shape, 7, 4, steps=24, has_z=shape == "odd", config=config)
         print(f"\nsplit rows={rows}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
         assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
 
@@ -167,32 +175,32 @@ BITWISE_CASES = [
 
 
 @pytest.mark.parametrize("shape,act,state,sr,window", BITWISE_CASES)
-def test_split_matches_per_item_bitwise(shape, act, state, sr, window, monkeypatch):
+def test_split_matches_per_item_bitwise(shape, act, state, sr, window):
     """The split kernel does the per-item kernel's arithmetic in the same order."""
     family = Mamba2(shape, has_z=shape == "odd")
     gpu_schedule.assert_kernels_agree_bitwise(
-        family, ("split", "per-item"), monkeypatch, act=act, state=state, sr=sr, window=window
+        family, ("split", "per-item"), act=act, state=state, sr=sr, window=window
     )
 
 
 @pytest.mark.parametrize("shape", ["super120b", "nano4b"])
-def test_split_matches_per_item_bitwise_without_speculative_loads(shape, monkeypatch):
+def test_split_matches_per_item_bitwise_without_speculative_loads(shape):
     """The ring rows read after the cursor (the split kernel's default at large batch) give the
     same bits on both kernels."""
     gpu_schedule.assert_kernels_agree_bitwise(
-        Mamba2(shape), ("split", "per-item"), monkeypatch, act=torch.float32,
-        state=torch.float32, sr=False, speculative="0",
+        Mamba2(shape), ("split", "per-item"), act=torch.float32, state=torch.float32, sr=False,
+        config=LaunchConfig(speculative_records=False),
     )  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 7, 64])
 @pytest.mark.parametrize("window", [1, 4, 16])
-def test_flush_every_step_fp32_matches_reference(shape, batch, window, monkeypatch):
+def test_flush_every_step_fp32_matches_reference(shape, batch, window):
     """The per-item kernel flushing every token (the default below one (row, head) pair per SM
     with FP32 checkpoints): the checkpoint is the full state after every step."""
-    monkeypatch.setenv(REPLAY_KERNEL_ENV, "flush-every-step")
-    r = run_schedule(shape, batch, window, steps=40, has_z=shape == "odd")
+    config = LaunchConfig(kernel="flush-every-step")
+    r = run_schedule(shape, batch, window, steps=40, has_z=shape == "odd", config=config)
     assert r.out_err < 1e-5 and r.state_err < 1e-5 and r.min_flushes >= 3, r
 
 
@@ -205,11 +213,13 @@ def test_flush_every_step_fp32_matches_reference(shape, batch, window, monkeypat
         ("flush-every-step", "split"),
     ],
 )
-def test_switching_kernels_carries_held_records(shape, first, then, monkeypatch):
+def test_switching_kernels_carries_held_records(shape, first, then):
     """A wrapper planned for another batch takes over the cache mid-window: records held by one
     kernel are folded or replayed by the next (L = 16, switch after 21 steps)."""
-    monkeypatch.setenv(REPLAY_KERNEL_ENV, first)
-    r = run_schedule(shape, 7, 16, steps=48, switch=(21, then), has_z=shape == "odd")
+    r = run_schedule(
+        shape, 7, 16, steps=48, switch=(21, then), has_z=shape == "odd",
+        config=LaunchConfig(kernel=first),
+    )  # fmt: skip
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
 
