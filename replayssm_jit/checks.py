@@ -41,8 +41,8 @@ def check_tensor(
     return t
 
 
-def check_slot_pool(name: str, t: torch.Tensor, block: str) -> None:
-    """A per-slot pool [slots, ...]: every slot's block contiguous, slots 16-byte aligned.
+def check_slot_pool(name: str, t: torch.Tensor, block: str, align: int = 16) -> None:
+    """A per-slot pool [slots, ...]: every slot's block contiguous, slots `align`-byte aligned.
 
     block: how the error message spells one slot's block, e.g. "[H, P, N]".
     """
@@ -51,9 +51,13 @@ def check_slot_pool(name: str, t: torch.Tensor, block: str) -> None:
     for size in reversed(t.shape[1:]):
         dense.insert(0, stride)
         stride *= size
-    if list(t.stride()[1:]) != dense or (t.stride(0) * t.element_size()) % 16 or t.data_ptr() % 16:
+    if (
+        list(t.stride()[1:]) != dense
+        or (t.stride(0) * t.element_size()) % align
+        or t.data_ptr() % align
+    ):
         raise ValueError(
-            f"{name}: expected 16-byte aligned slots with contiguous {block} blocks, "
+            f"{name}: expected {align}-byte aligned slots with contiguous {block} blocks, "
             f"got strides {t.stride()}"
         )
 

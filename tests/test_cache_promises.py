@@ -273,3 +273,25 @@ def test_fuzzed_layouts_are_valid_or_named(window, drafts, headdim):
     assert isinstance(window, int) and not isinstance(window, bool) and 1 <= window <= 256
     assert isinstance(drafts, int) and not isinstance(drafts, bool) and 1 <= drafts <= 16
     assert layout.capacity == window + drafts
+
+
+def test_scalar_rings_need_only_element_alignment():
+    """rec_dt [H, CAP] float32 of an odd head count is 120 bytes a slot: valid (scalar reads)."""
+    cache = Mamba2DecodeCache(4, num_heads=6, headdim=24, dstate=64, ngroups=3, window=4,
+                              act_dtype="f32", device="cpu")  # fmt: skip
+    wrapper = Mamba2DecodeWrapper(cache)
+    wrapper.plan(2)
+    gen = torch.Generator().manual_seed(0)
+    out = wrapper.run(
+        torch.randn(2, 6, 24, generator=gen), torch.randn(2, 6, generator=gen),
+        -torch.rand(6, generator=gen), torch.randn(2, 3, 64, generator=gen),
+        torch.randn(2, 3, 64, generator=gen), cache.allocate(2),
+        D=torch.randn(6, generator=gen), dt_bias=torch.randn(6, generator=gen),
+    )  # fmt: skip
+    assert torch.isfinite(out).all()
+    assert [t.alignment for t in cache.layout.tensors()] == [16, 16, 16, 4, 8]
+    tensors = dict(cache.tensors)
+    wide = torch.zeros(4 * 6 * 5 * 24 + 1)  # rec_x rows one float off a 16-byte boundary
+    tensors["rec_x"] = wide[1:].view(4, 6, 5, 24)
+    with pytest.raises(ValueError, match="^rec_x: expected 16-byte aligned slots"):
+        Mamba2DecodeCache.from_tensors(cache.layout, **tensors)

@@ -26,11 +26,13 @@ CURSOR_WORDS = 4
 
 @dataclass(frozen=True)
 class TensorLayout:
-    """One per-slot tensor: its name (the functional ops' argument), shape per slot, dtype."""
+    """One per-slot tensor: its name (the functional ops' argument), shape per slot, dtype, and
+    the alignment in bytes each slot's block needs (16 where the kernels load 16-byte vectors)."""
 
     name: str
     per_slot_shape: tuple[int, ...]
     dtype: torch.dtype
+    alignment: int = 16
 
     def shape(self, num_slots: int) -> tuple[int, ...]:
         return (num_slots, *self.per_slot_shape)
@@ -59,13 +61,20 @@ class CacheLayout:
         """The checkpoint, each record ring (in the kernels' order) and the cursors."""
         s = self.shape
         rings = tuple(
-            TensorLayout(r.name, r.per_slot_shape(s, self.capacity), r.torch_dtype(self.act_dtype))
+            TensorLayout(
+                r.name,
+                r.per_slot_shape(s, self.capacity),
+                r.torch_dtype(self.act_dtype),
+                # Scalar rings are read one element at a time.
+                alignment=16 if r.width else r.torch_dtype(self.act_dtype).itemsize,
+            )
             for r in self.family.rings
         )
         return (
             TensorLayout("state", (s.value_heads, s.value_dim, s.key_dim), self.state_dtype),
             *rings,
-            TensorLayout("cursors", (CURSOR_WORDS,), torch.int32),
+            # A cursor's first two words are read in one 8-byte load.
+            TensorLayout("cursors", (CURSOR_WORDS,), torch.int32, alignment=8),
         )
 
     @property

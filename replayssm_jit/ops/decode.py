@@ -32,7 +32,7 @@ def check_cache_tensors(plan: DecodePlan, tensors: Mapping[str, torch.Tensor | N
         check_tensor(
             t.name, value, shape=(None, *t.per_slot_shape), dtype=t.dtype, device=plan.device
         )
-        check_slot_pool(t.name, value, "[" + ", ".join(map(str, want[1:])) + "]")
+        check_slot_pool(t.name, value, "[" + ", ".join(map(str, want[1:])) + "]", t.alignment)
         if num_slots is None:
             num_slots = value.shape[0]
         elif value.shape[0] != num_slots:

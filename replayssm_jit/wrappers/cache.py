@@ -186,7 +186,7 @@ def _check_tensors(
         value = check_tensor(
             t.name, tensors[t.name], shape=t.shape(num_slots), dtype=t.dtype, device=device
         )
-        check_slot_pool(t.name, value, str(list(t.per_slot_shape)))
+        check_slot_pool(t.name, value, str(list(t.per_slot_shape)), t.alignment)
     check_positive_int("num_slots", num_slots)
     return num_slots, device
 
