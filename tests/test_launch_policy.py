@@ -107,7 +107,9 @@ def test_replay_kernel_override():
     assert chosen.rows_per_cta in [r for r, _ in spec_tilings(spec)]
     chosen = launch(spec, 256, 32, kernel="flush-every-step")
     assert chosen.flags == FLAG_FLUSH_EVERY_STEP | FLAG_OVERLAP_PRIOR_KERNEL
-    with pytest.raises(ValueError, match=r"^config.kernel: expected 'auto' or one of .*, got 'fast'"):
+    with pytest.raises(
+        ValueError, match=r"^config.kernel: expected 'auto' or one of .*, got 'fast'"
+    ):
         LaunchConfig(kernel="fast")
     # the conventional step ignores a ReplaySSM kernel choice
     assert launch(spec, 256, 32, replay=False, kernel="split").kernel == "conventional"
@@ -186,7 +188,9 @@ def test_few_records_warps_for_gdn_at_large_batch():
     # Mamba-2 compiles 8-warp records CTAs only
     with pytest.raises(ValueError, match=r"^config\.records_warps: expected one of \[8\] .*got 4"):
         launch(m2, 256, 128, records_warps=4)
-    with pytest.raises(ValueError, match=r"^config.records_warps: expected 'auto' or a positive int"):
+    with pytest.raises(
+        ValueError, match=r"^config.records_warps: expected 'auto' or a positive int"
+    ):
         LaunchConfig(records_warps=0)
 
 
@@ -239,7 +243,9 @@ def test_overlap_prior_kernel_by_default_and_override():
     assert not flags(qwen, 1, 32, overlap_prior_kernel=False) & overlap
     assert not flags(qwen, 256, 32, overlap_prior_kernel=False) & overlap
     assert not flags(m2, 1, 128, replay=False, overlap_prior_kernel=False) & overlap
-    with pytest.raises(ValueError, match=r"^config.overlap_prior_kernel: expected 'auto' or a bool"):
+    with pytest.raises(
+        ValueError, match=r"^config.overlap_prior_kernel: expected 'auto' or a bool"
+    ):
         LaunchConfig(overlap_prior_kernel="on")
 
 
@@ -319,7 +325,9 @@ def test_rows_per_cta_override():
     expected = re.escape(f"expected one of {options} (compiled into {spec.uri}), got 24")
     with pytest.raises(ValueError, match=rf"^config\.rows_per_cta: {expected}$"):
         launch(spec, 256, 32, replay=False, rows_per_cta=24)
-    with pytest.raises(ValueError, match=r"^config.rows_per_cta: expected 'auto' or a positive int"):
+    with pytest.raises(
+        ValueError, match=r"^config.rows_per_cta: expected 'auto' or a positive int"
+    ):
         LaunchConfig(rows_per_cta=-1)
 
 
