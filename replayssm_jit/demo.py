@@ -23,31 +23,51 @@ from replayssm_jit.reference import (
 )
 
 
-class Mamba2Layer:
-    """Random projections from the hidden vector to one Mamba-2 layer's inputs."""
+class DemoLayer:
+    """Random projections from the hidden vector [batch, value_heads * d_v] to one layer's
+    token inputs (`projections`: name, rows, scale), and its per-head parameters."""
 
     def __init__(self, model: ModelShape, gen: torch.Generator):
-        G, H, N, P = model.key_heads, model.value_heads, model.d_k, model.d_v
-        hidden = H * P
         self.model = model
+        hidden = model.value_heads * model.d_v
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
         self.proj = {
-            "B": torch.randn(G * N, hidden, generator=gen, dtype=torch.float64) * hidden**-0.5,
-            "C": torch.randn(G * N, hidden, generator=gen, dtype=torch.float64) * hidden**-0.5,
-            "dt": torch.randn(H, hidden, generator=gen, dtype=torch.float64) * 0.3 * hidden**-0.5,
+            name: randn(rows, hidden) * scale * hidden**-0.5
+            for name, rows, scale in self.projections(model)
         }
-        self.params = {
+        self.params = self.draw_params(model, randn, gen)
+
+    def project(self, h: torch.Tensor, name: str, *per_row: int) -> torch.Tensor:
+        """h through projection `name`, viewed as [batch, *per_row]."""
+        y = h @ self.proj[name].T
+        return y.view(h.shape[0], *per_row) if per_row else y
+
+
+class Mamba2Layer(DemoLayer):
+    @staticmethod
+    def projections(m):
+        return (("B", m.key_heads * m.d_k, 1.0), ("C", m.key_heads * m.d_k, 1.0),
+                ("dt", m.value_heads, 0.3))  # fmt: skip
+
+    @staticmethod
+    def draw_params(m, randn, gen):
+        H = m.value_heads
+        return {
             "A": -(0.5 + torch.rand(H, generator=gen, dtype=torch.float64)),
-            "D": torch.randn(H, generator=gen, dtype=torch.float64),
-            "dt_bias": torch.randn(H, generator=gen, dtype=torch.float64) * 0.1 - 1.0,
+            "D": randn(H),
+            "dt_bias": randn(H) * 0.1 - 1.0,
         }
 
     def inputs(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
-        m, batch = self.model, h.shape[0]
+        m = self.model
         return {
-            "x": h.view(batch, m.value_heads, m.d_v),
-            "dt": h @ self.proj["dt"].T,
-            "B": (h @ self.proj["B"].T).view(batch, m.key_heads, m.d_k),
-            "C": (h @ self.proj["C"].T).view(batch, m.key_heads, m.d_k),
+            "x": h.view(h.shape[0], m.value_heads, m.d_v),
+            "dt": self.project(h, "dt"),
+            "B": self.project(h, "B", m.key_heads, m.d_k),
+            "C": self.project(h, "C", m.key_heads, m.d_k),
         }
 
     def reference_step(self, state, inp):
@@ -72,30 +92,33 @@ class Mamba2Layer:
         )
 
 
-class GDNLayer:
-    """Random projections from the hidden vector to one Gated DeltaNet layer's inputs."""
+class GDNLayer(DemoLayer):
+    @staticmethod
+    def projections(m):
+        qk = m.key_heads * m.d_k
+        return (
+            ("q", qk, 1.0),
+            ("k", qk, 1.0),
+            ("a", m.value_heads, 1.0),
+            ("b", m.value_heads, 1.0),
+        )
 
-    def __init__(self, model: ModelShape, gen: torch.Generator):
-        H, HV, K, V = model.key_heads, model.value_heads, model.d_k, model.d_v
-        hidden = HV * V
-        self.model = model
-        self.proj = {
-            name: torch.randn(rows, hidden, generator=gen, dtype=torch.float64) * hidden**-0.5
-            for name, rows in (("q", H * K), ("k", H * K), ("a", HV), ("b", HV))
-        }
-        self.params = {
+    @staticmethod
+    def draw_params(m, randn, gen):
+        HV = m.value_heads
+        return {
             "A_log": torch.log(torch.rand(HV, generator=gen, dtype=torch.float64) * 4 + 0.5),
-            "dt_bias": torch.randn(HV, generator=gen, dtype=torch.float64) * 0.1,
+            "dt_bias": randn(HV) * 0.1,
         }
 
     def inputs(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
-        m, batch = self.model, h.shape[0]
+        m = self.model
         return {
-            "q": (h @ self.proj["q"].T).view(batch, m.key_heads, m.d_k),
-            "k": (h @ self.proj["k"].T).view(batch, m.key_heads, m.d_k),
-            "v": h.view(batch, m.value_heads, m.d_v),
-            "a": h @ self.proj["a"].T,
-            "b": h @ self.proj["b"].T,
+            "q": self.project(h, "q", m.key_heads, m.d_k),
+            "k": self.project(h, "k", m.key_heads, m.d_k),
+            "v": h.view(h.shape[0], m.value_heads, m.d_v),
+            "a": self.project(h, "a"),
+            "b": self.project(h, "b"),
         }
 
     def sequence_inputs(self, inp):
