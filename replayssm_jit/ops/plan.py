@@ -136,20 +136,8 @@ def plan_decode(
             if not replay
             else ("flush-every-step" if config.kernel == "flush-every-step" else "per-item")
         )
+    choice = dict(kernel=kernel, rows_per_cta=rows, flags=bits, workspace_floats=floats)
     return DecodePlan(
-        layout=layout,
-        spec=spec,
-        mode=mode,
-        batch_size=batch_size,
-        device=device,
-        backend=device.type,
-        kernel=kernel,
-        rows_per_cta=rows,
-        flags=bits,
-        workspace_floats=floats,
-        pad_slot_id=pad_slot_id,
-        seed=seed & (2**63 - 1),
-        check_slot_values=check_slot_values,
-        options=extras,
-        module=module,
-    )
+        layout, spec, mode, batch_size, device, device.type, **choice, pad_slot_id=pad_slot_id,
+        seed=seed & (2**63 - 1), check_slot_values=check_slot_values, options=extras, module=module,
+    )  # fmt: skip
