@@ -207,7 +207,7 @@ def test_precomputed_gates_fp32_matches_reference(shape, batch):
 # Bounds for bf16 activations and 16-bit checkpoints, about 3x what the H200 measured on
 # 2026-11-29 (64 rows, L = 16, 64 steps; out / checkpoint relative error, qwen4b ~ qwen122b):
 # f32 state 1.7e-3 / 1.3e-7, bf16 2.2e-3 / 1.8e-3, bf16 + SR 2.6e-3 / 2.6e-3, f16 1.7e-3 /
-# 2.3e-4, f16 + SR 1.7e-3 / 3.2e-4 (benchmarks/results/2026-11-29-h200-session8, call G).
+# 2.3e-4, f16 + SR 1.7e-3 / 3.2e-4 (benchmarks/results/HISTORY.md, session 8).
 LP_CASES = [
     # (state dtype, sr, output bound, checkpoint bound)
     (torch.float32, False, 5e-3, 1e-6),

@@ -30,7 +30,7 @@ from replayssm_jit.reference import (
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-# DESIGN §6 (H = value heads, G = groups); "_r" = few heads, same P, N and H/G ratio
+# Model shapes (README; H = value heads, G = groups); "_r" = few heads, same P, N and H/G ratio
 SHAPES = {
     "nano4b": dict(H=96, P=80, N=128, G=8),
     "super120b": dict(H=128, P=64, N=128, G=8),
