@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
     DTYPES,
     REPLAY_KERNELS,
+    config_rows,
     decode_timings,
-    launch_config,
     num_sets,
+    plan_wrappers,
     replay_traffic,
-    result_rows,
     run_sweep,
     slot_sets,
     sweep_parser,
@@ -120,12 +120,8 @@ def bench_config(
     def step(wrapper, slots):
         return lambda: wrapper.run(q, k, v, slots, a=a, b=b, A_log=A_log, dt_bias=dt_bias, out=out)
 
-    config = launch_config(args, config)
-    conv = GDNDecodeWrapper(cache, mode="conventional", check_slot_values=check_slot_values)
-    conv.plan(batch, config=config)
-    replay = GDNDecodeWrapper(cache, mode="replay", check_slot_values=check_slot_values)
-    replay.plan(batch, config=config)
-    res = decode_timings(cache, window, step, conv, replay, sets, args, kernels)
+    wrappers = plan_wrappers(GDNDecodeWrapper, cache, batch, args, config, check_slot_values)
+    res = decode_timings(cache, window, step, *wrappers, sets, args, kernels)
     assert torch.isfinite(out.float()).all(), "non-finite output"
     traffic = bytes_per_step(H, HV, K, V, batch, window, esize)
     if (
@@ -139,23 +135,7 @@ def bench_config(
         if t is not None:
             res["fla"] = t
             traffic["fla"] = traffic["conventional"]  # read h0, write a new final state (fp32)
-    return result_rows(
-        dict(
-            shape=shape,
-            batch=batch,
-            window=window,
-            state=state_name,
-            replay_kernel=replay.kernel,
-            replay_flags=replay.decode_plan.flags,
-        ),
-        res,
-        traffic,
-        {
-            "conventional": conv.decode_plan.rows_per_cta,
-            "replay": replay.decode_plan.rows_per_cta,
-            "fla": None,
-        },
-    )
+    return config_rows((shape, batch, window, state_name), *wrappers, res, traffic, ("fla",))
 
 
 def main(argv=None):

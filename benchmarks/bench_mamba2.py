@@ -23,11 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
     DTYPES,
     REPLAY_KERNELS,
+    config_rows,
     decode_timings,
-    launch_config,
     num_sets,
+    plan_wrappers,
     replay_traffic,
-    result_rows,
     run_sweep,
     slot_sets,
     sweep_parser,
@@ -79,26 +79,11 @@ def bench_config(
     def step(wrapper, slots):
         return lambda: wrapper.run(x, dt, A, B, C, slots, D=D, dt_bias=dt_bias, out=out)
 
-    config = launch_config(args, config)
-    conv = Mamba2DecodeWrapper(cache, mode="conventional", check_slot_values=check_slot_values)
-    conv.plan(batch, config=config)
-    replay = Mamba2DecodeWrapper(cache, mode="replay", check_slot_values=check_slot_values)
-    replay.plan(batch, config=config)
-    res = decode_timings(cache, window, step, conv, replay, sets, args, kernels)
+    wrappers = plan_wrappers(Mamba2DecodeWrapper, cache, batch, args, config, check_slot_values)
+    res = decode_timings(cache, window, step, *wrappers, sets, args, kernels)
     assert torch.isfinite(out.float()).all(), "non-finite output"
-    return result_rows(
-        dict(
-            shape=shape,
-            batch=batch,
-            window=window,
-            state=state_name,
-            replay_kernel=replay.kernel,
-            replay_flags=replay.decode_plan.flags,
-        ),
-        res,
-        bytes_per_step(H, P, N, G, batch, window, esize),
-        {"conventional": conv.decode_plan.rows_per_cta, "replay": replay.decode_plan.rows_per_cta},
-    )
+    traffic = bytes_per_step(H, P, N, G, batch, window, esize)
+    return config_rows((shape, batch, window, state_name), *wrappers, res, traffic)
 
 
 def main(argv=None):

@@ -5,9 +5,10 @@ times, then time `reps` replays with CUDA events over `rounds` captures; report 
 per-call time. Callers rotate state sets so that one graph touches far more state than L2.
 
 A family's benchmark supplies `bench(shape, batch, window, state_name, args, kernels, config)`
-returning result rows, its wrappers planned with `launch_config(args, config)`; `decode_timings`
-times our conventional and ReplaySSM steps the same way for every family, `replay_traffic` is the
-bytes model, and `run_sweep` drives the config list.
+returning result rows, its wrappers planned by `plan_wrappers` (with `launch_config(args,
+config)`); `decode_timings` times our conventional and ReplaySSM steps the same way for every
+family, `replay_traffic` is the bytes model, `config_rows` makes the rows, and `run_sweep` drives
+the config list.
 
 Launch choices (kernel, row tile, flags) are selected through LaunchConfig only: --launch fixes
 them for a whole run ("kernel=split,rows_per_cta=16"; fields as replayssm_jit.LaunchConfig), and
@@ -165,6 +166,17 @@ def add_launch_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """--launch and --out (the JSON's folder): what every benchmark script takes."""
+    add_launch_arg(p)
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=SCRATCH_DIR,
+        help=f"folder for the JSON (default {SCRATCH_DIR}, git-ignored)",
+    )
+
+
 def launch_config(args, config: LaunchConfig | None = None) -> LaunchConfig:
     """The LaunchConfig a benchmark plans with: `config` (a launch variant, or None) with its
     "auto" fields from --launch."""
@@ -192,13 +204,7 @@ def sweep_parser(description: str, shapes: str) -> argparse.ArgumentParser:
         help="shape:batch:L:state,... configs to sweep launch variants at (every row tile of "
         "each kernel)",
     )
-    add_launch_arg(p)
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=SCRATCH_DIR,
-        help=f"folder for the JSON (default {SCRATCH_DIR}, git-ignored)",
-    )
+    add_run_args(p)
     return p
 
 
@@ -299,6 +305,17 @@ def sweep_variants(bench, cfg, args, variants) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
+def plan_wrappers(wrapper_type, cache, batch: int, args, config, check_slot_values: bool):
+    """Our conventional and ReplaySSM wrappers (`wrapper_type`) of `cache`, planned for `batch`
+    with launch_config(args, config)."""
+    config = launch_config(args, config)
+    conv = wrapper_type(cache, mode="conventional", check_slot_values=check_slot_values)
+    conv.plan(batch, config=config)
+    replay = wrapper_type(cache, mode="replay", check_slot_values=check_slot_values)
+    replay.plan(batch, config=config)
+    return conv, replay
+
+
 def num_sets(set_bytes: float, min_pool_bytes: float) -> int:
     """Disjoint state sets to rotate through so that one graph touches >= min_pool_bytes."""
     return max(2, math.ceil(min_pool_bytes / set_bytes))
@@ -382,6 +399,32 @@ def replay_traffic(state: float, record: float, window: int) -> dict[str, float]
         "flush": flush,
         "amortized": ((window - 1) * nonflush + flush) / window,
     }
+
+
+def config_rows(
+    cfg: tuple, conv, replay, timings: dict[str, dict], traffic: dict[str, float], peers=()
+) -> list[dict]:
+    """result_rows of one (shape, batch, window, state) config timed on our planned `conv` and
+    `replay` wrappers (their ReplaySSM kernel and flags, their row tiles); `peers`: the names of
+    other libraries' kernels timed there (no row tile)."""
+    shape, batch, window, state = cfg
+    return result_rows(
+        dict(
+            shape=shape,
+            batch=batch,
+            window=window,
+            state=state,
+            replay_kernel=replay.kernel,
+            replay_flags=replay.decode_plan.flags,
+        ),
+        timings,
+        traffic,
+        {
+            "conventional": conv.decode_plan.rows_per_cta,
+            "replay": replay.decode_plan.rows_per_cta,
+            **dict.fromkeys(peers),
+        },
+    )
 
 
 def result_rows(

@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gdn
 import bench_mamba2
-from harness import SCRATCH_DIR, add_launch_arg
+from harness import add_run_args
 
 BENCHES = {"mamba2": bench_mamba2, "gdn": bench_gdn}
 
@@ -109,13 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--states", default="f32")
     p.add_argument("--min-pool-bytes", type=float, default=1.0e9)
     p.add_argument("--single", action="store_true", help="one untimed step per phase (for ncu)")
-    add_launch_arg(p)
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=SCRATCH_DIR,
-        help=f"folder for the JSON (default {SCRATCH_DIR}, git-ignored)",
-    )
+    add_run_args(p)
     args = p.parse_args(argv)
     held = args.window // 2 if args.held is None else args.held
     bench = BENCHES[args.family]

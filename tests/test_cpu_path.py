@@ -99,17 +99,16 @@ class Pool:
         )
 
 
-@dataclass
-class Mamba2Case:
-    H: int = 4
-    G: int = 2
-    P: int = 8
-    N: int = 16
+@dataclass(kw_only=True)
+class Case:
+    """What both families' cases share: the window and drafts (the rings' capacity), dtypes,
+    flags, tolerances, and the layer parameters setup() draws."""
+
     window: int = 4
     drafts: int = 1
     state_dtype: torch.dtype = F32
     act_dtype: torch.dtype = F32
-    flags: frozenset[str] = frozenset({"d", "z", "dt_bias", "dt_softplus"})
+    flags: frozenset[str] = frozenset()
     tol_out: float = 1e-5
     tol_state: float = 1e-5
     params: dict = field(default_factory=dict)
@@ -117,6 +116,15 @@ class Mamba2Case:
     @property
     def capacity(self) -> int:
         return self.window + self.drafts
+
+
+@dataclass(kw_only=True)
+class Mamba2Case(Case):
+    flags: frozenset[str] = frozenset({"d", "z", "dt_bias", "dt_softplus"})
+    H: int = 4
+    G: int = 2
+    P: int = 8
+    N: int = 16
 
     def setup(self, gen) -> None:
         # With softplus any bias will do; without it dt + bias must stay positive.
@@ -199,24 +207,13 @@ class Mamba2Case:
         )  # fmt: skip
 
 
-@dataclass
-class GDNCase:
+@dataclass(kw_only=True)
+class GDNCase(Case):
+    flags: frozenset[str] = frozenset({"qk_l2norm", "gates_in_kernel"})
     H: int = 2
     HV: int = 4
     K: int = 16
     V: int = 8
-    window: int = 4
-    drafts: int = 1
-    state_dtype: torch.dtype = F32
-    act_dtype: torch.dtype = F32
-    flags: frozenset[str] = frozenset({"qk_l2norm", "gates_in_kernel"})
-    tol_out: float = 1e-5
-    tol_state: float = 1e-5
-    params: dict = field(default_factory=dict)
-
-    @property
-    def capacity(self) -> int:
-        return self.window + self.drafts
 
     def setup(self, gen) -> None:
         in_kernel = "gates_in_kernel" in self.flags
@@ -310,6 +307,13 @@ def new_cursors() -> torch.Tensor:
     return cursors
 
 
+def fresh_pool(case, seed: int) -> tuple[torch.Generator, Pool]:
+    """A generator seeded with `seed`, the case's parameters drawn from it, then a new pool."""
+    gen = torch.Generator().manual_seed(seed)
+    case.setup(gen)
+    return gen, case.pool(gen)
+
+
 def make_batch(rng: random.Random, step: int, pad: int) -> list[int]:
     """This step's slot per batch row: the slots that have joined (each skipped at random),
     shuffled, with up to two pad rows among them."""
@@ -318,6 +322,14 @@ def make_batch(rng: random.Random, step: int, pad: int) -> list[int]:
         rows.insert(rng.randint(0, len(rows)), pad)
     rng.shuffle(rows)
     return rows
+
+
+def _one_step(case, gen, pool, slots_list, pad=-1, **kw):
+    """One call on fresh tokens (drawn from `gen`) for the batch rows `slots_list`."""
+    tok = case.tokens(gen, len(slots_list))
+    out = case.out(len(slots_list))
+    case.run(pool, tok, out, torch.tensor(slots_list, dtype=torch.int32), pad, **kw)
+    return tok, out
 
 
 def check_untouched(pool: Pool, before: Pool, slot: int, what: str) -> None:
@@ -340,26 +352,31 @@ def check_rows(case, out, y_ref: dict[int, torch.Tensor], slots_list, pad, what)
 # ---------------------------------------------------------------------------------------------
 
 
-def drive_replay(case, *, steps: int = 20, fes: bool = False, pad: int = -1, seed: int = 0) -> dict:
+def drive_replay(
+    case,
+    *,
+    steps: int,
+    min_flushes: int,
+    fes: bool = False,
+    mixed: bool = False,
+    pad: int = -1,
+    seed: int = 0,
+) -> None:
     """`steps` ReplaySSM steps (flush_every_step with `fes`) of staggered slots against one
     reference sequence per slot. With a 16-bit state the reference's checkpoint is rounded to
-    that dtype after each flush as the pool's is, so that errors do not compound."""
-    gen = torch.Generator().manual_seed(seed)
+    that dtype after each flush as the pool's is, so that errors do not compound. Every named
+    slot must flush at least `min_flushes` times; with `mixed`, some call must mix flushing and
+    appending rows; with `fes`, nothing is appended."""
+    gen, pool = fresh_pool(case, seed)
     rng = random.Random(seed)
-    case.setup(gen)
-    pool = case.pool(gen)
     L = 1 if fes else case.window
     seqs = {s: case.sequence(pool.state[s], L) for s in SLOT_START}
     expect = {s: [0, 0, 0, SPARE] for s in range(NUM_SLOTS)}
     stats = dict(flushes=dict.fromkeys(SLOT_START, 0), mixed_calls=0, appends=0)
     for step in range(steps):
         slots_list = make_batch(rng, step, pad)
-        batch = len(slots_list)
-        tok = case.tokens(gen, batch)
-        out = case.out(batch)
-        slots = torch.tensor(slots_list, dtype=torch.int32)
         before = pool.clone()
-        case.run(pool, tok, out, slots, pad, replay=True, fes=fes, seed=seed)
+        tok, out = _one_step(case, gen, pool, slots_list, pad, replay=True, fes=fes, seed=seed)
         what = f"step {step}"
         y_ref, kinds = {}, set()
         for b, s in enumerate(slots_list):
@@ -398,25 +415,24 @@ def drive_replay(case, *, steps: int = 20, fes: bool = False, pad: int = -1, see
         for s in range(NUM_SLOTS):
             if s not in slots_list:
                 check_untouched(pool, before, s, f"{what}: unnamed slot {s}")
-    return stats
+    assert min(stats["flushes"].values()) >= min_flushes, stats
+    if mixed:
+        assert stats["mixed_calls"] > 0 and stats["appends"] > 0, stats
+    if fes:
+        assert stats["appends"] == 0, stats
 
 
 def drive_conventional(case, *, steps: int = 12, pad: int = -1, seed: int = 0) -> None:
     """Conventional steps against the *_step_pool oracle on a float64 copy of the pool (or one
     of the pool's 16-bit dtype, which then rounds as the pool does)."""
-    gen = torch.Generator().manual_seed(seed)
+    gen, pool = fresh_pool(case, seed)
     rng = random.Random(seed)
-    case.setup(gen)
-    pool = case.pool(gen)
     ref_state = pool.state.to(F64 if case.state_dtype == F32 else case.state_dtype, copy=True)
     for step in range(steps):
         slots_list = make_batch(rng, step, pad)
-        batch = len(slots_list)
-        tok = case.tokens(gen, batch)
-        out = case.out(batch)
-        slots = torch.tensor(slots_list, dtype=torch.int32)
         before = pool.clone()
-        case.run(pool, tok, out, slots, pad, replay=False, seed=seed)
+        tok, out = _one_step(case, gen, pool, slots_list, pad, replay=False, seed=seed)
+        slots = torch.tensor(slots_list, dtype=torch.int32)
         y = case.pool_step(ref_state, slots, tok, pad)
         what = f"conventional step {step}"
         check_rows(case, out, dict(enumerate(y)), slots_list, pad, what)
@@ -425,6 +441,22 @@ def drive_conventional(case, *, steps: int = 12, pad: int = -1, seed: int = 0) -
                 assert_rel(pool.state[s], ref_state[s], case.tol_state, f"{what}: state {s}")
             else:
                 check_untouched(pool, before, s, f"{what}: unnamed slot {s}")
+
+
+# (state dtype, activation dtype, output and state tolerances) of both families' 16-bit runs
+REPLAY_16BIT = [
+    pytest.param((BF16, F32, 1e-3, 1e-3), id="state-bf16"),
+    pytest.param((F16, F32, 1e-3, 1e-3), id="state-f16"),
+    pytest.param((F32, BF16, 8e-3, 1e-5), id="act-bf16"),
+    pytest.param((F32, F16, 1e-3, 1e-5), id="act-f16"),
+]
+
+
+def dtype_case(case_type, state_dtype, act_dtype, tol_out, tol_state):
+    """A case of `case_type` with one REPLAY_16BIT entry's dtypes and tolerances."""
+    return case_type(
+        state_dtype=state_dtype, act_dtype=act_dtype, tol_out=tol_out, tol_state=tol_state
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,42 +476,26 @@ MAMBA2_FLAG_SETS = {
 def test_mamba2_replay_fp32(flags, heads_groups):
     H, G = heads_groups
     case = Mamba2Case(H=H, G=G, flags=MAMBA2_FLAG_SETS[flags])
-    stats = drive_replay(case, steps=24, seed=11)
-    assert min(stats["flushes"].values()) >= 3, stats
-    assert stats["mixed_calls"] > 0 and stats["appends"] > 0, stats
+    drive_replay(case, steps=24, seed=11, min_flushes=3, mixed=True)
 
 
 @pytest.mark.parametrize(
-    "state_dtype, act_dtype, tol_out, tol_state",
-    [
-        (BF16, F32, 1e-3, 1e-3),
-        (F16, F32, 1e-3, 1e-3),
-        (F32, BF16, 8e-3, 1e-5),
-        (F32, F16, 1e-3, 1e-5),
-        (BF16, BF16, 8e-3, 1e-3),
-    ],
-    ids=["state-bf16", "state-f16", "act-bf16", "act-f16", "both-bf16"],
+    "dtypes", [*REPLAY_16BIT, pytest.param((BF16, BF16, 8e-3, 1e-3), id="both-bf16")]
 )
-def test_mamba2_replay_16bit(state_dtype, act_dtype, tol_out, tol_state):
-    case = Mamba2Case(
-        state_dtype=state_dtype, act_dtype=act_dtype, tol_out=tol_out, tol_state=tol_state
-    )
-    stats = drive_replay(case, steps=24, seed=12)
-    assert min(stats["flushes"].values()) >= 3, stats
+def test_mamba2_replay_16bit(dtypes):
+    drive_replay(dtype_case(Mamba2Case, *dtypes), steps=24, seed=12, min_flushes=3)
 
 
 @pytest.mark.parametrize("window", [1, 2, 5])
 def test_mamba2_replay_windows(window):
     case = Mamba2Case(window=window, drafts=2)
-    stats = drive_replay(case, steps=22, pad=0, seed=13)
-    assert min(stats["flushes"].values()) >= 2, stats
+    drive_replay(case, steps=22, pad=0, seed=13, min_flushes=2)
 
 
 @pytest.mark.parametrize("flags", ["all", "none"])
 def test_mamba2_flush_every_step(flags):
     case = Mamba2Case(flags=MAMBA2_FLAG_SETS[flags])
-    stats = drive_replay(case, steps=12, fes=True, seed=14)
-    assert stats["appends"] == 0 and min(stats["flushes"].values()) >= 6, stats
+    drive_replay(case, steps=12, fes=True, seed=14, min_flushes=6)
 
 
 @pytest.mark.parametrize(
@@ -511,41 +527,24 @@ GDN_FLAG_SETS = {
 def test_gdn_replay_fp32(flags, heads):
     H, HV = heads
     case = GDNCase(H=H, HV=HV, flags=GDN_FLAG_SETS[flags])
-    stats = drive_replay(case, steps=24, pad=0, seed=21)
-    assert min(stats["flushes"].values()) >= 3, stats
-    assert stats["mixed_calls"] > 0 and stats["appends"] > 0, stats
+    drive_replay(case, steps=24, pad=0, seed=21, min_flushes=3, mixed=True)
 
 
-@pytest.mark.parametrize(
-    "state_dtype, act_dtype, tol_out, tol_state",
-    [
-        (BF16, F32, 1e-3, 1e-3),
-        (F16, F32, 1e-3, 1e-3),
-        (F32, BF16, 8e-3, 1e-5),
-        (F32, F16, 1e-3, 1e-5),
-    ],
-    ids=["state-bf16", "state-f16", "act-bf16", "act-f16"],
-)
-def test_gdn_replay_16bit(state_dtype, act_dtype, tol_out, tol_state):
-    case = GDNCase(
-        state_dtype=state_dtype, act_dtype=act_dtype, tol_out=tol_out, tol_state=tol_state
-    )
-    stats = drive_replay(case, steps=24, seed=22)
-    assert min(stats["flushes"].values()) >= 3, stats
+@pytest.mark.parametrize("dtypes", REPLAY_16BIT)
+def test_gdn_replay_16bit(dtypes):
+    drive_replay(dtype_case(GDNCase, *dtypes), steps=24, seed=22, min_flushes=3)
 
 
 @pytest.mark.parametrize("window", [1, 2, 5])
 def test_gdn_replay_windows(window):
     case = GDNCase(window=window, drafts=3)
-    stats = drive_replay(case, steps=22, seed=23)
-    assert min(stats["flushes"].values()) >= 2, stats
+    drive_replay(case, steps=22, seed=23, min_flushes=2)
 
 
 @pytest.mark.parametrize("flags", ["l2-gates", "none"])
 def test_gdn_flush_every_step(flags):
     case = GDNCase(flags=GDN_FLAG_SETS[flags])
-    stats = drive_replay(case, steps=12, fes=True, pad=0, seed=24)
-    assert stats["appends"] == 0 and min(stats["flushes"].values()) >= 6, stats
+    drive_replay(case, steps=12, fes=True, pad=0, seed=24, min_flushes=6)
 
 
 @pytest.mark.parametrize(
@@ -565,22 +564,13 @@ def test_gdn_conventional(flags, state_dtype, tol):
 CASES = {"mamba2": Mamba2Case, "gdn": GDNCase}
 
 
-def _one_step(case, gen, pool, slots_list, pad=-1, **kw):
-    tok = case.tokens(gen, len(slots_list))
-    out = case.out(len(slots_list))
-    case.run(pool, tok, out, torch.tensor(slots_list, dtype=torch.int32), pad, **kw)
-    return tok, out
-
-
 @pytest.mark.parametrize("family", list(CASES))
 def test_cursor_words(family):
     """What finish_step_cursor leaves: flush_every_step without SR only advances the epoch of a
     slot that held nothing (words 0 and 2 as they were); every other step sets word 0, advances
     the epoch on a flush and clears the arrival word; word 3 is never written."""
     case = CASES[family](state_dtype=BF16)
-    gen = torch.Generator().manual_seed(31)
-    case.setup(gen)
-    pool = case.pool(gen)
+    gen, pool = fresh_pool(case, 31)
     pool.cursors[1] = torch.tensor([0, 5, 9, 77], dtype=torch.int32)
     pool.cursors[2] = torch.tensor([0, 2**31 - 1, 9, 77], dtype=torch.int32)
     _one_step(case, gen, pool, [1, 2], replay=True, fes=True)
@@ -603,9 +593,7 @@ def test_flush_every_step_folds_held_records(family):
     """A flush_every_step call on a slot that holds records (after ordinary ReplaySSM steps)
     folds them all with this token: state as the reference's flush, same outputs."""
     case = CASES[family]()
-    gen = torch.Generator().manual_seed(32)
-    case.setup(gen)
-    pool = case.pool(gen)
+    gen, pool = fresh_pool(case, 32)
     seqs = {s: case.sequence(pool.state[s], case.window) for s in (1, 3)}
     for fes in (False, False, True, False, True):
         slots_list = [3, -1, 1]
@@ -628,9 +616,7 @@ def test_flush_every_step_folds_held_records(family):
 @pytest.mark.parametrize("replay", [True, False])
 def test_pad_only_and_empty_batches(family, replay):
     case = CASES[family]()
-    gen = torch.Generator().manual_seed(33)
-    case.setup(gen)
-    pool = case.pool(gen)
+    gen, pool = fresh_pool(case, 33)
     before = pool.clone()
     _, out = _one_step(case, gen, pool, [0, 0, 0], pad=0, replay=replay)
     assert bool((out == 0).all())
@@ -643,9 +629,7 @@ def test_pad_only_and_empty_batches(family, replay):
 @pytest.mark.parametrize("family", list(CASES))
 def test_bad_cursor_raises_before_writing(family):
     case = CASES[family]()
-    gen = torch.Generator().manual_seed(34)
-    case.setup(gen)
-    pool = case.pool(gen)
+    gen, pool = fresh_pool(case, 34)
     pool.cursors[2, 0] = case.capacity
     before = pool.clone()
     tok = case.tokens(gen, 3)
@@ -787,9 +771,7 @@ def test_stochastic_rounding_key(family, state_dtype, replay):
     the Python model of rounding.cuh."""
     case = CASES[family](state_dtype=state_dtype, window=2)
     case.flags = case.flags | {"sr"}
-    gen = torch.Generator().manual_seed(44)
-    case.setup(gen)
-    pool = case.pool(gen)
+    gen, pool = fresh_pool(case, 44)
     pool.cursors[1:4, 1] = torch.tensor([0, -5, 2**31 - 1], dtype=torch.int32)
     twin = pool.clone()
     twin.state = pool.state.to(F32)

@@ -63,11 +63,21 @@ def test_uri_is_readable_and_unique():
     assert others[3].uri.endswith("_state-bf16_gates_in_kernel_qk_l2norm_sr")
 
 
+# window and drafts as gdn_spec and the cache (which passes them on) both reject them
+BAD_WINDOW_DRAFTS = [
+    (dict(window=0), ValueError, "window"),
+    (dict(drafts=0), ValueError, "drafts"),
+    (dict(window=True), TypeError, "window"),
+    (dict(drafts=True), TypeError, "drafts"),
+    (dict(window=257), ValueError, "window"),
+    (dict(drafts=17), ValueError, "drafts"),
+]
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(window=0), ValueError, "window"),
-        (dict(drafts=0), ValueError, "drafts"),
+        *BAD_WINDOW_DRAFTS,
         (dict(state_dtype=torch.float64), TypeError, "state_dtype"),
         (dict(act_dtype=torch.int8), TypeError, "act_dtype"),
         (dict(flags=("bogus",)), ValueError, "flags"),
@@ -80,10 +90,6 @@ def test_uri_is_readable_and_unique():
         (dict(head_v_dim=-1), ValueError, "head_v_dim"),
         (dict(value_heads_per_key_head=0), ValueError, "value_heads_per_key_head"),
         (dict(value_heads_per_key_head=2.0), TypeError, "value_heads_per_key_head"),
-        (dict(window=True), TypeError, "window"),
-        (dict(drafts=True), TypeError, "drafts"),
-        (dict(window=257), ValueError, "window"),
-        (dict(drafts=17), ValueError, "drafts"),
     ],
 )
 def test_spec_rejects_bad_arguments(kwargs, error, match):
@@ -259,12 +265,7 @@ def test_cache_allocate_free_reset():
         (dict(num_v_heads=0), ValueError, "num_v_heads"),
         (dict(head_k_dim=-128), ValueError, "head_k_dim"),
         (dict(head_k_dim=12), ValueError, "head_k_dim"),  # 16-byte lane chunks
-        (dict(window=0), ValueError, "window"),
-        (dict(window=300), ValueError, "window"),
-        (dict(drafts=0), ValueError, "drafts"),
-        (dict(drafts=17), ValueError, "drafts"),
-        (dict(window=True), TypeError, "window"),
-        (dict(drafts=True), TypeError, "drafts"),
+        *BAD_WINDOW_DRAFTS,
         (dict(pad_slot_id=1.5), TypeError, "pad_slot_id"),
         (dict(pad_slot_id=4), ValueError, "pad_slot_id"),
     ],

@@ -8,34 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+import ref_helpers
 import torch
-from ref_helpers import (
-    F64,
-    batched_pool_vs_replay,
-    full_head_schedule,
-    long_random_schedule,
-    rand,
-    randn,
-    spec_only_schedule,
-)
+from ref_helpers import F64, rand, randn
 
-from replayssm_jit.reference import (
-    GDNRecords,
-    GDNSequence,
-    KDARecords,
-    KDASequence,
-    gdn_fold,
-    gdn_gates,
-    gdn_replay_output,
-    gdn_step,
-    gdn_step_pool,
-    gdn_verify,
-    kda_fold,
-    kda_replay_output,
-    kda_step,
-    kda_step_pool,
-    kda_verify,
-)
+from replayssm_jit import reference as ref
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -62,7 +39,7 @@ def _gdn_params(gen, HV):
 def _gdn_inputs(fam, lead):
     # softplus(a + dt_bias) in [0.01, 0.39], exp(A_log) in [0.5, 1.5] -> alpha in [0.56, 1)
     a, b = rand(fam.gen, *lead, fam.HV, lo=-4.0, hi=-1.0), randn(fam.gen, *lead, fam.HV)
-    g, beta = gdn_gates(fam.A_log, a, fam.dt_bias, b)
+    g, beta = ref.gdn_gates(fam.A_log, a, fam.dt_bias, b)
     return dict(v=randn(fam.gen, *lead, fam.HV, fam.V), g=g, beta=beta)
 
 
@@ -99,13 +76,13 @@ class Case:
 
 GDN = Case(
     "gdn",
-    gdn_step,
-    gdn_step_pool,
-    gdn_replay_output,
-    gdn_fold,
-    gdn_verify,
-    GDNRecords,
-    GDNSequence,
+    ref.gdn_step,
+    ref.gdn_step_pool,
+    ref.gdn_replay_output,
+    ref.gdn_fold,
+    ref.gdn_verify,
+    ref.GDNRecords,
+    ref.GDNSequence,
     per_channel=False,
     params=_gdn_params,
     inputs=_gdn_inputs,
@@ -116,13 +93,13 @@ GDN = Case(
 )
 KDA = Case(
     "kda",
-    kda_step,
-    kda_step_pool,
-    kda_replay_output,
-    kda_fold,
-    kda_verify,
-    KDARecords,
-    KDASequence,
+    ref.kda_step,
+    ref.kda_step_pool,
+    ref.kda_replay_output,
+    ref.kda_fold,
+    ref.kda_verify,
+    ref.KDARecords,
+    ref.KDASequence,
     per_channel=True,
     params=lambda gen, HV: {},
     inputs=_kda_inputs,
@@ -177,7 +154,7 @@ def test_gdn_gates_formula():
     gen = torch.Generator().manual_seed(1)
     A_log, dt_bias = randn(gen, 4), randn(gen, 4)
     a, b = randn(gen, 3, 4) * 5, randn(gen, 3, 4)
-    g, beta = gdn_gates(A_log.float(), a.float(), dt_bias.float(), b.float())
+    g, beta = ref.gdn_gates(A_log.float(), a.float(), dt_bias.float(), b.float())
     assert g.dtype == F64 and beta.dtype == F64
     x = a.float().double() + dt_bias.float().double()
     ref_g = -torch.exp(A_log.float().double()) * torch.log1p(torch.exp(x))
@@ -189,7 +166,7 @@ def test_gdn_gates_bad_dt_bias_raises():
     gen = torch.Generator().manual_seed(8)
     A_log, dt_bias, a, b = randn(gen, 4), randn(gen, 4), randn(gen, 2, 4), randn(gen, 2, 4)
     with pytest.raises(ValueError, match="^dt_bias: expected shape"):
-        gdn_gates(A_log, a, dt_bias[:2], b)
+        ref.gdn_gates(A_log, a, dt_bias[:2], b)
 
 
 def test_kda_uniform_channel_decay_equals_gdn(assert_rel):
@@ -199,16 +176,16 @@ def test_kda_uniform_channel_decay_equals_gdn(assert_rel):
     state = fam.state(3)
     t = {k: v[:, 0] for k, v in fam.tokens(1, batch=3).items()}
     g_head = t["g"][..., 0]
-    o_k, s_k = kda_step(state, **{**t, "g": g_head[..., None].expand_as(t["g"])})
-    o_g, s_g = gdn_step(state, **{**t, "g": g_head})
+    o_k, s_k = KDA.step(state, **{**t, "g": g_head[..., None].expand_as(t["g"])})
+    o_g, s_g = GDN.step(state, **{**t, "g": g_head})
     assert_rel(o_k, o_g, 1e-14, "o")
     assert_rel(s_k, s_g, 1e-14, "state")
     d = fam.tokens(4)
     parents = [-1, 0, -1, 1]
-    o_k, rk = kda_verify(
+    o_k, rk = KDA.verify(
         state[0], None, **{**d, "g": d["g"][..., :1].expand_as(d["g"])}, parents=parents
     )
-    o_g, rg = gdn_verify(state[0], None, **{**d, "g": d["g"][..., 0]}, parents=parents)
+    o_g, rg = GDN.verify(state[0], None, **{**d, "g": d["g"][..., 0]}, parents=parents)
     assert_rel(o_k, o_g, 1e-14, "verify o")
     assert_rel(rk.u, rg.u, 1e-14, "verify u")
 
@@ -282,14 +259,16 @@ def test_replay_output_fold_and_verify_functions(case, assert_rel):
 @pytest.mark.parametrize("L", [1, 4, 16, 64])
 def test_long_random_schedule(case, L, run_schedule):
     gen = torch.Generator().manual_seed(200 + case.seed_offset + L)
-    long_random_schedule(Family(case, gen, **SHAPES[case.reduced]), gen, L, run_schedule)
+    ref_helpers.long_random_schedule(
+        Family(case, gen, **SHAPES[case.reduced]), gen, L, run_schedule
+    )
 
 
 @over_cases
 @pytest.mark.parametrize("L", [16, 64])
 def test_spec_only_schedule_reaches_early_flush(case, L, run_schedule):
     gen = torch.Generator().manual_seed(300 + case.seed_offset + L)
-    spec_only_schedule(Family(case, gen, **case.spec_only), gen, L, run_schedule)
+    ref_helpers.spec_only_schedule(Family(case, gen, **case.spec_only), gen, L, run_schedule)
 
 
 @over_cases
@@ -305,14 +284,16 @@ def test_long_random_schedule_qwen122b_ratio_no_l2norm(case, run_schedule):
 @over_full_shapes
 def test_full_head_shapes(case, shape, run_schedule):
     gen = torch.Generator().manual_seed(11)
-    full_head_schedule(Family(case, gen, **SHAPES[shape]), gen, run_schedule)
+    ref_helpers.full_head_schedule(Family(case, gen, **SHAPES[shape]), gen, run_schedule)
 
 
 @over_full_shapes
 def test_full_head_shapes_batched_pool_vs_replay(case, shape, assert_rel):
     """Batch 3 (one padded row) through the pool step vs two per-sequence replays (L = 4)."""
     gen = torch.Generator().manual_seed(12)
-    batched_pool_vs_replay(Family(case, gen, **SHAPES[shape]), case.step_pool, assert_rel)
+    ref_helpers.batched_pool_vs_replay(
+        Family(case, gen, **SHAPES[shape]), case.step_pool, assert_rel
+    )
 
 
 @over_cases

@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import ref_helpers
 import torch
-from ref_helpers import (
-    F64,
-    batched_pool_vs_replay,
-    full_head_schedule,
-    long_random_schedule,
-    rand,
-    randn,
-    spec_only_schedule,
-)
+from ref_helpers import F64, rand, randn
 
 from replayssm_jit.reference import (
     Mamba2Records,
@@ -170,13 +163,13 @@ def test_replay_output_fold_and_verify_functions(assert_rel):
 @pytest.mark.parametrize("L", [1, 4, 16, 64])
 def test_long_random_schedule(L, run_schedule):
     gen = torch.Generator().manual_seed(100 + L)
-    long_random_schedule(Family(gen, **SHAPES["nano4b_r"]), gen, L, run_schedule)
+    ref_helpers.long_random_schedule(Family(gen, **SHAPES["nano4b_r"]), gen, L, run_schedule)
 
 
 @pytest.mark.parametrize("L", [16, 64])
 def test_spec_only_schedule_reaches_early_flush(L, run_schedule):
     gen = torch.Generator().manual_seed(400 + L)
-    spec_only_schedule(Family(gen, **SHAPES["nano4b_r"]), gen, L, run_schedule)
+    ref_helpers.spec_only_schedule(Family(gen, **SHAPES["nano4b_r"]), gen, L, run_schedule)
 
 
 def test_long_random_schedule_super120b_ratio(run_schedule):
@@ -191,7 +184,7 @@ def test_long_random_schedule_super120b_ratio(run_schedule):
 def test_full_head_shapes(shape, run_schedule):
     gen = torch.Generator().manual_seed(11)
     fam = Family(gen, **SHAPES[shape])
-    full_head_schedule(fam, gen, run_schedule)
+    ref_helpers.full_head_schedule(fam, gen, run_schedule)
 
 
 @pytest.mark.parametrize("shape", ["nano4b", "super120b"])
@@ -203,7 +196,7 @@ def test_full_head_shapes_batched_pool_vs_replay(shape, assert_rel):
     def step_pool(pool, slots, x, dt, B, C, z):
         return mamba2_step_pool(pool, slots, x, dt, fam.A, B, C, fam.D, z, fam.dt_bias, True)
 
-    batched_pool_vs_replay(fam, step_pool, assert_rel)
+    ref_helpers.batched_pool_vs_replay(fam, step_pool, assert_rel)
 
 
 @pytest.mark.parametrize("pool_dtype", [F64, torch.float32])
