@@ -30,6 +30,18 @@ inline float* workspace_ptr(const tvm::ffi::TensorView& workspace, int64_t neede
   return static_cast<float*>(workspace.data_ptr());
 }
 
+// An engine's stochastic-rounding seed on the device (int64, its first element), or null where none is given.
+inline const int64_t* seed_tensor_ptr(const tvm::ffi::Optional<tvm::ffi::TensorView>& seed_tensor) {
+  if (!seed_tensor.has_value()) return nullptr;
+  const tvm::ffi::TensorView& t = seed_tensor.value();
+  const DLDataType dtype = t.dtype();
+  const bool i64 = dtype.code == kDLInt && dtype.bits == 64 && dtype.lanes == 1;
+  if (!i64 || t.numel() < 1 || t.device().device_type != kDLCUDA)
+    TVM_FFI_THROW(ValueError) << "seed_tensor: expected an int64 CUDA tensor of at least 1 element, got " << dtype
+                              << " with " << t.numel() << " elements on device type " << int(t.device().device_type);
+  return static_cast<const int64_t*>(t.data_ptr());
+}
+
 template <typename T> inline T* ptr(const tvm::ffi::TensorView& t) { return static_cast<T*>(t.data_ptr()); }
 template <typename T> inline T* optional_ptr(const tvm::ffi::Optional<tvm::ffi::TensorView>& t) {
   return t.has_value() ? static_cast<T*>(t.value().data_ptr()) : nullptr;

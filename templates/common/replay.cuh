@@ -30,6 +30,7 @@ constexpr int lanes_per_row() {
 template <typename state_t, int COLS, int ROWS, int WARPS, bool WIDE>
 struct RowTiling {
   static constexpr int kThreads = WARPS * 32;
+  static constexpr int kCols = COLS;
   static constexpr int kVec = 16 / sizeof(state_t);
   static constexpr int kRowsPerWarp = ROWS / WARPS;
   static constexpr int kLanesPerRow = lanes_per_row<COLS / kVec, kRowsPerWarp, WIDE>();
@@ -230,8 +231,7 @@ struct RecordStager {
 // barrier, as its shared memory is staged again. Where `zero_first` (flush_every_step, whose
 // steady state holds none), first for n = 0 without waiting for the cursor read, then again only
 // if records are held after all, so the cursor's round trip overlaps that work. Mamba-2 prepares
-// its dots, decays and row sums inside (batch 1 0.2-0.5 us faster on the H200); GDN only stages
-// there (its kernel measured slower with the rest inside).
+// its dots, decays and row sums inside; GDN only stages there (faster for each).
 template <class Prepare>
 __device__ __forceinline__ void prepare_token_records(Prepare&& prepare, bool zero_first, int held) {
   #pragma unroll 1

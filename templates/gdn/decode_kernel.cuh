@@ -13,7 +13,7 @@
 // (g_j, u_j, k_j) and write no state. Conventional (REPLAY=false) is the flush with n = 0.
 // k records are stored raw and L2-normalised again on replay, so they stay exact inputs.
 #pragma once
-#include "common/replay.cuh"
+#include "common/opening.cuh"
 
 namespace replayssm::gdn {
 
@@ -49,6 +49,9 @@ struct Params {
   bool speculative;         // issue ring loads before the cursor is read (small batches)
   bool flush_every_step;    // per-item ReplaySSM: flush every token (nothing stays held)
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
+  const int64_t* seed_tensor;  // [1] on the device, or null: replaces seed where SR
+
+  __host__ __device__ int heads() const { return num_v_heads; }  // the state's heads (common/opening.cuh)
 };
 
 // This token's log-decay g and beta for `vhead`: given, or (GATES_IN_KERNEL) formed from a, b
@@ -67,7 +70,7 @@ template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename a
           bool REPLAY, bool L2NORM, bool GATES_IN_KERNEL, bool SR>
 struct Kernel {
   using Params = gdn::Params<act_t, state_t>;
-  // Conventional: wide rows (fewest values per lane, 93-96% of the copy ceiling on the H200).
+  // Conventional: wide rows (fewest values per lane, for the bandwidth-bound step).
   using Tile = RowTiling<state_t, K, ROWS, WARPS, !REPLAY>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = V / ROWS;
@@ -98,8 +101,8 @@ struct Kernel {
   template <typename IN, typename REC>
   static __device__ __forceinline__ void finish_rows(const Params& p, const typename Tile::Regs& s_raw, state_t* rows,
                                                      act_t* out, bool flush, int held, const RowScalars& sc, int slot,
-                                                     uint64_t epoch, int vhead, int row0, const IN* q, const IN* v,
-                                                     const float* pred, const float* osum, const float* u,
+                                                     uint64_t seed, uint64_t epoch, int vhead, int row0, const IN* q,
+                                                     const IN* v, const float* pred, const float* osum, const float* u,
                                                      const REC* k) {
     const REC* k_j = k + held * K;
     const float total = sc.total, beta = sc.beta, rk_j = sc.rk_j, rq = sc.rq, coef_q_cur = sc.coef_q_cur;
@@ -184,7 +187,7 @@ struct Kernel {
         for (int c = 0; c < Tile::kChunksPerLane; ++c) {
           #pragma unroll
           for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
-          store_chunk<state_t, SR>(rows + int64_t(r) * K + Tile::col(c), s[i][c], p.seed,
+          store_chunk<state_t, SR>(rows + int64_t(r) * K + Tile::col(c), s[i][c], seed,
                                    (uint64_t(slot) << 32) | epoch, (uint64_t(vhead) * V + row0 + r) * K + Tile::col(c));
         }
         o[i] = group_sum<Tile::kLanesPerRow>(acc) * rq;
@@ -201,25 +204,18 @@ struct Kernel {
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
-    // Where launched as a programmatic dependent of the stream's previous kernel (kFlagOverlapPriorKernel),
-    // nothing is read before that kernel has finished; the next may be scheduled once all CTAs are.
-    wait_for_prior_grid();
-    allow_dependent_grid();
-    const int split = blockIdx.x % kSplits, vhead = blockIdx.x / kSplits, row = blockIdx.y;
-    const int khead = vhead / VPH, num_k_heads = p.num_v_heads / VPH;
+    begin_after_prior_grid();  // where launched as a programmatic dependent (kFlagOverlapPriorKernel)
+    const auto tile = RowTileIndex<kSplits, VPH>::of_block(p);
+    const int split = tile.split, vhead = tile.head, row = tile.row, khead = tile.group, num_k_heads = tile.num_groups;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     act_t* out = p.out + (int64_t(row) * p.num_v_heads + vhead) * V + row0;
-    if (slot == p.pad_slot_id) {
-      for (int r = threadIdx.x; r < ROWS; r += kThreads) out[r] = from_float<act_t>(0.f);
-      return;
-    }
+    if (zero_if_padded<ROWS, kThreads>(slot, p.pad_slot_id, out)) return;  // nothing else to do
 
     // 1. State reads first.
-    state_t* rows = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(vhead) * V + row0) * K;
     typename Tile::Regs s_raw;
-    Tile::load(rows, s_raw);
+    state_t* rows = load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
 
     // 2. Records (held ones from the rings, RecordStager) and this token's q, k, v.
     const act_t* q = p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h;
@@ -237,12 +233,13 @@ struct Kernel {
     q_stage.load(q, 0, 1);
     v_stage.load(v, 0, 1);
 
-    int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
+    int32_t* cursor = REPLAY ? slot_cursor(p.cursors, slot) : nullptr;
     const SlotCursor at_start = REPLAY ? read_slot_cursor(cursor) : SlotCursor{0, 0};
     const int held = at_start.held;
     const int records = held + 1;
     const bool flush = !REPLAY || records >= L || p.flush_every_step;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(at_start.epoch) : 0;
+    const uint64_t seed = rounding_seed<SR>(p);
     // The held records from the rings at [0, n), this token's k and gates at [n] (and q, v).
     auto stage_records = [&](int n) {
       k_stage.load_late(rec_k, K, n, p.speculative);
@@ -318,7 +315,7 @@ struct Kernel {
     // 5. Rows.
     finish_rows(p, s_raw, rows, out, flush, held,
                 RowScalars{sm.total_decay, sm.beta, rk_j, rq, sm.kq[held] * rk_j * rq},  // dec_j = 1
-                slot, epoch, vhead, row0, sm.q[0], sm.v[0], sm.pred, sm.osum, &sm.u[0][0], &sm.k[0][0]);
+                slot, seed, epoch, vhead, row0, sm.q[0], sm.v[0], sm.pred, sm.osum, &sm.u[0][0], &sm.k[0][0]);
 
     if constexpr (REPLAY) {
       if (!flush && split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`

@@ -30,7 +30,7 @@ struct Records {
 
   // The held u rows are staged in shared memory only where a full SM of records CTAs still fits,
   // as for Mamba-2 (mamba2/split_kernel.cuh); otherwise they are prefetched into L2 and loaded
-  // from there where they are summed. For GDN this measured level on the H200 (qwen122b, L = 16).
+  // from there where they are summed.
   struct Scalars {
     float g[VPH][CAP], decay[VPH][CAP];  // log-decays (ring, then this token's at [held]); dec_i
     float kk[CAP], kq[CAP], rk[CAP];     // k_i . k_j, k_i . q_j (raw), 1/|k_i| (1 without L2 norm)
@@ -63,9 +63,9 @@ struct Records {
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
-    wait_for_prior_grid();   // the previous step (or whatever kernel came before) has finished
-    allow_dependent_grid();  // the state kernel's CTAs may start their checkpoint reads now
-    const int khead = blockIdx.x, row = blockIdx.y, vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
+    begin_after_prior_grid();  // the state kernel's CTAs may start their checkpoint reads now
+    const auto index = GroupIndex<VPH>::of_block(p);
+    const int khead = index.group, row = index.row, vhead0 = index.head0, num_k_heads = index.num_groups;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slot = p.slot_indices[row];
     if (slot == p.pad_slot_id) return;  // the state kernel writes the padded row's zeros
@@ -74,7 +74,7 @@ struct Records {
     copy_columns_async<act_t, K, 1, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0, 0, 1);
     if (p.speculative) copy_ring(p, sm, slot, khead, kRing);
 
-    const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
+    const int32_t* cursor = slot_cursor(p.cursors, slot);
     const SlotCursor at_start = read_slot_cursor(cursor);
     const int held = at_start.held, epoch = at_start.epoch;
     const int records = held + 1;
@@ -205,11 +205,10 @@ struct Records {
   }
 };
 
-// CAPPED_REGISTERS: launch bounds that leave a thread at most kCappedRegisters, so that more CTAs
-// share an SM (the 64-row, 4-warp tile: 117-127 registers, 4 CTAs; capped, 96 and 5). Faster
-// where the grid covers the chip many times, slower at small batch (ops/tiling.py). Only that
-// tile shape has a capped form (capped_registers_tile); smaller tiles got more registers under
-// the bound, larger ones would spill.
+// CAPPED_REGISTERS: launch bounds that leave a thread at most kCappedRegisters, so that one more CTA
+// shares an SM: faster where the grid covers the chip many times, slower at small batch
+// (ops/tiling.py). Only the 64-row, 4-warp tile has a capped form (capped_registers_tile): smaller
+// tiles got more registers under the bound, larger ones would spill.
 template <int K, int ROWS, int WARPS>
 constexpr bool capped_registers_tile() {
   return WARPS == 4 && ROWS * K / (WARPS * 32) == 64;
@@ -226,9 +225,8 @@ struct State {
   static constexpr int kCappedRegisters = 96;
   static constexpr int kMinBlocks = CAPPED_REGISTERS ? kRegistersPerSm / (kThreads * kCappedRegisters) : 0;
 
-  // FP32 checkpoints only: with BF16 ones the second finish_rows took their registers from 127
-  // to 95, faster at batch 256 and slower at batch 8 (calls N and E); CAPPED_REGISTERS now makes
-  // that choice by batch.
+  // FP32 checkpoints only: with BF16 ones the registers it frees are chosen by batch instead
+  // (CAPPED_REGISTERS).
   static constexpr bool kConvertK = !std::is_same_v<act_t, float> && std::is_same_v<state_t, float>;
 
   // Inputs land as stored (asynchronous copies, no staging registers next to the checkpoint
@@ -243,7 +241,7 @@ struct State {
     alignas(16) float osum[ROWS];
     float coef[CAP], scalars[5];
     // A flush's k, q and v as FP32, converted once per CTA: its fold would otherwise convert a
-    // bf16 k value per FMA (narrow rows: each lane reads most of every k row; call U2).
+    // bf16 k value per FMA (narrow rows: each lane reads most of every k row).
     alignas(16) float k_f32[kConvertK ? CAP : 1][K];
     alignas(16) float q_f32[kConvertK ? K : 1];
     alignas(16) float v_f32[kConvertK ? ROWS : 1];
@@ -252,20 +250,16 @@ struct State {
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
     allow_dependent_grid();  // the next step's first kernel may be scheduled (it waits for this one)
-    const int split = blockIdx.x % kSplits, vhead = blockIdx.x / kSplits, row = blockIdx.y;
-    const int khead = vhead / VPH, num_k_heads = p.num_v_heads / VPH;
+    const auto tile = RowTileIndex<kSplits, VPH>::of_block(p);
+    const int split = tile.split, vhead = tile.head, row = tile.row, khead = tile.group, num_k_heads = tile.num_groups;
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     act_t* out = p.out + (int64_t(row) * p.num_v_heads + vhead) * V + row0;
-    if (slot == p.pad_slot_id) {
-      for (int r = threadIdx.x; r < ROWS; r += kThreads) out[r] = from_float<act_t>(0.f);
-      return;
-    }
+    if (zero_if_padded<ROWS, kThreads>(slot, p.pad_slot_id, out)) return;  // nothing else to do
 
     // Checkpoint rows and this token's q, k and v first: none of them waits for the records kernel.
-    state_t* rows = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(vhead) * V + row0) * K;
     typename Tile::Regs s_raw;
-    Tile::load(rows, s_raw);
+    state_t* rows = load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
     const act_t* k_cur = p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h;
     copy_rows_async<act_t, K, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0,
                                         0, 1, 1);
@@ -278,8 +272,9 @@ struct State {
     const int held = info.held, records = held + 1;
     const bool flush = info.flush;
     const uint64_t epoch = SR ? uint64_t(info.epoch) : 0;
+    const uint64_t seed = rounding_seed<SR>(p);
     if (vhead == 0 && split == 0 && threadIdx.x == 0)
-      advance_slot_cursor(p.cursors + int64_t(slot) * kCursorWords, flush, records, info.epoch);
+      advance_slot_cursor(slot_cursor(p.cursors, slot), flush, records, info.epoch);
     // V divides into ROWS-row tiles, so the sums' rows are aligned to ROWS' vector width.
     const float* extra = ws.extra(row, vhead);
     copy_rows_async<float, ROWS, kThreads>(sm.pred, 0, 0, extra + row0, 0, 0, 1, 1);
@@ -307,7 +302,7 @@ struct State {
     }
     const typename Base::RowScalars sc{sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3], sm.scalars[4]};
     const auto finish = [&](bool fold, const auto* q, const auto* v, const auto* k) {
-      Base::finish_rows(p, s_raw, rows, out, fold, held, sc, slot, epoch, vhead, row0, q, v, sm.pred, sm.osum,
+      Base::finish_rows(p, s_raw, rows, out, fold, held, sc, slot, seed, epoch, vhead, row0, q, v, sm.pred, sm.osum,
                         &sm.u[0][0], k);
     };
     if (kConvertK && flush) {

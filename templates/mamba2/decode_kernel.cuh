@@ -13,7 +13,7 @@
 // on the device, so one launch mixes flush and non-flush rows.
 // Conventional (REPLAY=false) is the flush path with no held records.
 #pragma once
-#include "common/replay.cuh"
+#include "common/opening.cuh"
 
 namespace replayssm::mamba2 {
 
@@ -47,6 +47,9 @@ struct Params {
   bool speculative;         // issue ring loads before the cursor is read (small batches)
   bool flush_every_step;    // per-item ReplaySSM: flush every token (nothing stays held)
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
+  const int64_t* seed_tensor;  // [1] on the device, or null: replaces seed where SR
+
+  __host__ __device__ int heads() const { return num_heads; }  // the state's heads (common/opening.cuh)
 };
 
 // This token's dt for `head`, with the bias and softplus the flags ask for (per-item and split kernels).
@@ -62,9 +65,8 @@ template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename a
           bool REPLAY, bool HAS_D, bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, bool WIDE_ROWS>
 struct Kernel {
   using Params = mamba2::Params<act_t, state_t>;
-  // Wide rows (the fewest values per lane) for the conventional step (93-96% of the copy ceiling
-  // on the H200) and flush-every-step (batch 1, super120b: 5.6 against 5.8 us narrow); narrow ones
-  // for the per-item ReplaySSM kernel and the split state kernel, which agree bit for bit.
+  // Wide rows (fewest values per lane) for the bandwidth-bound conventional and flush-every-step steps;
+  // narrow ones for the per-item ReplaySSM kernel and the split state kernel, which agree bit for bit.
   using Tile = RowTiling<state_t, N, ROWS, WARPS, WIDE_ROWS>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = P / ROWS;
@@ -88,8 +90,8 @@ struct Kernel {
   template <typename IN, typename REC>
   static __device__ __forceinline__ void finish_rows(const Params& p, const typename Tile::Regs& s_raw, state_t* rows,
                                                      act_t* out, bool flush, int records, float total, int slot,
-                                                     uint64_t epoch, int head, int row0, const IN* q, const IN* z,
-                                                     const float* extra, const float* x, const REC* b) {
+                                                     uint64_t seed, uint64_t epoch, int head, int row0, const IN* q,
+                                                     const IN* z, const float* extra, const float* x, const REC* b) {
     float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
     #pragma unroll
     for (int i = 0; i < Tile::kPasses; ++i)
@@ -126,7 +128,7 @@ struct Kernel {
       if (flush) {
         #pragma unroll
         for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          store_chunk<state_t, SR>(rows + int64_t(r) * N + Tile::col(c), s[i][c], p.seed,
+          store_chunk<state_t, SR>(rows + int64_t(r) * N + Tile::col(c), s[i][c], seed,
                                    (uint64_t(slot) << 32) | epoch, (uint64_t(head) * P + row0 + r) * N + Tile::col(c));
       }
       if (Tile::row_leader()) {
@@ -137,25 +139,18 @@ struct Kernel {
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
-    // Where launched as a programmatic dependent of the stream's previous kernel (kFlagOverlapPriorKernel),
-    // nothing is read before that kernel has finished; the next may be scheduled once all CTAs are.
-    wait_for_prior_grid();
-    allow_dependent_grid();
-    const int split = blockIdx.x % kSplits, head = blockIdx.x / kSplits, row = blockIdx.y;
-    const int group = head / HPG, num_groups = p.num_heads / HPG;
+    begin_after_prior_grid();  // where launched as a programmatic dependent (kFlagOverlapPriorKernel)
+    const auto tile = RowTileIndex<kSplits, HPG>::of_block(p);
+    const int split = tile.split, head = tile.head, row = tile.row, group = tile.group, num_groups = tile.num_groups;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     act_t* out = p.out + (int64_t(row) * p.num_heads + head) * P + row0;
-    if (slot == p.pad_slot_id) {  // padded row: zero output, touch nothing else
-      for (int r = threadIdx.x; r < ROWS; r += kThreads) out[r] = from_float<act_t>(0.f);
-      return;
-    }
+    if (zero_if_padded<ROWS, kThreads>(slot, p.pad_slot_id, out)) return;  // nothing else to do
 
     // 1. State reads first: everything below overlaps them.
-    state_t* rows = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(head) * P + row0) * N;
     typename Tile::Regs s_raw;
-    Tile::load(rows, s_raw);
+    state_t* rows = load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
 
     // 2. Records: this token's from the inputs, the held ones from the rings (RecordStager).
     const act_t* x_cur = p.x + int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0;
@@ -173,12 +168,13 @@ struct Kernel {
     q_stage.load(q, 0, 1);
     if constexpr (HAS_Z) z_stage.load(p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0, 0, 1);
 
-    int32_t* cursor = REPLAY ? p.cursors + int64_t(slot) * kCursorWords : nullptr;
+    int32_t* cursor = REPLAY ? slot_cursor(p.cursors, slot) : nullptr;
     const SlotCursor at_start = REPLAY ? read_slot_cursor(cursor) : SlotCursor{0, 0};
     const int held = at_start.held;
     const int records = held + 1;
     const bool flush = !REPLAY || records >= L || p.flush_every_step;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(at_start.epoch) : 0;
+    const uint64_t seed = rounding_seed<SR>(p);
     // The held records from the rings at [0, n), this token's at [n], with their dt and log-decays
     // (and q, z).
     auto stage_records = [&](int n) {
@@ -230,7 +226,7 @@ struct Kernel {
     prepare_token_records(prepare, REPLAY && p.flush_every_step, held);
 
     // 5. Rows.
-    finish_rows(p, s_raw, rows, out, flush, records, sm.total_decay, slot, epoch, head, row0, sm.q[0], sm.z[0],
+    finish_rows(p, s_raw, rows, out, flush, records, sm.total_decay, slot, seed, epoch, head, row0, sm.q[0], sm.z[0],
                 sm.extra, &sm.x[0][0], &sm.b[0][0]);
 
     if constexpr (REPLAY) {

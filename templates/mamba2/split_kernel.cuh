@@ -25,9 +25,7 @@ struct Records {
   // Records as stored (copied asynchronously: no staging registers); this token's apart, so that
   // its copies can start before the cursor says which ring row it is. The held x rows join them
   // only where a full SM of records CTAs still fits; otherwise they are prefetched into L2 and
-  // loaded from there where they are summed. Residency beat the extra round trip on the H200:
-  // super120b, L = 16, five CTAs per SM to eight took a non-flush step from 289 to 270 us; at
-  // L = 8, where eight fit anyway, L2 was 1.5% slower.
+  // loaded from there where they are summed (a full SM of CTAs is worth the extra round trip).
   struct Scalars {
     float dt[HPG][CAP];         // ring dt (copied), then this token's at [held]
     float log_decay[HPG][CAP], coef[HPG][CAP];  // coef_i = a(i+1:j) dt_i
@@ -65,9 +63,9 @@ struct Records {
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
-    wait_for_prior_grid();   // the previous step (or whatever kernel came before) has finished
-    allow_dependent_grid();  // the state kernel's CTAs may start their checkpoint reads now
-    const int group = blockIdx.x, row = blockIdx.y, head0 = group * HPG, num_groups = p.num_heads / HPG;
+    begin_after_prior_grid();  // the state kernel's CTAs may start their checkpoint reads now
+    const auto index = GroupIndex<HPG>::of_block(p);
+    const int group = index.group, row = index.row, head0 = index.head0, num_groups = index.num_groups;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slot = p.slot_indices[row];
     if (slot == p.pad_slot_id) return;  // the state kernel writes the padded row's zeros
@@ -81,7 +79,7 @@ struct Records {
     if constexpr (HAS_D) copy_columns_async<float, 1, 1, kThreads>(sm.s.D, 0, 1, p.D + head0, 0, 1, HPG);
     if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing, true);
 
-    const int32_t* cursor = p.cursors + int64_t(slot) * kCursorWords;
+    const int32_t* cursor = slot_cursor(p.cursors, slot);
     const SlotCursor at_start = read_slot_cursor(cursor);
     const int held = at_start.held, epoch = at_start.epoch;
     const int records = held + 1;
@@ -206,20 +204,16 @@ struct State {
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
     allow_dependent_grid();  // the next step's first kernel may be scheduled (it waits for this one)
-    const int split = blockIdx.x % kSplits, head = blockIdx.x / kSplits, row = blockIdx.y;
-    const int group = head / HPG, num_groups = p.num_heads / HPG;
+    const auto tile = RowTileIndex<kSplits, HPG>::of_block(p);
+    const int split = tile.split, head = tile.head, row = tile.row, group = tile.group, num_groups = tile.num_groups;
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     act_t* out = p.out + (int64_t(row) * p.num_heads + head) * P + row0;
-    if (slot == p.pad_slot_id) {  // padded row: zero output, touch nothing else
-      for (int r = threadIdx.x; r < ROWS; r += kThreads) out[r] = from_float<act_t>(0.f);
-      return;
-    }
+    if (zero_if_padded<ROWS, kThreads>(slot, p.pad_slot_id, out)) return;  // nothing else to do
 
     // Checkpoint rows and this token's C and z first: none of them waits for the records kernel.
-    state_t* rows = p.state + int64_t(slot) * p.state_slot_stride + (int64_t(head) * P + row0) * N;
     typename Tile::Regs s_raw;
-    Tile::load(rows, s_raw);
+    state_t* rows = load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
     const act_t* b_cur = p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g;
     copy_rows_async<act_t, N, kThreads>(sm.q, 0, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g,
                                         0, 0, 1, 1);
@@ -233,8 +227,9 @@ struct State {
     const int held = info.held, records = held + 1;
     const bool flush = info.flush;
     const uint64_t epoch = SR ? uint64_t(info.epoch) : 0;
+    const uint64_t seed = rounding_seed<SR>(p);
     if (head == 0 && split == 0 && threadIdx.x == 0)
-      advance_slot_cursor(p.cursors + int64_t(slot) * kCursorWords, flush, records, info.epoch);
+      advance_slot_cursor(slot_cursor(p.cursors, slot), flush, records, info.epoch);
     const float total = *ws.scalars(row, head);
     // ROWS divides P, so the extra rows are aligned to ROWS' vector width.
     copy_rows_async<float, ROWS, kThreads>(sm.extra, 0, 0, ws.extra(row, head) + row0, 0, 0, 1, 1);
@@ -255,8 +250,8 @@ struct State {
         sm.weighted_x[e / ROWS][e % ROWS] = to_float(sm.x[e / ROWS][e % ROWS]) * sm.coef[e / ROWS];
       __syncthreads();
     }
-    Base::finish_rows(p, s_raw, rows, out, flush, records, total, slot, epoch, head, row0, sm.q, sm.z, sm.extra,
-                      &sm.weighted_x[0][0], &sm.b[0][0]);
+    Base::finish_rows(p, s_raw, rows, out, flush, records, total, slot, seed, epoch, head, row0, sm.q, sm.z,
+                      sm.extra, &sm.weighted_x[0][0], &sm.b[0][0]);
   }
 };
 
