@@ -78,7 +78,36 @@ def _preset_h200() -> list[KernelSpec]:
     return specs
 
 
-PRESETS = {"ci": _preset_ci, "models": _preset_models, "h200": _preset_h200}
+def _preset_sanitizer() -> list[KernelSpec]:
+    """What scripts/sanitize_kernels.py loads (its --check-preset compares): one small shape per
+    family that can split (GDN's K = 128 gives the capped-register state kernel its tile), with
+    every input path's flags (Mamba-2 z too), conventional (L = 1) and L = 4 replay, BF16
+    activations, FP32 / BF16 / BF16 with stochastic rounding / FP16 checkpoints."""
+    shapes = {
+        "mamba2": dict(headdim=64, dstate=64, heads_per_group=2),
+        "gdn": dict(head_k_dim=128, head_v_dim=64, value_heads_per_key_head=2),
+    }
+    flags = {
+        "mamba2": ("d", "dt_bias", "dt_softplus", "z"),
+        "gdn": ("gates_in_kernel", "qk_l2norm"),
+    }
+    states = (("f32", ()), ("bf16", ()), ("bf16", ("sr",)), ("f16", ()))
+    specs = []
+    for family, dims in shapes.items():
+        for window in (1, 4):
+            for state, sr in states:
+                spec = family_spec(family, window=window, act_dtype="bf16", state_dtype=state,
+                                   flags=(*flags[family], *sr), **dims)  # fmt: skip
+                specs.append(spec)
+    return specs
+
+
+PRESETS = {
+    "ci": _preset_ci,
+    "models": _preset_models,
+    "h200": _preset_h200,
+    "sanitizer": _preset_sanitizer,
+}
 
 
 def preset_specs(names: list[str]) -> list[KernelSpec]:

@@ -1,0 +1,572 @@
+"""Every kernel choice of every family, in small shapes, for NVIDIA compute-sanitizer.
+
+Each config is one family x mode/kernel (conventional; ReplaySSM per-item, flush-every-step and
+split, the split step in each records-CTA width and state-kernel register form the family
+compiles) x speculative ring loads on/off x compiled row tile x checkpoint dtype, and runs a
+short schedule: 4 rows (3 live slots of a 6-slot pool, the rest pad rows), rows permuted every
+step, the slots joining at steps 0, 1 and 3 so that one launch mixes flush and non-flush rows
+holding different record counts, 2L + 2 steps (L = 4) so that every slot flushes and its ring rows
+are written again after the flush, fresh random inputs every step. Every input is made on the
+host and copied in (no PyTorch kernel runs on the device: the only kernels are ours, and
+initcheck sees every input initialised by a copy). Outputs are uninitialised device memory
+(--outputs empty, for initcheck: copying them back reads every element, so an element the kernel
+left unwritten is reported) or NaN-poisoned (--outputs nan: a NaN left is a failed config).
+After each config: outputs finite, pad rows exactly zero, the live slots' checkpoints finite and
+cursors as counted, every other slot's checkpoint, rings and cursors bit-identical.
+
+    python scripts/sanitize_kernels.py --list            # the configs and their spec URIs (CPU)
+    python scripts/sanitize_kernels.py --check-preset    # every URI is in the AOT preset (CPU)
+    compute-sanitizer --tool memcheck python scripts/sanitize_kernels.py [--quick] ...
+
+scripts/sanitize.sh runs it under each tool on the H200; the modules come from the AOT preset
+"sanitizer" (replayssm_jit/jit/aot.py), which lists exactly the specs this script loads.
+--device cpu runs the same schedules through the PyTorch path (a check of this script's own
+bookkeeping; the launch choices do not apply there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import os
+import sys
+import time
+import traceback
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from replayssm_jit import LaunchConfig, gdn_decode, mamba2_decode, plan_decode
+from replayssm_jit.families import FAMILIES, get_family
+from replayssm_jit.families.base import Family, HeadShape
+from replayssm_jit.families.layout import CacheLayout, family_layout
+from replayssm_jit.launch.config import LAUNCH_ENV
+from replayssm_jit.launch.policy import (
+    DEFAULT_SM_COUNT,
+    FLAG_CAPPED_STATE_REGISTERS,
+    FLAG_FEW_RECORDS_WARPS,
+    FLAG_FLUSH_EVERY_STEP,
+    FLAG_SPECULATIVE_RECORDS,
+    FLAG_SPLIT,
+    can_split,
+    choose_launch,
+)
+from replayssm_jit.spec import KernelSpec, spec_tilings
+
+PRESET = "sanitizer"
+WINDOW = 4  # replay window L (conventional specs use window 1)
+DRAFTS = 1
+ACT = "bf16"
+BATCH = 4
+NUM_SLOTS = 6
+PAD = -1
+LIVE_SLOTS = (4, 1, 3)  # the slots of the schedule; 0, 2 and 5 are never named
+JOIN_STEPS = (0, 1, 3)  # the step at which each live slot's sequence starts
+PLAN_SEED = 12345
+STEP_SEED = 777  # the device-tensor seed passed on odd steps
+# (state dtype, stochastic rounding): every checkpoint dtype the preset builds
+STATES = (("f32", False), ("bf16", False), ("bf16", True), ("f16", False))
+QUICK_STATES = (("f32", False), ("bf16", True))
+REPLAY_KERNELS = ("per-item", "flush-every-step", "split")
+
+
+# ---------------------------------------------------------------------------------------------
+# The per-family table: shape, plan options, decode op and input makers (host tensors)
+# ---------------------------------------------------------------------------------------------
+
+
+def _mamba2_params(s: HeadShape, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    H = s.value_heads
+    return {
+        "A": -(0.5 + 1.5 * torch.rand(H, generator=gen)),
+        "D": torch.randn(H, generator=gen),
+        "dt_bias": 0.1 * torch.randn(H, generator=gen),
+    }
+
+
+def _mamba2_token(
+    s: HeadShape, batch: int, act: torch.dtype, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    H, G, P, N = s.value_heads, s.key_heads, s.value_dim, s.key_dim
+    return {
+        "x": torch.randn(batch, H, P, generator=gen).to(act),
+        "z": torch.randn(batch, H, P, generator=gen).to(act),
+        "dt": torch.randn(batch, H, generator=gen) * 0.5 - 1.0,
+        "B": (torch.randn(batch, G, N, generator=gen) / N**0.25).to(act),
+        "C": (torch.randn(batch, G, N, generator=gen) / N**0.25).to(act),
+    }
+
+
+def _gdn_params(s: HeadShape, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    HV = s.value_heads
+    return {
+        "A_log": torch.log(0.5 + torch.rand(HV, generator=gen)),
+        "dt_bias": 0.5 * torch.rand(HV, generator=gen) - 0.25,
+    }
+
+
+def _gdn_token(
+    s: HeadShape, batch: int, act: torch.dtype, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    H, HV, K, V = s.key_heads, s.value_heads, s.key_dim, s.value_dim
+    return {
+        "q": torch.randn(batch, H, K, generator=gen).to(act),
+        "k": torch.randn(batch, H, K, generator=gen).to(act),
+        "v": torch.randn(batch, HV, V, generator=gen).to(act),
+        "a": -4.0 + 3.0 * torch.rand(batch, HV, generator=gen),
+        "b": torch.randn(batch, HV, generator=gen),
+    }
+
+
+@dataclass(frozen=True)
+class Case:
+    """How this script drives one family: its layout's shape arguments (Family.shape_args),
+    plan() options (every input path on), the decode op, and host-side input makers (per-layer
+    parameters once per config, token inputs every step)."""
+
+    shape: dict
+    options: dict
+    decode: Callable[..., torch.Tensor]
+    params: Callable[[HeadShape, torch.Generator], dict[str, torch.Tensor]]
+    token: Callable[[HeadShape, int, torch.dtype, torch.Generator], dict[str, torch.Tensor]]
+
+
+# Small heads that keep the split step possible. GDN's K = 128 makes its 64-row, 4-warp tile the
+# one the capped-register state kernel specializes (with K = 64 no tile would).
+CASES: dict[str, Case] = {
+    "mamba2": Case(
+        shape=dict(num_heads=4, ngroups=2, headdim=64, dstate=64),
+        options=dict(has_D=True, has_z=True, has_dt_bias=True, dt_softplus=True),
+        decode=mamba2_decode,
+        params=_mamba2_params,
+        token=_mamba2_token,
+    ),
+    "gdn": Case(
+        shape=dict(num_k_heads=1, num_v_heads=2, head_k_dim=128, head_v_dim=64),
+        options=dict(use_qk_l2norm=True, gates_in_kernel=True),
+        decode=gdn_decode,
+        params=_gdn_params,
+        token=_gdn_token,
+    ),
+}
+
+
+def case_of(name: str) -> Case:
+    if name not in CASES:
+        raise SystemExit(
+            f"sanitize_kernels: family {name!r} is registered but has no entry in CASES "
+            "(add its shape, options, decode op and input makers)"
+        )
+    return CASES[name]
+
+
+def sr_option(fam: Family) -> str:
+    """The plan() option that turns on the family's "sr" flag."""
+    return next(opt for opt, (flag, _) in fam.plan_options.items() if flag == "sr")
+
+
+def make_layout(family: str, state: str) -> CacheLayout:
+    return family_layout(
+        family, window=WINDOW, drafts=DRAFTS, state_dtype=state, act_dtype=ACT,
+        **case_of(family).shape,
+    )  # fmt: skip
+
+
+def plan_options(family: str, sr: bool) -> dict:
+    return {**case_of(family).options, sr_option(get_family(family)): sr}
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------------
+
+# The flag bits a ReplaySSM config fixes (overlap_prior_kernel is left to the policy; a
+# conventional step reads no rings, so its speculative bit is left to the policy too).
+FIXED_BITS = (
+    FLAG_SPECULATIVE_RECORDS
+    | FLAG_SPLIT
+    | FLAG_FLUSH_EVERY_STEP
+    | FLAG_FEW_RECORDS_WARPS
+    | FLAG_CAPPED_STATE_REGISTERS
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    family: str
+    kernel: str  # "conventional", "per-item", "flush-every-step" or "split"
+    rows_per_cta: int
+    state: str
+    sr: bool
+    speculative: bool | None = None  # None: conventional (no rings to load)
+    records_warps: int | None = None  # split only
+    capped: bool | None = None  # split only
+    flags: int = 0  # the launch flags plan() picks (on an H200's SM count)
+    spec: KernelSpec | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def mode(self) -> str:
+        return "conventional" if self.kernel == "conventional" else "replay"
+
+    @property
+    def uri(self) -> str:
+        return self.spec.uri
+
+    @property
+    def fixed_bits(self) -> int:
+        return FIXED_BITS if self.mode == "replay" else FIXED_BITS & ~FLAG_SPECULATIVE_RECORDS
+
+    def launch_config(self) -> LaunchConfig:
+        fixed: dict = {"rows_per_cta": self.rows_per_cta}
+        if self.kernel != "conventional":
+            fixed.update(kernel=self.kernel, speculative_records=self.speculative)
+        if self.kernel == "split":
+            fixed.update(records_warps=self.records_warps, capped_state_registers=self.capped)
+        return LaunchConfig(**fixed)
+
+    @property
+    def name(self) -> str:
+        parts = [
+            f"{self.family:<6}",
+            f"{self.kernel:<16}",
+            f"rows={self.rows_per_cta:<3}",
+            f"state={self.state + ('+sr' if self.sr else ''):<7}",
+        ]
+        if self.speculative is not None:
+            parts.append(f"speculative={int(self.speculative)}")
+        if self.kernel == "split":
+            parts.append(f"records_warps={self.records_warps} capped={int(self.capped)}")
+        return " ".join(parts)
+
+
+def launch_variants(fam: Family, mode: str) -> list[dict]:
+    """(kernel, speculative, records_warps, capped) of every launch of `mode` the family
+    compiles (its registry entry says which records widths and state-kernel forms)."""
+    if mode == "conventional":
+        return [dict(kernel="conventional")]
+    variants = []
+    for kernel in REPLAY_KERNELS:
+        for speculative in (True, False):
+            if kernel != "split":
+                variants.append(dict(kernel=kernel, speculative=speculative))
+                continue
+            for warps in fam.records_warps:
+                for capped in (False, True) if fam.capped_state_registers else (False,):
+                    variants.append(
+                        dict(kernel=kernel, speculative=speculative, records_warps=warps,
+                             capped=capped)
+                    )  # fmt: skip
+    return variants
+
+
+def expected_bits(cfg: Config) -> int:
+    bits = 0
+    if cfg.kernel == "split":
+        bits |= FLAG_SPLIT
+        bits |= FLAG_FEW_RECORDS_WARPS if cfg.records_warps == 4 else 0
+        bits |= FLAG_CAPPED_STATE_REGISTERS if cfg.capped else 0
+    if cfg.kernel == "flush-every-step":
+        bits |= FLAG_FLUSH_EVERY_STEP
+    if cfg.speculative:
+        bits |= FLAG_SPECULATIVE_RECORDS
+    return bits
+
+
+def family_configs(family: str, quick: bool) -> list[list[Config]]:
+    """The family's configs, grouped by launch variant (each group: its tiles x dtypes, in
+    diagonals of that grid, so that its first configs cover every tile and every dtype)."""
+    fam = get_family(family)
+    groups: dict[tuple, list[tuple[tuple[int, int], Config]]] = {}
+    for si, (state, sr) in enumerate(QUICK_STATES if quick else STATES):
+        layout = make_layout(family, state)
+        for mode in ("conventional", "replay"):
+            spec = plan_decode(
+                layout, BATCH, device="cpu", mode=mode, **plan_options(family, sr)
+            ).spec
+            if mode == "replay" and not can_split(spec):
+                raise SystemExit(f"sanitize_kernels: {spec.uri} cannot split; pick smaller heads")
+            rows = [r for r, _ in spec_tilings(spec)]
+            if quick:
+                rows = sorted({rows[0], rows[-1]}, reverse=True)
+            for variant in launch_variants(fam, mode):
+                for ti, r in enumerate(rows):
+                    cfg = Config(family, rows_per_cta=r, state=state, sr=sr, spec=spec, **variant)
+                    launch = choose_launch(
+                        spec, BATCH, layout.shape.value_heads, DEFAULT_SM_COUNT,
+                        replay=mode == "replay", config=cfg.launch_config(),
+                    )  # fmt: skip
+                    got = (launch.kernel, launch.rows_per_cta, launch.flags & cfg.fixed_bits)
+                    want = (cfg.kernel, r, expected_bits(cfg))
+                    if got != want:
+                        raise SystemExit(
+                            f"sanitize_kernels: the launch policy plans {got} for {cfg.name}, "
+                            f"expected {want}"
+                        )
+                    cfg = replace(cfg, flags=launch.flags)
+                    order = ((ti - si) % len(rows), si)
+                    groups.setdefault(tuple(sorted(variant.items())), []).append((order, cfg))
+    return [[cfg for _, cfg in sorted(group, key=lambda e: e[0])] for group in groups.values()]
+
+
+def all_configs(families: list[str], quick: bool) -> list[Config]:
+    """Every config, interleaved across families and launch variants, so that a run cut short
+    by its time budget has covered every variant on its first tiles and dtypes."""
+    groups = [g for family in families for g in family_configs(family, quick)]
+    return [c for batch in itertools.zip_longest(*groups) for c in batch if c is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# One config's schedule
+# ---------------------------------------------------------------------------------------------
+
+
+class ConfigFailed(AssertionError):
+    pass
+
+
+def check(ok: bool, what: str) -> None:
+    if not ok:
+        raise ConfigFailed(what)
+
+
+def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
+               empty_rings: bool) -> None:  # fmt: skip
+    case = case_of(cfg.family)
+    gen = torch.Generator().manual_seed(zlib.crc32(cfg.name.encode()))
+    layout = make_layout(cfg.family, cfg.state)
+    plan = plan_decode(
+        layout, BATCH, device=device, mode=cfg.mode, config=cfg.launch_config(),
+        seed=PLAN_SEED, **plan_options(cfg.family, cfg.sr),
+    )  # fmt: skip
+    check(plan.spec.uri == cfg.uri, f"planned {plan.spec.uri}, expected {cfg.uri}")
+    if device.type == "cuda":
+        got = (plan.kernel, plan.rows_per_cta, plan.flags & cfg.fixed_bits)
+        want = (cfg.kernel, cfg.rows_per_cta, cfg.flags & cfg.fixed_bits)
+        check(got == want, f"planned (kernel, rows, flags) {got}, expected {want}")
+    shape, act = layout.shape, layout.act_dtype
+    replay = cfg.mode == "replay"
+    # Speculative loads read every ring row, held or not, so their rings are always initialised;
+    # --empty-rings leaves the others' rings uninitialised (initcheck: only held rows are read).
+    rings_empty = empty_rings and replay and not cfg.speculative
+    host: dict[str, torch.Tensor] = {}
+    slot_tensors: dict[str, torch.Tensor] = {}
+    for t in layout.tensors():
+        if t.name != "state" and not replay:
+            continue
+        if t.name == "cursors":
+            host[t.name] = torch.zeros(t.shape(NUM_SLOTS), dtype=t.dtype)
+        elif t.name != "state" and rings_empty:
+            slot_tensors[t.name] = torch.empty(t.shape(NUM_SLOTS), dtype=t.dtype, device=device)
+            continue
+        else:
+            host[t.name] = torch.randn(t.shape(NUM_SLOTS), generator=gen).to(t.dtype)
+        slot_tensors[t.name] = host[t.name].to(device)
+    params = {k: v.to(device) for k, v in case.params(shape, gen).items()}
+    out_shape = (BATCH, shape.value_heads, shape.value_dim)
+    held = dict.fromkeys(LIVE_SLOTS, 0)
+    epochs = dict.fromkeys(LIVE_SLOTS, 0)
+    for step in range(steps):
+        active = [s for s, join in zip(LIVE_SLOTS, JOIN_STEPS) if join <= step]
+        rows = active + [PAD] * (BATCH - len(active))
+        rows = [rows[i] for i in torch.randperm(BATCH, generator=gen).tolist()]
+        slot_indices = torch.tensor(rows, dtype=torch.int32).to(device)
+        tok = {k: v.to(device) for k, v in case.token(shape, BATCH, act, gen).items()}
+        if outputs == "empty":
+            out = torch.empty(out_shape, dtype=act, device=device)
+        else:
+            out = torch.full(out_shape, float("nan"), dtype=act).to(device)
+        seed = torch.tensor([STEP_SEED + step], dtype=torch.int64).to(device) if step % 2 else None
+        case.decode(
+            plan, **slot_tensors, **params, **tok, slot_indices=slot_indices, out=out, seed=seed
+        )
+        got = out.cpu()  # a copy of the raw output: initcheck reports any element left unwritten
+        check(bool(torch.isfinite(got).all()), f"step {step}: output not finite (or left NaN)")
+        pad_rows = [i for i, s in enumerate(rows) if s == PAD]
+        check(bool((got[pad_rows] == 0).all()), f"step {step}: pad rows not zero")
+        for s in active:
+            if cfg.kernel == "flush-every-step":
+                epochs[s] += 1
+            elif cfg.kernel != "conventional":
+                flush = held[s] + 1 >= WINDOW
+                held[s] = 0 if flush else held[s] + 1
+                epochs[s] += int(flush)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    live = list(LIVE_SLOTS)
+    untouched = [s for s in range(NUM_SLOTS) if s not in LIVE_SLOTS]
+    final = {name: t.cpu() for name, t in slot_tensors.items() if name in host}
+    check(bool(torch.isfinite(final["state"][live].float()).all()), "live checkpoints not finite")
+    for name, t in final.items():
+        check(torch.equal(t[untouched], host[name][untouched]), f"unnamed slots' {name} changed")
+    if replay:
+        want = [[held[s], epochs[s], 0, 0] for s in LIVE_SLOTS]
+        got = final["cursors"][live].tolist()
+        check(got == want, f"cursors {got}, expected {want}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def check_preset(configs: list[Config], complete: bool) -> int:
+    """Every URI the configs load is in the AOT preset (and, for the complete set, nothing
+    else is); with REPLAYSSM_AOT_DIR set, each is also built there with the current sources."""
+    from replayssm_jit.jit.aot import PRESETS
+
+    preset = {s.uri: s for s in PRESETS[PRESET]()}
+    needed = {c.uri: c.spec for c in configs}
+    missing = sorted(set(needed) - set(preset))
+    extra = sorted(set(preset) - set(needed)) if complete else []
+    for uri in missing:
+        print(f"not in preset {PRESET!r}: {uri}")
+    for uri in extra:
+        print(f"in preset {PRESET!r} but not loaded: {uri}")
+    unbuilt = []
+    if os.environ.get("REPLAYSSM_AOT_DIR"):
+        from replayssm_jit.jit.build import find_prebuilt
+
+        unbuilt = [uri for uri, spec in sorted(needed.items()) if find_prebuilt(spec) is None]
+        for uri in unbuilt:
+            print(f"not built (or stale) under REPLAYSSM_AOT_DIR: {uri}")
+    problems = [
+        f"{len(v)} {what}"
+        for v, what in ((missing, "not in the preset"), (extra, "extra"), (unbuilt, "not built"))
+        if v
+    ]
+    built = ", all built" if os.environ.get("REPLAYSSM_AOT_DIR") else ""
+    print(
+        f"check-preset: {len(configs)} configs load {len(needed)} specs; preset {PRESET!r} has "
+        f"{len(preset)}: " + (f"MISMATCH ({', '.join(problems)})" if problems else f"ok{built}")
+    )
+    return 1 if problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--families", nargs="+", choices=sorted(FAMILIES), default=list(FAMILIES),
+        help="families to run (default: every registered family)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="largest and smallest row tiles only, FP32 and BF16+SR checkpoints only",
+    )  # fmt: skip
+    parser.add_argument("--list", action="store_true", help="print the configs and exit (CPU)")
+    parser.add_argument(
+        "--check-preset", action="store_true",
+        help=f"check that every URI is in the AOT preset {PRESET!r} and exit (CPU)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--steps", type=int, default=2 * WINDOW + 2, help="decode steps per config (2L + 2)"
+    )
+    parser.add_argument(
+        "--outputs", choices=("empty", "nan"), default="empty",
+        help="output buffers: uninitialised (initcheck) or NaN-poisoned",
+    )  # fmt: skip
+    parser.add_argument(
+        "--empty-rings", action="store_true",
+        help="leave the rings uninitialised where no speculative load reads them (initcheck)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--shard", default="0/1", help="K/N: run every N-th config from the K-th (default 0/1)"
+    )
+    parser.add_argument(
+        "--time-budget", type=float, default=0.0,
+        help="seconds after which no further config starts (0: none); the rest count as not run",
+    )  # fmt: skip
+    parser.add_argument(
+        "--device", default="cuda", choices=("cuda", "cpu"),
+        help="cpu: the same schedules on the PyTorch path (checks this script, not kernels)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    os.environ.pop(LAUNCH_ENV, None)  # launch choices come from each config alone
+    if args.steps < 0:
+        parser.error(f"--steps: expected >= 0, got {args.steps}")
+    try:
+        k, n = (int(v) for v in args.shard.split("/"))
+        assert 0 <= k < n
+    except (ValueError, AssertionError):
+        parser.error(f"--shard: expected K/N with 0 <= K < N, got {args.shard!r}")
+    families = [f for f in FAMILIES if f in args.families]  # registry order
+    configs = all_configs(families, args.quick)
+    complete = not args.quick and families == list(FAMILIES)
+    if args.check_preset:
+        return check_preset(configs, complete)
+    configs = configs[k::n]
+    if args.list:
+        for i, cfg in enumerate(configs):
+            print(f"{i:4d} {cfg.name:<86} {cfg.uri}")
+        counts = {f: sum(c.family == f for c in configs) for f in families}
+        specs = len({c.uri for c in configs})
+        print(f"{len(configs)} configs ({', '.join(f'{f} {c}' for f, c in counts.items())}), "
+              f"{specs} specs")  # fmt: skip
+        return 0
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print("sanitize_kernels: no CUDA device (--list and --check-preset run without one)")
+            return 2
+        from replayssm_jit.jit import env
+        from replayssm_jit.jit.build import find_prebuilt
+
+        if env.jit_disabled():
+            unbuilt = sorted({c.uri for c in configs if find_prebuilt(c.spec) is None})
+            if unbuilt:
+                print(f"sanitize_kernels: {len(unbuilt)} specs not AOT-built for these sources "
+                      f"(build the preset {PRESET!r} with the same REPLAYSSM_JIT_DEBUG): "
+                      + ", ".join(unbuilt))  # fmt: skip
+                return 2
+        no_caching = os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING", "-")
+        print(f"device {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
+              f"AOT {os.environ.get('REPLAYSSM_AOT_DIR', '-')}, "
+              f"PYTORCH_NO_CUDA_MEMORY_CACHING={no_caching}")  # fmt: skip
+    print(f"{len(configs)} configs, {args.steps} steps each, outputs {args.outputs}, "
+          f"rings {'empty where unread' if args.empty_rings else 'initialised'}")  # fmt: skip
+    ok = failed = 0
+    for i, cfg in enumerate(configs):
+        if args.time_budget and time.monotonic() - started > args.time_budget:
+            print(f"time budget of {args.time_budget:.0f} s spent: {len(configs) - i} not run")
+            break
+        t0 = time.monotonic()
+        # The config's name first: a sanitizer report printed while it runs lands after it.
+        print(f"[{i + 1:4d}/{len(configs)}] {cfg.name} ", end="", flush=True)
+        try:
+            run_config(cfg, device=device, steps=args.steps, outputs=args.outputs,
+                       empty_rings=args.empty_rings)  # fmt: skip
+            ok += 1
+            status = "ok"
+        except Exception as exc:
+            failed += 1
+            status = "FAIL"
+            print()
+            if not isinstance(exc, ConfigFailed):
+                traceback.print_exc()
+            print(f"     {type(exc).__name__}: {exc}")
+        print(f"{status} ({time.monotonic() - t0:.2f} s)", flush=True)
+        if status == "FAIL" and device.type == "cuda":
+            try:
+                torch.cuda.synchronize()
+            except Exception:
+                print("CUDA context lost: stopping")
+                break
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # nothing cached left for --leak-check to report
+    elapsed = time.monotonic() - started
+    ran = ok + failed
+    print(f"sanitize_kernels: {len(configs)} configs: {ok} ok, {failed} failed, "
+          f"{len(configs) - ran} not run ({elapsed:.1f} s"
+          f"{f', {elapsed / ran:.2f} s per config' if ran else ''})")  # fmt: skip
+    if failed:
+        return 1
+    return 3 if ran < len(configs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
