@@ -204,8 +204,9 @@ struct State {
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
     allow_dependent_grid();  // the next step's first kernel may be scheduled (it waits for this one)
-    const auto tile = RowTileIndex<kSplits, HPG>::of_block(p);
-    const int split = tile.split, head = tile.head, row = tile.row, group = tile.group, num_groups = tile.num_groups;
+    // Inline, not RowTileIndex: through the helper the compiler laid out this kernel's flush copies differently.
+    const int split = blockIdx.x % kSplits, head = blockIdx.x / kSplits, row = blockIdx.y;
+    const int group = head / HPG, num_groups = p.num_heads / HPG;
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     act_t* out = p.out + (int64_t(row) * p.num_heads + head) * P + row0;
