@@ -17,5 +17,5 @@ step() {  # step NAME SECONDS TARGET [VAR=VALUE ...]: one h200_run.sh target, ou
   (cd "$OUT" && tar czf "$name.tgz" "$name" "$name.out" && rm -rf "$name")
 }
 step tests 270 tests PYTEST_ARGS="--maxfail=20 --durations=5"
-step gdn 150 bench-gdn GDN_BENCH_ARGS="--reps 8 --shapes qwen4b,qwen122b --batches 1,8,256 --windows 16 --states f32,bf16"
+[ -n "${SKIP_GDN:-}" ] || step gdn 150 bench-gdn GDN_BENCH_ARGS="--reps 8 --shapes qwen4b,qwen122b --batches 1,8,256 --windows 16 --states f32,bf16"
 step m2 150 bench-mamba2 BENCH_ARGS="--reps 8 --shapes super120b,nano4b --batches 1,8,256 --windows 16 --states f32,bf16"
