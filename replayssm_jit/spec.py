@@ -132,6 +132,8 @@ def make_spec(
     state = dtype_name(state_dtype, "state_dtype")
     if "sr" in flags and state == "f32":
         raise ValueError("flags: 'sr' (stochastic rounding) needs a bf16/f16 state_dtype, got f32")
+    if "device_seed" in flags and "sr" not in flags:
+        raise ValueError("flags: 'device_seed' (the seed read on the device) needs 'sr'")
     spec = KernelSpec(
         family=fam.name,
         dims=fam.dims_of(shape),

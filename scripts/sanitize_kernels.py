@@ -176,7 +176,8 @@ def make_layout(family: str, state: str) -> CacheLayout:
 
 
 def plan_options(family: str, sr: bool) -> dict:
-    return {**case_of(family).options, sr_option(get_family(family)): sr}
+    """Stochastic rounding comes with its seed read from a device tensor (the preset's form)."""
+    return {**case_of(family).options, sr_option(get_family(family)): sr, "device_seed": sr}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,7 +379,9 @@ def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
             out = torch.empty(out_shape, dtype=act, device=device)
         else:
             out = torch.full(out_shape, float("nan"), dtype=act).to(device)
-        seed = torch.tensor([STEP_SEED + step], dtype=torch.int64).to(device) if step % 2 else None
+        seed = None
+        if step % 2 and cfg.sr:  # only device_seed modules read a seed tensor
+            seed = torch.tensor([STEP_SEED + step], dtype=torch.int64).to(device)
         case.decode(
             plan, **slot_tensors, **params, **tok, slot_indices=slot_indices, out=out, seed=seed
         )

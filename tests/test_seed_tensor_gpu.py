@@ -76,7 +76,7 @@ def test_seed_tensor_matches_the_int_seed_and_changes_in_a_graph(make):
     for i, (cache, wrapper_cls) in enumerate(caches):
         cache.state.copy_(init)
         wrapper = wrapper_cls(cache, use_cuda_graph=i == 3)
-        wrapper.plan(BATCH, stochastic_rounding=True, seed=0)
+        wrapper.plan(BATCH, stochastic_rounding=True, device_seed=True, seed=0)
         wrappers.append(wrapper)
     slots = torch.arange(BATCH, dtype=torch.int32, device="cuda")
     seed = torch.tensor([7], dtype=torch.int64, device="cuda")

@@ -32,7 +32,7 @@ MAMBA2 = Mamba2Family(
         RingLayout("rec_b", heads="key", width="key_dim", dtype="act"),
         RingLayout("rec_dt", heads="value", width=None, dtype="f32"),
     ),
-    flags=frozenset({"d", "z", "dt_bias", "dt_softplus", "sr"}),
+    flags=frozenset({"d", "z", "dt_bias", "dt_softplus", "sr", "device_seed"}),
     default_flags=("d", "dt_bias", "dt_softplus"),
     plan_options={
         "has_D": ("d", True),
@@ -40,6 +40,7 @@ MAMBA2 = Mamba2Family(
         "has_dt_bias": ("dt_bias", True),
         "dt_softplus": ("dt_softplus", True),
         "stochastic_rounding": ("sr", False),
+        "device_seed": ("device_seed", False),
     },
     records_warps=(8,),
     capped_state_registers=False,

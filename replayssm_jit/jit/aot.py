@@ -63,6 +63,13 @@ def _preset_h200() -> list[KernelSpec]:
         specs += _model_specs(family, (1, 4, 8, 16, 32), ("bf16",), ("f32", "bf16"))
         specs += _model_specs(family, (16,), ("bf16",), ("bf16", "f16"), ("sr",))
     specs += _model_specs("mamba2", (16,), ("bf16",), ("f16",))
+    # The seed read from a device tensor (tests/test_seed_tensor_gpu.py's shapes).
+    specs += [
+        family_spec("mamba2", headdim=64, dstate=128, heads_per_group=16, state_dtype="bf16",
+                    flags=(*get_family("mamba2").default_flags, "sr", "device_seed")),
+        family_spec("gdn", head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2,
+                    state_dtype="bf16", flags=(*get_family("gdn").default_flags, "sr", "device_seed")),
+    ]  # fmt: skip
     specs += _model_specs("gdn", (1, 16), ("bf16",), ("f16",))
     specs += _model_specs("mamba2", (16,), ("bf16",), ("f32",), ("z",))
     odd = dict(headdim=24, dstate=64, heads_per_group=2, act_dtype="f32", state_dtype="f32")
@@ -91,7 +98,7 @@ def _preset_sanitizer() -> list[KernelSpec]:
         "mamba2": ("d", "dt_bias", "dt_softplus", "z"),
         "gdn": ("gates_in_kernel", "qk_l2norm"),
     }
-    states = (("f32", ()), ("bf16", ()), ("bf16", ("sr",)), ("f16", ()))
+    states = (("f32", ()), ("bf16", ()), ("bf16", ("sr", "device_seed")), ("f16", ()))
     specs = []
     for family, dims in shapes.items():
         for window in (1, 4):

@@ -262,7 +262,7 @@ def _check_flags(flags: frozenset[str], known: set[str], family: str) -> bool:
 # Mamba-2
 # ---------------------------------------------------------------------------------------------
 
-_MAMBA2_FLAGS = {"d", "z", "dt_bias", "dt_softplus", "sr"}
+_MAMBA2_FLAGS = {"d", "z", "dt_bias", "dt_softplus", "sr", "device_seed"}
 
 
 def mamba2_step(
@@ -362,7 +362,7 @@ def mamba2_step(
 # Gated DeltaNet
 # ---------------------------------------------------------------------------------------------
 
-_GDN_FLAGS = {"qk_l2norm", "gates_in_kernel", "sr"}
+_GDN_FLAGS = {"qk_l2norm", "gates_in_kernel", "sr", "device_seed"}
 
 
 def gdn_step(

@@ -48,6 +48,11 @@ def resolve_seed(plan: DecodePlan, seed: object) -> tuple[int, torch.Tensor | No
     if seed is None:
         return plan.seed, None
     if isinstance(seed, torch.Tensor):
+        if "device_seed" not in plan.spec.flags:
+            raise ValueError(
+                "seed: expected an int (the module keeps its seed in the launch's parameters; "
+                "plan with device_seed=True to read it from a tensor), got a tensor"
+            )
         check_tensor("seed", seed, dtype=torch.int64, device=plan.device)
         if seed.numel() != 1:
             raise ValueError(f"seed: expected a tensor of 1 element, got shape {list(seed.shape)}")

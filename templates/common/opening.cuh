@@ -71,12 +71,23 @@ __device__ __forceinline__ int32_t* slot_cursor(int32_t* cursors, int slot) {
   return cursors + int64_t(slot) * kCursorWords;
 }
 
-// The stochastic-rounding seed: read on the device where the engine gave one (a captured graph can
-// then change it), else the launch's; non-SR kernels read neither.
+// Modules built with the "device_seed" flag read the stochastic-rounding seed from a device tensor
+// (a captured graph can then change it); the others keep it in the launch's parameters, which
+// costs no registers.
+#ifndef REPLAYSSM_DEVICE_SEED
+#define REPLAYSSM_DEVICE_SEED 0
+#endif
+
+// The stochastic-rounding seed: on the device where the module reads it there and the engine gave
+// one, else the launch's; non-SR kernels read neither.
 template <bool SR, class Params>
 __device__ __forceinline__ uint64_t rounding_seed(const Params& p) {
   if constexpr (SR) {
+#if REPLAYSSM_DEVICE_SEED
     return p.seed_tensor != nullptr ? uint64_t(*p.seed_tensor) : p.seed;
+#else
+    return p.seed;
+#endif
   } else {
     return 0;
   }
