@@ -8,7 +8,7 @@
 set -uo pipefail
 export PYTHONUNBUFFERED=1 DEVICE_DIR=$PWD/.device REPLAYSSM_GIT_COMMIT=$(cat .device/commit)
 mkdir -p /tmp/aot && tar xJf .device/aot.tar.xz -C /tmp/aot --strip-components=1
-export REPLAYSSM_AOT_DIR=/tmp/aot REPLAYSSM_DISABLE_JIT=1
+export REPLAYSSM_AOT_DIR=/tmp/aot
 step() {  # step NAME SECONDS TARGET [VAR=VALUE ...]: one h200_run.sh target, output in $OUT/NAME*
   local name=$1 limit=$2 target=$3; shift 3
   mkdir -p "$OUT/$name"
@@ -16,6 +16,9 @@ step() {  # step NAME SECONDS TARGET [VAR=VALUE ...]: one h200_run.sh target, ou
   echo "$name: rc=$?"; tail -4 "$OUT/$name.out"
   (cd "$OUT" && tar czf "$name.tgz" "$name" "$name.out" && rm -rf "$name")
 }
+# The suite may JIT what the h200 preset lacks (one L = 2 module); the benchmarks load only AOT.
 step tests 270 tests PYTEST_ARGS="--maxfail=20 --durations=5"
+export REPLAYSSM_DISABLE_JIT=1
+[ -n "${SKIP_BENCH:-}" ] && exit 0
 [ -n "${SKIP_GDN:-}" ] || step gdn 150 bench-gdn GDN_BENCH_ARGS="--reps 8 --shapes qwen4b,qwen122b --batches 1,8,256 --windows 16 --states f32,bf16"
 step m2 150 bench-mamba2 BENCH_ARGS="--reps 8 --shapes super120b,nano4b --batches 1,8,256 --windows 16 --states f32,bf16"
