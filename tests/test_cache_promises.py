@@ -295,3 +295,25 @@ def test_scalar_rings_need_only_element_alignment():
     tensors["rec_x"] = wide[1:].view(4, 6, 5, 24)
     with pytest.raises(ValueError, match="^rec_x: expected 16-byte aligned slots"):
         Mamba2DecodeCache.from_tensors(cache.layout, **tensors)
+
+
+def test_a_seed_tensor_needs_a_device_seed_plan():
+    cache = Mamba2DecodeCache(4, num_heads=4, headdim=16, dstate=16, ngroups=2, window=4,
+                              state_dtype="bf16", device="cpu")  # fmt: skip
+    wrapper = Mamba2DecodeWrapper(cache)
+    with pytest.raises(ValueError, match="^flags: 'device_seed' .* needs 'sr'"):
+        wrapper.plan(1, device_seed=True)
+    wrapper.plan(1, stochastic_rounding=True, device_seed=True)
+    assert "device_seed" in wrapper.spec.flags and wrapper.spec.uri.endswith("_sr")
+    gen = torch.Generator().manual_seed(1)
+    args = (
+        torch.randn(1, 4, 16, generator=gen).bfloat16(), torch.randn(1, 4, generator=gen),
+        -torch.rand(4, generator=gen), torch.randn(1, 2, 16, generator=gen).bfloat16(),
+        torch.randn(1, 2, 16, generator=gen).bfloat16(), cache.allocate(1),
+    )  # fmt: skip
+    kw = dict(D=torch.randn(4, generator=gen), dt_bias=torch.randn(4, generator=gen))
+    with pytest.raises(TypeError, match="^seed: expected dtype torch.int64"):
+        wrapper.run(*args, **kw, seed=torch.zeros(1, dtype=torch.int32))
+    with pytest.raises(ValueError, match="^seed: expected a tensor of 1 element"):
+        wrapper.run(*args, **kw, seed=torch.zeros(2, dtype=torch.int64))
+    assert torch.isfinite(wrapper.run(*args, **kw, seed=torch.tensor([5]))).all()

@@ -166,14 +166,15 @@ class Mamba2Case(Case):
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
         r = pool.rings
+        setup = cpu.StepSetup(replay, fes, self.window, self.capacity,
+                              self.flags if flags is None else flags, pad, seed)  # fmt: skip
         cpu.mamba2_step(
-            replay=replay, flush_every_step=fes, window=self.window, capacity=self.capacity,
-            flags=self.flags if flags is None else flags, state=pool.state,
+            setup, state=pool.state,
             rec_x=r["rec_x"] if replay else None, rec_b=r["rec_b"] if replay else None,
             rec_dt=r["rec_dt"] if replay else None, cursors=pool.cursors if replay else None,
             x=tok["x"], z=tok["z"], dt=tok["dt"], A=self.params["A"], D=self.params["D"],
             dt_bias=self.params["dt_bias"], B=tok["B"], C=tok["C"], out=out,
-            slot_indices=slots, pad_slot_id=pad, seed=seed,
+            slot_indices=slots,
         )  # fmt: skip
 
     def sequence(self, checkpoint, L: int) -> Mamba2Sequence:
@@ -255,14 +256,15 @@ class GDNCase(Case):
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
         r, p = pool.rings, self.params
+        setup = cpu.StepSetup(replay, fes, self.window, self.capacity,
+                              self.flags if flags is None else flags, pad, seed)  # fmt: skip
         cpu.gdn_step(
-            replay=replay, flush_every_step=fes, window=self.window, capacity=self.capacity,
-            flags=self.flags if flags is None else flags, state=pool.state,
+            setup, state=pool.state,
             rec_u=r["rec_u"] if replay else None, rec_k=r["rec_k"] if replay else None,
             rec_g=r["rec_g"] if replay else None, cursors=pool.cursors if replay else None,
             q=tok["q"], k=tok["k"], v=tok["v"], gate_a=tok["gate_a"], gate_b=tok["gate_b"],
             A_log=p["A_log"], dt_bias=p["dt_bias"], scale=p["scale"], out=out,
-            slot_indices=slots, pad_slot_id=pad, seed=seed,
+            slot_indices=slots,
         )  # fmt: skip
 
     def gates(self, tok, b=None):
@@ -651,7 +653,7 @@ def test_fast_path_imports_no_reference():
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, "relative import"
             modules.add(node.module)
-    assert modules <= {"__future__", "collections.abc", "torch"}, modules
+    assert modules <= {"__future__", "collections.abc", "dataclasses", "torch"}, modules
 
 
 # ---------------------------------------------------------------------------------------------

@@ -171,9 +171,9 @@ def _bad_inputs():
             "slot_indices: expected dtype torch.int32, got torch.int64",
         ),
         (
-            dict(seed=torch.zeros(1, dtype=torch.int32)),
-            TypeError,
-            "seed: expected dtype torch.int64",
+            dict(seed=torch.zeros(1, dtype=torch.int64)),
+            ValueError,
+            "seed: expected an int .*plan with device_seed=True",
         ),
     ]
 

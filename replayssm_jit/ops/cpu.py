@@ -36,6 +36,7 @@ Nothing here imports replayssm_jit.reference (the float64 oracles).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -198,22 +199,35 @@ def _with_current(ring: torch.Tensor | None, slots, held: int, current: torch.Te
 _Compute = Callable[[torch.Tensor, torch.Tensor, int, bool, torch.Tensor], None]
 
 
+@dataclass(frozen=True)
+class StepSetup:
+    """The scalars a step takes besides its tensors, as the module's bindings do: ReplaySSM or
+    conventional, flush-every-step mode, the window L, the ring capacity L + T, the spec's
+    flags, the pad slot id and the stochastic-rounding seed."""
+
+    replay: bool
+    flush_every_step: bool
+    window: int
+    capacity: int
+    flags: frozenset[str]
+    pad_slot_id: int
+    seed: int
+
+
 def _run_rows(
+    setup: StepSetup,
     *,
-    replay: bool,
-    flush_every_step: bool,
-    window: int,
-    capacity: int,
     sr: bool,
     cursors: torch.Tensor | None,
     out: torch.Tensor,
     slot_indices: torch.Tensor,
-    pad_slot_id: int,
     compute: _Compute,
 ) -> None:
     """Pad rows, then `compute` once per group of rows with the same held count (read from the
     cursors before anything is written), then the cursor words as finish_step_cursor leaves
     them."""
+    replay, flush_every_step = setup.replay, setup.flush_every_step
+    window, capacity, pad_slot_id = setup.window, setup.capacity, setup.pad_slot_id
     slot_of_row = slot_indices.to(device=out.device, dtype=torch.int64)
     pad = slot_of_row == pad_slot_id
     rows = torch.nonzero(~pad).flatten()
@@ -266,12 +280,8 @@ _MAMBA2_FLAGS = {"d", "z", "dt_bias", "dt_softplus", "sr", "device_seed"}
 
 
 def mamba2_step(
+    setup: StepSetup,
     *,
-    replay: bool,
-    flush_every_step: bool,
-    window: int,
-    capacity: int,
-    flags: frozenset[str],
     state: torch.Tensor,
     rec_x: torch.Tensor | None,
     rec_b: torch.Tensor | None,
@@ -287,8 +297,6 @@ def mamba2_step(
     C: torch.Tensor,
     out: torch.Tensor,
     slot_indices: torch.Tensor,
-    pad_slot_id: int,
-    seed: int,
 ) -> None:
     """One Mamba-2 decode step (conventional or ReplaySSM), as the module's bindings take it.
 
@@ -302,6 +310,7 @@ def mamba2_step(
         else:   y = tot (S C) + sum_i dec_i dt_i (B_i . C) x_i + D x
     then y *= silu(z) with "z".
     """
+    flags, seed = setup.flags, setup.seed
     sr = _check_flags(flags, _MAMBA2_FLAGS, "Mamba-2")
     heads, groups = x.shape[1], B.shape[1]
     per_group = heads // groups
@@ -344,18 +353,7 @@ def mamba2_step(
             rec_b[slots, :, held] = B[rows].to(rec_b.dtype)
             rec_dt[slots, :, held] = dt_j.to(rec_dt.dtype)
 
-    _run_rows(
-        replay=replay,
-        flush_every_step=flush_every_step,
-        window=window,
-        capacity=capacity,
-        sr=sr,
-        cursors=cursors,
-        out=out,
-        slot_indices=slot_indices,
-        pad_slot_id=pad_slot_id,
-        compute=compute,
-    )
+    _run_rows(setup, sr=sr, cursors=cursors, out=out, slot_indices=slot_indices, compute=compute)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,12 +364,8 @@ _GDN_FLAGS = {"qk_l2norm", "gates_in_kernel", "sr", "device_seed"}
 
 
 def gdn_step(
+    setup: StepSetup,
     *,
-    replay: bool,
-    flush_every_step: bool,
-    window: int,
-    capacity: int,
-    flags: frozenset[str],
     state: torch.Tensor,
     rec_u: torch.Tensor | None,
     rec_k: torch.Tensor | None,
@@ -387,8 +381,6 @@ def gdn_step(
     scale: float,
     out: torch.Tensor,
     slot_indices: torch.Tensor,
-    pad_slot_id: int,
-    seed: int,
 ) -> None:
     """One Gated DeltaNet decode step (conventional or ReplaySSM), as the module's bindings take it.
 
@@ -404,6 +396,7 @@ def gdn_step(
         else:   o = tot S_c q^ + sum_{i<=j} dec_i (k^_i . q^) u_i
     A non-flush step appends (u_j, raw k_j, g_j) at ring row n.
     """
+    flags, seed = setup.flags, setup.seed
     sr = _check_flags(flags, _GDN_FLAGS, "GDN")
     k_heads, v_heads = q.shape[1], v.shape[1]
     per_key = v_heads // k_heads
@@ -462,15 +455,4 @@ def gdn_step(
             rec_g[slots, :, held] = g_j.to(rec_g.dtype)
             rec_k[slots, :, held] = k[rows].to(rec_k.dtype)
 
-    _run_rows(
-        replay=replay,
-        flush_every_step=flush_every_step,
-        window=window,
-        capacity=capacity,
-        sr=sr,
-        cursors=cursors,
-        out=out,
-        slot_indices=slot_indices,
-        pad_slot_id=pad_slot_id,
-        compute=compute,
-    )
+    _run_rows(setup, sr=sr, cursors=cursors, out=out, slot_indices=slot_indices, compute=compute)

@@ -9,6 +9,7 @@ import torch
 
 from replayssm_jit.checks import check_slot_indices, check_slot_pool, check_tensor
 from replayssm_jit.families.base import Family
+from replayssm_jit.ops import cpu
 from replayssm_jit.ops.plan import DecodePlan
 
 
@@ -98,13 +99,15 @@ def run_step(
     if plan.backend == "cpu":
         if seed_tensor is not None:
             seed_value = int(seed_tensor.item()) & (2**63 - 1)
-        cpu_step(
+        setup = cpu.StepSetup(
             replay=plan.replay, flush_every_step=plan.kernel == "flush-every-step",
             window=plan.spec.window, capacity=plan.spec.capacity, flags=frozenset(plan.spec.flags),
-            state=tensors["state"], **dict(zip(plan.layout.ring_names, rings if plan.replay else [None] * len(rings))),
-            cursors=tensors.get("cursors") if plan.replay else None,
-            **inputs, out=out, slot_indices=slot_indices, pad_slot_id=plan.pad_slot_id, seed=seed_value,
+            pad_slot_id=plan.pad_slot_id, seed=seed_value,
         )  # fmt: skip
+        ring_args = dict(zip(plan.layout.ring_names, rings if plan.replay else [None] * len(rings)))
+        cursors = tensors.get("cursors") if plan.replay else None
+        cpu_step(setup, state=tensors["state"], **ring_args, cursors=cursors, **inputs, out=out,
+                 slot_indices=slot_indices)  # fmt: skip
         return out
     tail = (
         out,
