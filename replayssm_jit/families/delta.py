@@ -61,7 +61,7 @@ GDN = DeltaFamily(
     capped_state_registers=True,
     flush_every_step_kernel=False,
     # The flush-every-step step runs best on the largest tile giving every SM one CTA
-    # (docs/tuning.md, TILE_TARGETS_CTAS_PER_SM).
+    # (docs/tuning.md, tile_targets).
     tile_targets={
         "conventional": (TARGET_CTAS_PER_SM,),
         "split": (TARGET_CTAS_PER_SM,),

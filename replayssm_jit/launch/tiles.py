@@ -19,7 +19,7 @@ TARGET_CTAS_PER_SM = 2
 def lanes_per_row(rows_per_warp: int, cols: int, state_bytes: int) -> int:
     """Lanes sharing a state row in a tile with `rows_per_warp` rows per warp: the fewest of 8
     and 16 (at most one per 16-byte chunk) that split a warp's rows into whole passes, else one
-    per chunk up to 32 (RowTiling's narrow rows)."""
+    per chunk up to 32 (as RowTiling does for narrow rows)."""
     vecs = cols // (16 // state_bytes)
     for lanes in (8, 16):
         if lanes <= vecs and rows_per_warp % (32 // lanes) == 0:

@@ -115,12 +115,11 @@ def plan_decode(
     )  # fmt: skip
     config = resolve_config(config)
     heads = layout.shape.value_heads
+    # The policy's checks of `config` hold on every device (a CPU plan checks as for an H200).
+    launch = choose_launch(spec, batch_size, heads, sm_count(device), replay=replay, config=config)
     if device.type == "cuda":
         from replayssm_jit.jit.build import load_module
 
-        launch = choose_launch(
-            spec, batch_size, heads, sm_count(device), replay=replay, config=config
-        )
         module = load_module(spec)
         floats = (
             int(module.split_workspace_floats(batch_size, heads))
@@ -129,7 +128,8 @@ def plan_decode(
         )
         kernel, rows, bits = launch.kernel, launch.rows_per_cta, launch.flags
     else:
-        # One PyTorch step serves every kernel's semantics; only flush-every-step differs.
+        # One PyTorch step serves every kernel's semantics; only an asked-for flush-every-step
+        # differs (the policy's small-batch choice of it is a GPU latency rule).
         module, floats, rows, bits = None, 0, 0, 0
         kernel = (
             "conventional"

@@ -14,7 +14,7 @@ constexpr int kCursorWords = 4;
 // Lanes that share a state row: one per 16-byte chunk up to 32 (WIDE), else the fewest of 8 and
 // 16 that split a warp's rows into whole passes (falling back to WIDE). Narrow rows mean shorter
 // shuffle reductions and fewer passes, while each load instruction still covers whole 128-byte
-// lines of a row; wide rows keep fewer values (of q, B, k) per lane. Mirrored by spec.lanes_per_row.
+// lines of a row; wide rows keep fewer values (of q, B, k) per lane. Mirrored by launch.tiles.lanes_per_row.
 template <int COLS_VECS, int ROWS_PER_WARP, bool WIDE>
 constexpr int lanes_per_row() {
   if (!WIDE)
