@@ -116,3 +116,26 @@ def check_slot_indices(
     if len(set(real)) != len(real):
         dup = next(v for v in real if real.count(v) > 1)
         raise ValueError(f"slot_indices: expected distinct slots per batch, got slot {dup} twice")
+
+
+def check_positive_int(name: str, value: object, *, upper: int | None = None) -> int:
+    """A positive int (not a bool), at most `upper`; else a ValueError/TypeError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    if value <= 0 or (upper is not None and value > upper):
+        bound = f"in [1, {upper}]" if upper is not None else "a positive int"
+        raise ValueError(f"{name}: expected {bound}, got {value}")
+    return value
+
+
+def check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_int(name: str, value: object) -> int:
+    """An int (not a bool); else a TypeError naming it."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
+    return value

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from replayssm_jit.checks import check_positive_int
 from replayssm_jit.families import get_family
 from replayssm_jit.families.base import (
     CPP_TYPES,
@@ -16,7 +17,6 @@ from replayssm_jit.families.base import (
     MAX_DRAFTS,
     MAX_WINDOW,
     HeadShape,
-    check_positive_int,
     dtype_name,
 )
 from replayssm_jit.launch.tiles import rows_tilings

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from replayssm_jit.checks import check_bool, check_positive_int
 from replayssm_jit.launch.tiles import (
     SHARED_BYTES_PER_SM,
     SHARED_BYTES_RESERVED_PER_CTA,
@@ -42,22 +43,6 @@ def dtype_name(dtype: object, arg: str) -> str:
         f"{arg}: expected one of {sorted(TORCH_DTYPES)} or torch.float32/bfloat16/float16, "
         f"got {dtype!r}"
     )
-
-
-def check_positive_int(name: str, value: object, *, upper: int | None = None) -> int:
-    """A positive int (not a bool), at most `upper`; else a ValueError/TypeError naming it."""
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-    if value <= 0 or (upper is not None and value > upper):
-        bound = f"in [1, {upper}]" if upper is not None else "a positive int"
-        raise ValueError(f"{name}: expected {bound}, got {value}")
-    return value
-
-
-def check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -108,7 +93,7 @@ class Family:
     spec_dims: the spec's (URI key, HeadShape field or "heads_per_key", user-facing name), in
         URI order.
     rings: the record rings in the order the module's replay_step binding takes them.
-    flags / default_flags: the compile-time features a spec may name, and the default set.
+    default_flags: the compile-time features a spec has by default (Family.flags: all it may name).
     records_warps: the warp counts the split step's records kernel is compiled for.
     capped_state_registers: the split state kernel has a variant capped at 96 registers.
     flush_every_step_kernel: the flush-every-step step is its own per-item instantiation.
@@ -121,13 +106,17 @@ class Family:
     shape_args: tuple[str, str, str, str]
     spec_dims: tuple[tuple[str, str, str], ...]
     rings: tuple[RingLayout, ...]
-    flags: frozenset[str]
     default_flags: tuple[str, ...]
     plan_options: Mapping[str, tuple[str, bool]] = field(hash=False, compare=False)
     records_warps: tuple[int, ...]
     capped_state_registers: bool
     flush_every_step_kernel: bool
     tile_targets: Mapping[str, tuple[int, ...]] = field(hash=False, compare=False)
+
+    @property
+    def flags(self) -> frozenset[str]:
+        """The compile-time features a spec may name: those of the plan options."""
+        return frozenset(flag for flag, _ in self.plan_options.values())
 
     # --- shapes -------------------------------------------------------------------------
     def head_shape(self, **kwargs: object) -> HeadShape:
@@ -147,17 +136,6 @@ class Family:
                 f"{names['value_heads']}={values['value_heads']}, got {values['key_heads']}"
             )
         return HeadShape(**values)
-
-    def shape_from_spec_dims(self, dims: Mapping[str, int], value_heads: int) -> HeadShape:
-        """The HeadShape of a spec's dims with `value_heads` heads in the state pool."""
-        role = {key: field_ for key, field_, _ in self.spec_dims}
-        by_role = {role[k]: v for k, v in dims.items()}
-        return HeadShape(
-            key_heads=value_heads // by_role["heads_per_key"],
-            value_heads=value_heads,
-            key_dim=by_role["key_dim"],
-            value_dim=by_role["value_dim"],
-        )
 
     def dims_of(self, shape: HeadShape) -> tuple[tuple[str, int], ...]:
         """The spec dims of `shape`, in URI order."""

@@ -49,7 +49,6 @@ GDN = DeltaFamily(
         RingLayout("rec_k", heads="key", width="key_dim", dtype="act"),
         RingLayout("rec_g", heads="value", width=None, dtype="f32"),
     ),
-    flags=frozenset({"qk_l2norm", "gates_in_kernel", "sr", "device_seed"}),
     default_flags=("gates_in_kernel", "qk_l2norm"),
     plan_options={
         "use_qk_l2norm": ("qk_l2norm", True),

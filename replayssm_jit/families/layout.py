@@ -8,16 +8,18 @@ scratch word the kernels use to agree on who advances the cursor, and a spare wo
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
+from replayssm_jit.checks import check_positive_int, check_slot_pool, check_tensor
 from replayssm_jit.families import get_family
 from replayssm_jit.families.base import (
     TORCH_DTYPES,
     Family,
     HeadShape,
-    check_positive_int,
     dtype_name,
 )
 
@@ -59,6 +61,10 @@ class CacheLayout:
 
     def tensors(self) -> tuple[TensorLayout, ...]:
         """The checkpoint, each record ring (in the kernels' order) and the cursors."""
+        return self._tensors
+
+    @cached_property
+    def _tensors(self) -> tuple[TensorLayout, ...]:  # (every step checks against it)
         s = self.shape
         rings = tuple(
             TensorLayout(
@@ -76,6 +82,34 @@ class CacheLayout:
             # A cursor's first two words are read in one 8-byte load.
             TensorLayout("cursors", (CURSOR_WORDS,), torch.int32, alignment=8),
         )
+
+    def check_tensors(
+        self,
+        tensors: Mapping[str, object],
+        *,
+        device: torch.device,
+        optional: Collection[str] = (),
+        num_slots: int | None = None,
+    ) -> int:
+        """Each slot tensor (those named in `optional` may be missing or None) against this
+        layout: a [num_slots, *per_slot_shape] tensor of its dtype on `device`, each slot's
+        block contiguous and aligned, every one with the state's slot count (or `num_slots`,
+        where given). Returns it."""
+        fixed, num_slots = num_slots, None
+        for t in self.tensors():
+            value = tensors.get(t.name)
+            if value is None and t.name in optional:
+                continue
+            check_tensor(t.name, value, shape=(fixed, *t.per_slot_shape), dtype=t.dtype,
+                         device=device)  # fmt: skip
+            check_slot_pool(t.name, value, str(list(t.per_slot_shape)), t.alignment)
+            if num_slots is None:
+                num_slots = value.shape[0]
+            elif value.shape[0] != num_slots:
+                raise ValueError(
+                    f"{t.name}: expected {num_slots} slots (as state), got {value.shape[0]}"
+                )
+        return num_slots
 
     @property
     def ring_names(self) -> tuple[str, ...]:

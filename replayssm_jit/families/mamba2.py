@@ -32,7 +32,6 @@ MAMBA2 = Mamba2Family(
         RingLayout("rec_b", heads="key", width="key_dim", dtype="act"),
         RingLayout("rec_dt", heads="value", width=None, dtype="f32"),
     ),
-    flags=frozenset({"d", "z", "dt_bias", "dt_softplus", "sr", "device_seed"}),
     default_flags=("d", "dt_bias", "dt_softplus"),
     plan_options={
         "has_D": ("d", True),

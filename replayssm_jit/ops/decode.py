@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from replayssm_jit.checks import check_slot_indices, check_slot_pool, check_tensor
+from replayssm_jit.checks import check_slot_indices, check_tensor
 from replayssm_jit.families.base import Family
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops.plan import DecodePlan
@@ -19,28 +19,6 @@ def check_plan(plan: object, family: Family) -> DecodePlan:
     if plan.family is not family:
         raise ValueError(f"plan: expected a {family.name} plan, got a {plan.family.name} plan")
     return plan
-
-
-def check_cache_tensors(plan: DecodePlan, tensors: Mapping[str, torch.Tensor | None]) -> int:
-    """The slot tensors against the plan's layout (conventional steps need only the state);
-    returns the number of slots."""
-    num_slots = None
-    for t in plan.layout.tensors():
-        value = tensors.get(t.name)
-        if value is None and (t.name != "state" and not plan.replay):
-            continue
-        want = tuple("*" if i == 0 else d for i, d in enumerate(t.shape(0)))
-        check_tensor(
-            t.name, value, shape=(None, *t.per_slot_shape), dtype=t.dtype, device=plan.device
-        )
-        check_slot_pool(t.name, value, "[" + ", ".join(map(str, want[1:])) + "]", t.alignment)
-        if num_slots is None:
-            num_slots = value.shape[0]
-        elif value.shape[0] != num_slots:
-            raise ValueError(
-                f"{t.name}: expected {num_slots} slots (as state), got {value.shape[0]}"
-            )
-    return num_slots
 
 
 def resolve_seed(plan: DecodePlan, seed: object) -> tuple[int, torch.Tensor | None]:
@@ -78,7 +56,9 @@ def run_step(
 ) -> torch.Tensor:
     """Check the slot tensors, slot ids, workspace and seed, then launch. `inputs` holds the
     family's token inputs in its bindings' order (already checked)."""
-    num_slots = check_cache_tensors(plan, tensors)
+    # A conventional step reads and writes only the state.
+    optional = () if plan.replay else (*plan.layout.ring_names, "cursors")
+    num_slots = plan.layout.check_tensors(tensors, device=plan.device, optional=optional)
     check_slot_indices(
         slot_indices, plan.batch_size, num_slots, plan.pad_slot_id, plan.device,
         read_values=plan.check_slot_values or plan.backend == "cpu",  # (no sync to save there)

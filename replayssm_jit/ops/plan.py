@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from replayssm_jit.families.base import check_bool, check_positive_int
+from replayssm_jit.checks import check_bool, check_int, check_positive_int
 from replayssm_jit.families.layout import CacheLayout
 from replayssm_jit.launch.config import resolve_config
 from replayssm_jit.launch.policy import FLAG_SPLIT, choose_launch, sm_count
@@ -68,12 +68,6 @@ def resolve_device(device: object) -> torch.device:
     elif device.type != "cpu":
         raise ValueError(f"device: expected 'cuda' or 'cpu', got {device}")
     return device
-
-
-def check_int(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
-    return value
 
 
 def plan_decode(

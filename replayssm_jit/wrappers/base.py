@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_jit.families.base import Family, check_bool
+from replayssm_jit.checks import check_bool
+from replayssm_jit.families.base import Family
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops.plan import MODES, DecodePlan, plan_decode
 from replayssm_jit.spec import KernelSpec
@@ -112,9 +113,6 @@ class DecodeWrapper:
     def _run(self, op, **inputs) -> torch.Tensor:
         if self._plan is None:
             raise RuntimeError("run() called before plan()")
-        for name in self.cache.tensors:
-            if name in inputs:
-                raise TypeError(f"run(): {name!r} is the cache's; it is not an argument")
         if inputs.get("out") is None:
             inputs["out"] = self._out
         return op(self._plan, **self.cache.tensors, **inputs, workspace=self._workspace)

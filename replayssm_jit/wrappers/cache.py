@@ -10,8 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from replayssm_jit.checks import check_slot_pool, check_tensor
-from replayssm_jit.families.base import check_positive_int
+from replayssm_jit.checks import check_positive_int, check_tensor
 from replayssm_jit.families.layout import CacheLayout
 from replayssm_jit.ops.plan import resolve_device
 
@@ -179,16 +178,10 @@ def _check_tensors(
     names = [t.name for t in layout.tensors()]
     if set(tensors) != set(names):
         raise ValueError(f"tensors: expected exactly {names}, got {sorted(tensors)}")
-    state = tensors["state"]
-    check_tensor("state", state)
-    num_slots, device = state.shape[0] if state.dim() else 0, state.device
-    for t in layout.tensors():
-        value = check_tensor(
-            t.name, tensors[t.name], shape=t.shape(num_slots), dtype=t.dtype, device=device
-        )
-        check_slot_pool(t.name, value, str(list(t.per_slot_shape)), t.alignment)
-    check_positive_int("num_slots", num_slots)
-    return num_slots, device
+    state = check_tensor("state", tensors["state"])
+    num_slots = check_positive_int("num_slots", state.shape[0] if state.dim() else 0)
+    layout.check_tensors(tensors, device=state.device, num_slots=num_slots)
+    return num_slots, state.device
 
 
 class FamilyCache(SlotCache):
