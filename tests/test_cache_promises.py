@@ -190,14 +190,19 @@ def test_a_failed_plan_keeps_the_previous_plan(family):
     spec = wrapper.plan(3)
     plan = wrapper.decode_plan
     assert plan.backend == "cpu" and plan.module is None  # nothing compiled for a CPU cache
-    for kwargs, error in (
-        (dict(batch_size=0), ValueError),
-        (dict(batch_size=2, stochastic_rounding=True), ValueError),  # f32 state has no SR
-        (dict(batch_size=2, stochastic_rounding=1), TypeError),
-        (dict(batch_size=2, config="split"), TypeError),
-        (dict(batch_size=2, seed=1.5), TypeError),
+    for kwargs, error, match in (
+        (dict(batch_size=0), ValueError, "^batch_size: expected a positive int"),
+        # an f32 state has no stochastic rounding
+        (dict(batch_size=2, stochastic_rounding=True), ValueError, "^flags: 'sr'"),
+        (
+            dict(batch_size=2, stochastic_rounding=1),
+            TypeError,
+            "^stochastic_rounding: expected a bool",
+        ),
+        (dict(batch_size=2, config="split"), TypeError, "^config: expected a LaunchConfig"),
+        (dict(batch_size=2, seed=1.5), TypeError, "^seed: expected an int"),
     ):
-        with pytest.raises(error):
+        with pytest.raises(error, match=match):
             wrapper.plan(**kwargs)
         assert wrapper.decode_plan is plan and wrapper.spec == spec and wrapper.batch_size == 3
     with pytest.raises(ValueError, match="^config.kernel: expected 'auto' or one of"):
