@@ -111,7 +111,7 @@ class CacheLayout:
                 )
         return num_slots
 
-    @property
+    @cached_property
     def ring_names(self) -> tuple[str, ...]:
         return tuple(r.name for r in self.family.rings)
 
