@@ -3,6 +3,7 @@
 Public API:
     mamba2_layout, gdn_layout, CacheLayout  the per-slot tensors of a layer (engines allocate)
     plan_decode, mamba2_decode, gdn_decode  functional ops on caller-owned tensors
+    reset_slots, copy_slots                 slot lifecycle on them: new sequences, forks
     LaunchConfig                            launch choices a plan may fix ("auto" by default)
     Mamba2DecodeCache, Mamba2DecodeWrapper  convenience cache + plan()/run() objects
     GDNDecodeCache, GDNDecodeWrapper
@@ -13,7 +14,14 @@ Public API:
 
 from replayssm_jit.families.layout import CacheLayout, TensorLayout, gdn_layout, mamba2_layout
 from replayssm_jit.launch.config import LaunchConfig
-from replayssm_jit.ops import DecodePlan, gdn_decode, mamba2_decode, plan_decode
+from replayssm_jit.ops import (
+    DecodePlan,
+    copy_slots,
+    gdn_decode,
+    mamba2_decode,
+    plan_decode,
+    reset_slots,
+)
 from replayssm_jit.spec import KernelSpec, gdn_spec, mamba2_spec
 from replayssm_jit.wrappers.cache import SlotCache
 from replayssm_jit.wrappers.gdn import GDNDecodeCache, GDNDecodeWrapper
@@ -30,6 +38,7 @@ __all__ = [
     "Mamba2DecodeWrapper",
     "SlotCache",
     "TensorLayout",
+    "copy_slots",
     "gdn_decode",
     "gdn_layout",
     "gdn_spec",
@@ -37,5 +46,6 @@ __all__ = [
     "mamba2_layout",
     "mamba2_spec",
     "plan_decode",
+    "reset_slots",
 ]
 __version__ = "0.2.0"

@@ -3,13 +3,16 @@
     plan = plan_decode(layout, batch_size, device=..., mode="replay", config=LaunchConfig())
     mamba2_decode(plan, state=..., rec_x=..., rec_b=..., rec_dt=..., cursors=..., x=..., ...)
     gdn_decode(plan, state=..., rec_u=..., rec_k=..., rec_g=..., cursors=..., q=..., ...)
+    reset_slots(layout, tensors, slots, initial_state=None)   start sequences in slots
+    copy_slots(layout, tensors, src, dst)                     fork slots (prefix sharing)
 
 Tensors come from the layout (families.layout.mamba2_layout / gdn_layout). On CPU tensors the
 same calls run a PyTorch implementation of the same cursor, ring and flush semantics.
 """
 
 from replayssm_jit.ops.gdn import gdn_decode
+from replayssm_jit.ops.lifecycle import copy_slots, reset_slots
 from replayssm_jit.ops.mamba2 import mamba2_decode
 from replayssm_jit.ops.plan import DecodePlan, plan_decode
 
-__all__ = ["DecodePlan", "gdn_decode", "mamba2_decode", "plan_decode"]
+__all__ = ["DecodePlan", "copy_slots", "gdn_decode", "mamba2_decode", "plan_decode", "reset_slots"]

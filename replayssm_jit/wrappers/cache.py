@@ -12,6 +12,7 @@ import torch
 
 from replayssm_jit.checks import check_positive_int, check_tensor
 from replayssm_jit.families.layout import CacheLayout
+from replayssm_jit.ops.lifecycle import copy_slots, reset_slots, slot_id_list
 from replayssm_jit.ops.plan import resolve_device
 
 
@@ -98,28 +99,8 @@ class SlotCache:
     # --- slots ---------------------------------------------------------------------------
     def _slot_ids(self, name: str, slots: object) -> list[int]:
         """Slot ids from an int tensor or a sequence of ints, each a real slot (not the pad)."""
-        if isinstance(slots, torch.Tensor):
-            if slots.dtype.is_floating_point or slots.dtype.is_complex or slots.dtype == torch.bool:
-                raise TypeError(f"{name}: expected an integer tensor, got dtype {slots.dtype}")
-            if slots.dim() != 1:
-                raise ValueError(f"{name}: expected a 1-D tensor, got shape {list(slots.shape)}")
-            values = slots.tolist()
-        elif isinstance(slots, Sequence) and not isinstance(slots, (str, bytes)):
-            values = list(slots)
-            for v in values:
-                if not isinstance(v, int) or isinstance(v, bool):
-                    raise TypeError(f"{name}: expected int slot ids, got {type(v).__name__} {v!r}")
-        else:
-            raise TypeError(
-                f"{name}: expected an int tensor or a list of ints, got {type(slots).__name__}"
-            )
-        for v in values:
-            if not 0 <= v < self.num_slots or v == self.pad_slot_id:
-                raise ValueError(
-                    f"{name}: expected slot ids in [0, {self.num_slots}) other than "
-                    f"pad_slot_id={self.pad_slot_id}, got {v}"
-                )
-        return values
+        return slot_id_list(name, slots, self.num_slots, pad_slot_id=self.pad_slot_id,
+                            distinct=False)  # fmt: skip
 
     def allocate(self, count: int) -> torch.Tensor:
         """Hand out `count` free slots (checkpoints zeroed, no records) as an int32 tensor."""
@@ -149,22 +130,22 @@ class SlotCache:
     def reset(
         self, slots: torch.Tensor | Sequence[int], initial_state: torch.Tensor | None = None
     ) -> None:
-        """Start new sequences in `slots`: checkpoints zero (or `initial_state` [len, *state
-        per slot], converted to the state dtype), no records held, flush epoch 0."""
-        values = self._slot_ids("slots", slots)
-        if initial_state is not None:
-            want = (len(values), *self.state.shape[1:])
-            check_tensor("initial_state", initial_state, shape=want)
-            if not initial_state.dtype.is_floating_point:
-                raise TypeError(
-                    f"initial_state: expected a floating dtype, got {initial_state.dtype}"
-                )
-        index = torch.tensor(values, dtype=torch.long, device=self.device)
-        if initial_state is None:
-            self.state[index] = 0
-        else:
-            self.state[index] = initial_state.to(device=self.device, dtype=self.state.dtype)
-        self.cursors[index] = 0
+        """Start new sequences in `slots` (distinct ids): checkpoints zero (or `initial_state`
+        [len, *state per slot], converted to the state dtype), no records held, flush epoch 0
+        (ops.lifecycle.reset_slots)."""
+        reset_slots(self.layout, self.tensors, slots, initial_state, pad_slot_id=self.pad_slot_id)
+
+    def fork(self, src: torch.Tensor | Sequence[int], dst: torch.Tensor | Sequence[int]) -> None:
+        """Fork (prefix sharing): each allocated slot dst[i] becomes an exact copy of the
+        allocated slot src[i] (checkpoint, every ring, cursor), so both continue from the same
+        point (ops.lifecycle.copy_slots). dst: distinct ids, none in src; allocate() them first.
+        """
+        free = set(self._free)
+        for name, ids in (("src", src), ("dst", dst)):
+            for v in self._slot_ids(name, ids):
+                if v in free:
+                    raise ValueError(f"{name}: expected allocated slot ids, got {v} (free)")
+        copy_slots(self.layout, self.tensors, src, dst, pad_slot_id=self.pad_slot_id)
 
     def records_held(self, slots: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """Records held since the last flush, per slot (int32 on the cache's device)."""
