@@ -3,16 +3,22 @@
 Each config is one family x mode/kernel (conventional; ReplaySSM per-item, flush-every-step and
 split, the split step in each records-CTA width and state-kernel register form the family
 compiles) x speculative ring loads on/off x compiled row tile x checkpoint dtype, and runs a
-short schedule: 4 rows (3 live slots of a 6-slot pool, the rest pad rows), rows permuted every
-step, the slots joining at steps 0, 1 and 3 so that one launch mixes flush and non-flush rows
-holding different record counts, 2L + 2 steps (L = 4) so that every slot flushes and its ring rows
-are written again after the flush, fresh random inputs every step. Every input is made on the
+short schedule: 6 rows (3 live slots of a 6-slot pool, one faulted row of each kind, the rest pad
+rows), rows permuted every step, the slots joining at steps 0, 1 and 3 so that one launch mixes
+flush and non-flush rows holding different record counts, 2L + 2 steps (L = 4) so that every slot
+flushes and its ring rows are written again after the flush, fresh random inputs every step. The
+faulted rows: one names a slot id outside the pool (a new one each step: past the end, negative,
+the int32 extremes), and in ReplaySSM configs one names slot 5, whose cursor is corrupted before
+every step to a held count no step leaves (L, the capacity, -1, the int32 extremes); the kernels'
+guards must give both rows NaN outputs and touch nothing (slot ids are not checked on the host:
+the plan skips that read, as in a CUDA graph). Every input is made on the
 host and copied in (no PyTorch kernel runs on the device: the only kernels are ours, and
 initcheck sees every input initialised by a copy). Outputs are uninitialised device memory
 (--outputs empty, for initcheck: copying them back reads every element, so an element the kernel
 left unwritten is reported) or NaN-poisoned (--outputs nan: a NaN left is a failed config).
-After each config: outputs finite, pad rows exactly zero, the live slots' checkpoints finite and
-cursors as counted, every other slot's checkpoint, rings and cursors bit-identical.
+After each config: live rows' outputs finite, pad rows exactly zero, faulted rows all NaN, the
+live slots' checkpoints finite and cursors as counted, every other slot's checkpoint, rings and
+cursors bit-identical (the corrupted cursor as last written).
 
     python scripts/sanitize_kernels.py --list            # the configs and their spec URIs (CPU)
     python scripts/sanitize_kernels.py --check-preset    # every URI is in the AOT preset (CPU)
@@ -21,7 +27,8 @@ cursors as counted, every other slot's checkpoint, rings and cursors bit-identic
 scripts/sanitize.sh runs it under each tool on the H200; the modules come from the AOT preset
 "sanitizer" (replayssm_jit/jit/aot.py), which lists exactly the specs this script loads.
 --device cpu runs the same schedules through the PyTorch path (a check of this script's own
-bookkeeping; the launch choices do not apply there).
+bookkeeping; the launch choices do not apply there, and the CPU path checks slot ids on the host
+and raises, so the out-of-range row becomes a pad row there).
 """
 
 from __future__ import annotations
@@ -60,10 +67,12 @@ PRESET = "sanitizer"
 WINDOW = 4  # replay window L (conventional specs use window 1)
 DRAFTS = 1
 ACT = "bf16"
-BATCH = 4
+BATCH = 6
 NUM_SLOTS = 6
 PAD = -1
-LIVE_SLOTS = (4, 1, 3)  # the slots of the schedule; 0, 2 and 5 are never named
+LIVE_SLOTS = (4, 1, 3)  # the slots of the schedule; 0, 2 and 5 are never stepped
+FAULT_SLOT = 5  # named by a row in ReplaySSM configs, its cursor corrupted before each step
+OUT_OF_RANGE_IDS = (NUM_SLOTS, NUM_SLOTS + 1000, -2, -(2**31), 2**31 - 1)
 JOIN_STEPS = (0, 1, 3)  # the step at which each live slot's sequence starts
 PLAN_SEED = 12345
 STEP_SEED = 777  # the device-tensor seed passed on odd steps
@@ -340,7 +349,7 @@ def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
     layout = make_layout(cfg.family, cfg.state)
     plan = plan_decode(
         layout, BATCH, device=device, mode=cfg.mode, config=cfg.launch_config(),
-        seed=PLAN_SEED, **plan_options(cfg.family, cfg.sr),
+        seed=PLAN_SEED, check_slot_values=False, **plan_options(cfg.family, cfg.sr),
     )  # fmt: skip
     check(plan.spec.uri == cfg.uri, f"planned {plan.spec.uri}, expected {cfg.uri}")
     if device.type == "cuda":
@@ -369,11 +378,18 @@ def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
     out_shape = (BATCH, shape.value_heads, shape.value_dim)
     held = dict.fromkeys(LIVE_SLOTS, 0)
     epochs = dict.fromkeys(LIVE_SLOTS, 0)
+    corrupt_held = (WINDOW, layout.capacity, -1, -(2**31), 2**31 - 1)
     for step in range(steps):
         active = [s for s, join in zip(LIVE_SLOTS, JOIN_STEPS) if join <= step]
-        rows = active + [PAD] * (BATCH - len(active))
+        faulted = [FAULT_SLOT] if replay else []
+        if device.type == "cuda":
+            faulted.append(OUT_OF_RANGE_IDS[step % len(OUT_OF_RANGE_IDS)])
+        rows = active + faulted + [PAD] * (BATCH - len(active) - len(faulted))
         rows = [rows[i] for i in torch.randperm(BATCH, generator=gen).tolist()]
         slot_indices = torch.tensor(rows, dtype=torch.int32).to(device)
+        if replay:  # a host-to-device copy of the slot's cursor row, not a kernel
+            host["cursors"][FAULT_SLOT, 0] = corrupt_held[step % len(corrupt_held)]
+            slot_tensors["cursors"][FAULT_SLOT].copy_(host["cursors"][FAULT_SLOT])
         tok = {k: v.to(device) for k, v in case.token(shape, BATCH, act, gen).items()}
         if outputs == "empty":
             out = torch.empty(out_shape, dtype=act, device=device)
@@ -386,9 +402,15 @@ def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
             plan, **slot_tensors, **params, **tok, slot_indices=slot_indices, out=out, seed=seed
         )
         got = out.cpu()  # a copy of the raw output: initcheck reports any element left unwritten
-        check(bool(torch.isfinite(got).all()), f"step {step}: output not finite (or left NaN)")
+        live_rows = [i for i, s in enumerate(rows) if s in active]
         pad_rows = [i for i, s in enumerate(rows) if s == PAD]
+        fault_rows = [i for i, s in enumerate(rows) if s in faulted]
+        check(
+            bool(torch.isfinite(got[live_rows]).all()),
+            f"step {step}: output not finite (or left NaN)",
+        )
         check(bool((got[pad_rows] == 0).all()), f"step {step}: pad rows not zero")
+        check(bool(torch.isnan(got[fault_rows]).all()), f"step {step}: faulted rows not all NaN")
         for s in active:
             if cfg.kernel == "flush-every-step":
                 epochs[s] += 1

@@ -166,7 +166,7 @@ class Mamba2Case(Case):
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
         r = pool.rings
-        setup = cpu.StepSetup(replay, fes, self.window, self.capacity,
+        setup = cpu.StepSetup(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
         cpu.mamba2_step(
             setup, state=pool.state,
@@ -256,7 +256,7 @@ class GDNCase(Case):
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
         r, p = pool.rings, self.params
-        setup = cpu.StepSetup(replay, fes, self.window, self.capacity,
+        setup = cpu.StepSetup(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
         cpu.gdn_step(
             setup, state=pool.state,
@@ -629,18 +629,27 @@ def test_pad_only_and_empty_batches(family, replay):
 
 
 @pytest.mark.parametrize("family", list(CASES))
-def test_bad_cursor_raises_before_writing(family):
+@pytest.mark.parametrize("corrupt", ["window", "capacity", "negative", "int32_max"])
+def test_corrupted_cursor_faults_only_its_row(family, corrupt):
+    """A held count no step leaves (outside [0, window)) gives that row NaN outputs and touches
+    none of its slot's tensors, as the kernels' guard does; the other rows step as if alone."""
     case = CASES[family]()
     gen, pool = fresh_pool(case, 34)
-    pool.cursors[2, 0] = case.capacity
+    value = {"window": case.window, "capacity": case.capacity, "negative": -1,
+             "int32_max": 2**31 - 1}[corrupt]  # fmt: skip
+    pool.cursors[2, 0] = value
+    alone = pool.clone()
     before = pool.clone()
     tok = case.tokens(gen, 3)
     out = case.out(3)
-    with pytest.raises(ValueError, match="cursors"):
-        case.run(pool, tok, out, torch.tensor([1, -1, 2], dtype=torch.int32), -1, replay=True)
-    assert bool(torch.isnan(out).all())
+    case.run(pool, tok, out, torch.tensor([1, -1, 2], dtype=torch.int32), -1, replay=True)
+    assert bool(torch.isnan(out[2]).all()) and bool((out[1] == 0).all())
+    out_alone = case.out(1)
+    tok_alone = {k: None if v is None else v[:1] for k, v in tok.items()}
+    case.run(alone, tok_alone, out_alone, torch.tensor([1], dtype=torch.int32), -1, replay=True)
+    assert torch.equal(out[0], out_alone[0])
     for s in range(NUM_SLOTS):
-        check_untouched(pool, before, s, f"slot {s}")
+        check_untouched(pool, alone if s == 1 else before, s, f"slot {s}")
 
 
 def test_fast_path_imports_no_reference():

@@ -11,6 +11,8 @@ rounded factors.
 
 Per batch row b with slot s = slot_indices[b]:
   * s == pad_slot_id: out[b] = 0; nothing else is read or written.
+  * replay=True and cursors[s, 0] outside [0, window) (a corrupted cursor; no step leaves one):
+    out[b] = NaN; nothing else is read or written (the kernels' held_count_valid guard).
   * replay=False (conventional): read state[s], take one step, write it back, write out[b].
   * replay=True: n = cursors[s, 0] records are held; with j = n + 1 (those plus this token) the
     row flushes when j >= window or flush_every_step. A flush folds the n held records and this
@@ -202,13 +204,11 @@ _Compute = Callable[[torch.Tensor, torch.Tensor, int, bool, torch.Tensor], None]
 @dataclass(frozen=True)
 class StepSetup:
     """The scalars a step takes besides its tensors, as the module's bindings do: ReplaySSM or
-    conventional, flush-every-step mode, the window L, the ring capacity L + T, the spec's
-    flags, the pad slot id and the stochastic-rounding seed."""
+    conventional, flush-every-step mode, the window L, the spec's flags, the pad slot id and the stochastic-rounding seed."""
 
     replay: bool
     flush_every_step: bool
     window: int
-    capacity: int
     flags: frozenset[str]
     pad_slot_id: int
     seed: int
@@ -227,7 +227,7 @@ def _run_rows(
     cursors before anything is written), then the cursor words as finish_step_cursor leaves
     them."""
     replay, flush_every_step = setup.replay, setup.flush_every_step
-    window, capacity, pad_slot_id = setup.window, setup.capacity, setup.pad_slot_id
+    window, pad_slot_id = setup.window, setup.pad_slot_id
     slot_of_row = slot_indices.to(device=out.device, dtype=torch.int64)
     pad = slot_of_row == pad_slot_id
     rows = torch.nonzero(~pad).flatten()
@@ -241,14 +241,11 @@ def _run_rows(
         raise ValueError("cursors: required in replay mode")
     words = cursors[slots].to(torch.int64)
     held_of_row, epoch_of_row = words[:, 0], words[:, 1]
-    bad = (held_of_row < 0) | (held_of_row >= capacity)
-    if bool(bad.any()):  # before anything is written
-        i = int(torch.nonzero(bad)[0, 0])
-        raise ValueError(
-            f"cursors: slot {int(slots[i])} holds {int(held_of_row[i])} records, expected "
-            f"0..{capacity - 1} (capacity {capacity})"
-        )
+    faulted = (held_of_row < 0) | (held_of_row >= window)  # a corrupted cursor, as the kernels see it
     out[pad] = 0
+    out[rows[faulted]] = float("nan")
+    rows, slots = rows[~faulted], slots[~faulted]
+    held_of_row, epoch_of_row = held_of_row[~faulted], epoch_of_row[~faulted]
     for held in sorted(set(held_of_row.tolist())):
         members = held_of_row == held
         group_rows, group_slots = rows[members], slots[members]

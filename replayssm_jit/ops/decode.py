@@ -81,7 +81,7 @@ def run_step(
             seed_value = int(seed_tensor.item()) & (2**63 - 1)
         setup = cpu.StepSetup(
             replay=plan.replay, flush_every_step=plan.kernel == "flush-every-step",
-            window=plan.spec.window, capacity=plan.spec.capacity, flags=frozenset(plan.spec.flags),
+            window=plan.spec.window, flags=frozenset(plan.spec.flags),
             pad_slot_id=plan.pad_slot_id, seed=seed_value,
         )  # fmt: skip
         ring_args = dict(zip(plan.layout.ring_names, rings if plan.replay else [None] * len(rings)))

@@ -47,13 +47,35 @@ struct GroupIndex {
   }
 };
 
-// A padded batch row (slot == pad_slot_id) gets zeros in this CTA's ROWS outputs and nothing else:
-// true where the CTA is then done.
+// Fills this CTA's ROWS outputs of a batch row with `value`.
 template <int ROWS, int THREADS, typename act_t>
-__device__ __forceinline__ bool zero_if_padded(int slot, int pad_slot_id, act_t* out) {
-  if (slot != pad_slot_id) return false;
-  for (int r = threadIdx.x; r < ROWS; r += THREADS) out[r] = from_float<act_t>(0.f);
+__device__ __forceinline__ void fill_outputs(act_t* out, float value) {
+  for (int r = threadIdx.x; r < ROWS; r += THREADS) out[r] = from_float<act_t>(value);
+}
+
+// A faulted row's outputs: a quiet NaN, so that the fault shows downstream rather than passing.
+__device__ __forceinline__ float fault_output() { return __int_as_float(0x7fc00000); }
+
+// Whether batch row slot id `slot` names a slot a step may touch: not the pad, in [0, num_slots).
+__device__ __forceinline__ bool slot_usable(int slot, int pad_slot_id, int num_slots) {
+  return slot != pad_slot_id && unsigned(slot) < unsigned(num_slots);
+}
+
+// A row this CTA must not run reads and writes nothing of the cache: a padded one (slot ==
+// pad_slot_id) gets zeros in this CTA's ROWS outputs, one whose slot id is out of range (a graph
+// replayed with stale ids) gets NaNs. True where the CTA is then done.
+template <int ROWS, int THREADS, typename act_t>
+__device__ __forceinline__ bool skip_unusable_row(int slot, int pad_slot_id, int num_slots, act_t* out) {
+  if (slot_usable(slot, pad_slot_id, num_slots)) return false;
+  fill_outputs<ROWS, THREADS>(out, slot == pad_slot_id ? 0.f : fault_output());
   return true;
+}
+
+// A step only ever leaves 0..L-1 records held: any other count is a corrupted cursor, and the row
+// must then touch neither its rings nor its checkpoint.
+template <int L>
+__device__ __forceinline__ bool held_count_valid(int held) {
+  return unsigned(held) < unsigned(L);
 }
 
 // Issues every load of a CTA's rows row0.. of head `head` in slot `slot` of a [slots, heads,

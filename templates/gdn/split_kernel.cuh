@@ -68,7 +68,7 @@ struct Records {
     const int khead = index.group, row = index.row, vhead0 = index.head0, num_k_heads = index.num_groups;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slot = p.slot_indices[row];
-    if (slot == p.pad_slot_id) return;  // the state kernel writes the padded row's zeros
+    if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) return;  // the state kernel writes its outputs
 
     copy_columns_async<act_t, K, 1, kThreads>(sm.k_cur, 0, 0, p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h, 0, 0, 1);
     copy_columns_async<act_t, K, 1, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0, 0, 1);
@@ -77,6 +77,11 @@ struct Records {
     const int32_t* cursor = slot_cursor(p.cursors, slot);
     const SlotCursor at_start = read_slot_cursor(cursor);
     const int held = at_start.held, epoch = at_start.epoch;
+    if (!held_count_valid<L>(held)) {  // a corrupted cursor: the state kernel faults the row
+      if (khead == 0 && threadIdx.x == 0) Workspace{p.workspace, p.batch, p.num_v_heads}.set_row_info(row, held, false, epoch);
+      pipe::wait_copies();
+      return;
+    }
     const int records = held + 1;
     const bool flush = records >= L;
     if (!p.speculative) copy_ring(p, sm, slot, khead, held);
@@ -255,7 +260,7 @@ struct State {
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     act_t* out = p.out + (int64_t(row) * p.num_v_heads + vhead) * V + row0;
-    if (zero_if_padded<ROWS, kThreads>(slot, p.pad_slot_id, out)) return;  // nothing else to do
+    if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
     // Checkpoint rows and this token's q, k and v first: none of them waits for the records kernel.
     typename Tile::Regs s_raw;
@@ -269,6 +274,11 @@ struct State {
     wait_for_prior_grid();  // from here on the records kernel has finished: no cursor readers left
     const Workspace ws{p.workspace, p.batch, p.num_v_heads};
     const auto info = ws.row_info(row);
+    if (!held_count_valid<L>(info.held)) {  // a corrupted cursor: the row touches nothing
+      pipe::wait_copies();
+      fill_outputs<ROWS, kThreads>(out, fault_output());
+      return;
+    }
     const int held = info.held, records = held + 1;
     const bool flush = info.flush;
     const uint64_t epoch = SR ? uint64_t(info.epoch) : 0;

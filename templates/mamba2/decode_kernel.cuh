@@ -41,6 +41,7 @@ struct Params {
   act_t* out;               // [batch, H, P] contiguous
   const int32_t* slot_indices;  // [batch]
   int32_t pad_slot_id;
+  int32_t num_slots;         // the state's slots: ids outside [0, num_slots) are faults
   int32_t num_heads;
   int32_t batch;
   uint64_t seed;
@@ -146,7 +147,7 @@ struct Kernel {
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     act_t* out = p.out + (int64_t(row) * p.num_heads + head) * P + row0;
-    if (zero_if_padded<ROWS, kThreads>(slot, p.pad_slot_id, out)) return;  // nothing else to do
+    if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
     // 1. State reads first: everything below overlaps them.
     typename Tile::Regs s_raw;
@@ -171,6 +172,10 @@ struct Kernel {
     int32_t* cursor = REPLAY ? slot_cursor(p.cursors, slot) : nullptr;
     const SlotCursor at_start = REPLAY ? read_slot_cursor(cursor) : SlotCursor{0, 0};
     const int held = at_start.held;
+    if (REPLAY && !held_count_valid<L>(held)) {  // a corrupted cursor: the row touches nothing
+      fill_outputs<ROWS, kThreads>(out, fault_output());
+      return;
+    }
     const int records = held + 1;
     const bool flush = !REPLAY || records >= L || p.flush_every_step;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(at_start.epoch) : 0;

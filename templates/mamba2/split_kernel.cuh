@@ -68,7 +68,7 @@ struct Records {
     const int group = index.group, row = index.row, head0 = index.head0, num_groups = index.num_groups;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slot = p.slot_indices[row];
-    if (slot == p.pad_slot_id) return;  // the state kernel writes the padded row's zeros
+    if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) return;  // the state kernel writes its outputs
 
     // This token's inputs and per-head parameters, and (speculative) every ring row.
     copy_columns_async<act_t, P, HPG, kThreads>(&sm.x_cur[0][0], P, 0, p.x + int64_t(row) * p.x_stride_b +
@@ -82,6 +82,11 @@ struct Records {
     const int32_t* cursor = slot_cursor(p.cursors, slot);
     const SlotCursor at_start = read_slot_cursor(cursor);
     const int held = at_start.held, epoch = at_start.epoch;
+    if (!held_count_valid<L>(held)) {  // a corrupted cursor: the state kernel faults the row
+      if (group == 0 && threadIdx.x == 0) Workspace{p.workspace, p.batch, p.num_heads}.set_row_info(row, held, false, epoch);
+      pipe::wait_copies();
+      return;
+    }
     const int records = held + 1;
     const bool flush = records >= L;
     if (!p.speculative) copy_ring(p, sm, slot, head0, group, held, !flush);
@@ -210,7 +215,7 @@ struct State {
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     act_t* out = p.out + (int64_t(row) * p.num_heads + head) * P + row0;
-    if (zero_if_padded<ROWS, kThreads>(slot, p.pad_slot_id, out)) return;  // nothing else to do
+    if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
     // Checkpoint rows and this token's C and z first: none of them waits for the records kernel.
     typename Tile::Regs s_raw;
@@ -225,6 +230,11 @@ struct State {
     wait_for_prior_grid();  // from here on the records kernel has finished: no cursor readers left
     const Workspace ws{p.workspace, p.batch, p.num_heads};
     const auto info = ws.row_info(row);
+    if (!held_count_valid<L>(info.held)) {  // a corrupted cursor: the row touches nothing
+      pipe::wait_copies();
+      fill_outputs<ROWS, kThreads>(out, fault_output());
+      return;
+    }
     const int held = info.held, records = held + 1;
     const bool flush = info.flush;
     const uint64_t epoch = SR ? uint64_t(info.epoch) : 0;
