@@ -60,6 +60,13 @@ def check_slot_pool(name: str, t: torch.Tensor, block: str, align: int = 16) -> 
             f"{name}: expected {align}-byte aligned slots with contiguous {block} blocks, "
             f"got strides {t.stride()}"
         )
+    # Overlapping slots (an expanded view's stride 0, say) would let a step on one slot write
+    # another's.
+    if t.shape[0] > 1 and t.stride(0) < stride:
+        raise ValueError(
+            f"{name}: expected slots {stride} or more elements apart (no two sharing memory), "
+            f"got a slot stride of {t.stride(0)}"
+        )
 
 
 def check_aligned_rows(name: str, t: torch.Tensor | None) -> None:
@@ -128,6 +135,13 @@ def check_positive_int(name: str, value: object, *, upper: int | None = None) ->
     return value
 
 
+def check_at_most(name: str, value: int, upper: int, reason: str) -> int:
+    """`value` (an int, already checked) at most `upper`; `reason` says why, for the message."""
+    if value > upper:
+        raise ValueError(f"{name}: expected at most {upper} ({reason}), got {value}")
+    return value
+
+
 def check_bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
@@ -139,3 +153,29 @@ def check_int(name: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name}: expected an int, got {type(value).__name__} {value!r}")
     return value
+
+
+def resolve_device(device: object) -> torch.device:
+    """A torch.device with its index (CUDA), or a ValueError where CUDA is asked for and absent."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"device: expected a torch device, got {device!r}") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "device: expected a usable device, got 'cuda' but CUDA is not available "
+                "(use device='cpu' for the CPU path)"
+            )
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif device.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device: expected a CUDA device index below {torch.cuda.device_count()}, "
+                f"got {device}"
+            )
+    elif device.type == "cpu":
+        device = torch.device("cpu")  # (as tensors report it: "cpu:0" would match none)
+    else:
+        raise ValueError(f"device: expected 'cuda' or 'cpu', got {device}")
+    return device

@@ -14,7 +14,13 @@ from functools import cached_property
 
 import torch
 
-from replayssm_jit.checks import check_positive_int, check_slot_pool, check_tensor
+from replayssm_jit.checks import (
+    check_at_most,
+    check_positive_int,
+    check_slot_pool,
+    check_tensor,
+    resolve_device,
+)
 from replayssm_jit.families import get_family
 from replayssm_jit.families.base import (
     TORCH_DTYPES,
@@ -24,6 +30,8 @@ from replayssm_jit.families.base import (
 )
 
 CURSOR_WORDS = 4
+# Slot ids are int32 (slot_indices), and so is the kernels' slot count.
+MAX_SLOTS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,21 @@ class CacheLayout:
         layout: a [num_slots, *per_slot_shape] tensor of its dtype on `device`, each slot's
         block contiguous and aligned, every one with the state's slot count (or `num_slots`,
         where given). Returns it."""
+        if not isinstance(tensors, Mapping):
+            raise TypeError(
+                f"tensors: expected a mapping of the layout's tensors by name, "
+                f"got {type(tensors).__name__}"
+            )
+        if num_slots is not None and (
+            not isinstance(num_slots, int) or isinstance(num_slots, bool)
+        ):
+            raise TypeError(
+                f"num_slots: expected None or an int, got {type(num_slots).__name__} {num_slots!r}"
+            )
+        if not isinstance(device, torch.device) or (device.type == "cuda") == (
+            device.index is None
+        ):
+            device = resolve_device(device)  # (a name, "cuda" without its index, "cpu:0")
         fixed, num_slots = num_slots, None
         for t in self.tensors():
             value = tensors.get(t.name)
@@ -121,6 +144,8 @@ class CacheLayout:
     def allocate(self, num_slots: int, device: torch.device | str) -> dict[str, torch.Tensor]:
         """Zeroed tensors for `num_slots` slots, by name."""
         check_positive_int("num_slots", num_slots)
+        check_at_most("num_slots", num_slots, MAX_SLOTS, "slot ids are int32")
+        device = resolve_device(device)
         return {
             t.name: torch.zeros(t.shape(num_slots), dtype=t.dtype, device=device)
             for t in self.tensors()

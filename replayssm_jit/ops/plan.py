@@ -6,13 +6,24 @@ from dataclasses import dataclass, field
 
 import torch
 
-from replayssm_jit.checks import check_bool, check_int, check_positive_int
+from replayssm_jit.checks import (
+    check_at_most,
+    check_bool,
+    check_int,
+    check_positive_int,
+    resolve_device,
+)
 from replayssm_jit.families.layout import CacheLayout
 from replayssm_jit.launch.config import resolve_config
 from replayssm_jit.launch.policy import FLAG_SPLIT, choose_launch, sm_count
 from replayssm_jit.spec import KernelSpec, make_spec
 
 MODES = ("replay", "conventional")
+# A launch's grid carries the batch rows in its y dimension (templates/common/replay.cuh,
+# launch_per_item; split.cuh), which CUDA caps at 65535.
+MAX_BATCH = 65535
+# Slot ids and the pad id are int32 on the device (the bindings narrow pad_slot_id to it).
+INT32_RANGE = (-(2**31), 2**31 - 1)
 BACKENDS = ("cuda", "cpu")
 
 
@@ -51,23 +62,13 @@ class DecodePlan:
         return self.mode == "replay"
 
 
-def resolve_device(device: object) -> torch.device:
-    """A torch.device with its index (CUDA), or a ValueError where CUDA is asked for and absent."""
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: expected a torch device, got {device!r}") from exc
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(
-                "device: expected a usable device, got 'cuda' but CUDA is not available "
-                "(use device='cpu' for the CPU path)"
-            )
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-    elif device.type != "cpu":
-        raise ValueError(f"device: expected 'cuda' or 'cpu', got {device}")
-    return device
+def check_pad_slot_id(pad_slot_id: object) -> int:
+    """An int32 pad id (the kernels compare int32 slot ids with it)."""
+    check_int("pad_slot_id", pad_slot_id)
+    lo, hi = INT32_RANGE
+    if not lo <= pad_slot_id <= hi:
+        raise ValueError(f"pad_slot_id: expected an int32 in [{lo}, {hi}], got {pad_slot_id}")
+    return pad_slot_id
 
 
 def plan_decode(
@@ -94,9 +95,10 @@ def plan_decode(
     if not isinstance(layout, CacheLayout):
         raise TypeError(f"layout: expected a CacheLayout, got {type(layout).__name__}")
     check_positive_int("batch_size", batch_size)
-    if mode not in MODES:
+    check_at_most("batch_size", batch_size, MAX_BATCH, "the launch grid's y dimension")
+    if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    check_int("pad_slot_id", pad_slot_id)
+    check_pad_slot_id(pad_slot_id)
     check_bool("check_slot_values", check_slot_values)
     check_int("seed", seed)
     device = resolve_device(device)

@@ -41,7 +41,7 @@ class DecodeWrapper:
             if isinstance(cache, SlotCache):
                 got += f" of family {cache.layout.family.name!r}"
             raise TypeError(f"cache: expected a {self.family.name} SlotCache, got {got}")
-        if mode not in MODES:
+        if not isinstance(mode, str) or mode not in MODES:
             raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
         check_bool("use_cuda_graph", use_cuda_graph)
         check_bool("check_slot_values", check_slot_values)

@@ -10,10 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from replayssm_jit.checks import check_positive_int, check_tensor
-from replayssm_jit.families.layout import CacheLayout
+from replayssm_jit.checks import check_at_most, check_positive_int, check_tensor
+from replayssm_jit.families.layout import MAX_SLOTS, CacheLayout
 from replayssm_jit.ops.lifecycle import copy_slots, reset_slots, slot_id_list
-from replayssm_jit.ops.plan import resolve_device
+from replayssm_jit.ops.plan import check_pad_slot_id, resolve_device
 
 
 def default_device() -> torch.device:
@@ -41,13 +41,11 @@ class SlotCache:
             raise TypeError(f"layout: expected a CacheLayout, got {type(layout).__name__}")
         if tensors is None:
             check_positive_int("num_slots", num_slots)
+            check_at_most("num_slots", num_slots, MAX_SLOTS, "slot ids are int32")
             device = resolve_device(default_device() if device is None else device)
         else:
             num_slots, device = _check_tensors(layout, tensors)
-        if not isinstance(pad_slot_id, int) or isinstance(pad_slot_id, bool):
-            raise TypeError(
-                f"pad_slot_id: expected an int, got {type(pad_slot_id).__name__} {pad_slot_id!r}"
-            )
+        check_pad_slot_id(pad_slot_id)
         if pad_slot_id >= num_slots:
             raise ValueError(
                 f"pad_slot_id: expected a negative id or a slot in [0, {num_slots}), got {pad_slot_id}"
@@ -156,9 +154,13 @@ class SlotCache:
 def _check_tensors(
     layout: CacheLayout, tensors: Mapping[str, torch.Tensor]
 ) -> tuple[int, torch.device]:
+    if not isinstance(tensors, Mapping):
+        raise TypeError(
+            f"tensors: expected a mapping of tensors by name, got {type(tensors).__name__}"
+        )
     names = [t.name for t in layout.tensors()]
     if set(tensors) != set(names):
-        raise ValueError(f"tensors: expected exactly {names}, got {sorted(tensors)}")
+        raise ValueError(f"tensors: expected exactly {names}, got {sorted(map(str, tensors))}")
     state = check_tensor("state", tensors["state"])
     num_slots = check_positive_int("num_slots", state.shape[0] if state.dim() else 0)
     layout.check_tensors(tensors, device=state.device, num_slots=num_slots)
