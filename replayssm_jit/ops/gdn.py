@@ -53,6 +53,9 @@ def _check_gates(plan: DecodePlan, given: dict[str, torch.Tensor | None]) -> tup
     return given["g"], given["beta"], None, None
 
 
+# A decode step is inference: the kernels ignore autograd, and so does the CPU path (an
+# input that requires grad would otherwise pull the cache's tensors into its graph).
+@torch.no_grad()
 def gdn_decode(
     plan: DecodePlan,
     *,

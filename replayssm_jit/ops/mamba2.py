@@ -25,6 +25,9 @@ from replayssm_jit.ops.decode import check_plan, output_buffer, run_step
 from replayssm_jit.ops.plan import DecodePlan
 
 
+# A decode step is inference: the kernels ignore autograd, and so does the CPU path (an
+# input that requires grad would otherwise pull the cache's tensors into its graph).
+@torch.no_grad()
 def mamba2_decode(
     plan: DecodePlan,
     *,
