@@ -138,7 +138,14 @@ class Family:
         return HeadShape(**values)
 
     def dims_of(self, shape: HeadShape) -> tuple[tuple[str, int], ...]:
-        """The spec dims of `shape`, in URI order."""
+        """The spec dims of `shape` (checked as head_shape checks the family's arguments), in
+        URI order."""
+        if not isinstance(shape, HeadShape):
+            raise TypeError(f"shape: expected a HeadShape, got {type(shape).__name__}")
+        roles = ("key_heads", "value_heads", "key_dim", "value_dim")
+        shape = self.head_shape(
+            **{arg: getattr(shape, r) for r, arg in zip(roles, self.shape_args)}
+        )
         return tuple(
             (key, shape.heads_per_key if role == "heads_per_key" else getattr(shape, role))
             for key, role, _ in self.spec_dims
@@ -188,8 +195,8 @@ class Family:
         unknown = sorted(set(options) - set(self.plan_options) - set(scalars))
         if unknown:
             raise TypeError(
-                f"plan(): unexpected options {unknown} for {self.name}; "
-                f"expected {sorted([*self.plan_options, *scalars])}"
+                f"plan(): expected options among {sorted([*self.plan_options, *scalars])} for "
+                f"{self.name}, got unexpected {unknown}"
             )
         flags = tuple(
             flag
