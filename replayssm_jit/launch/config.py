@@ -16,6 +16,10 @@ LAUNCH_ENV = "REPLAYSSM_LAUNCH"
 _BOOL_FIELDS = ("capped_state_registers", "overlap_prior_kernel", "speculative_records")
 
 
+def _is_auto(value: object) -> bool:
+    return isinstance(value, str) and value == AUTO
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """How plan() launches a step; every field "auto" lets the launch policy choose.
@@ -38,19 +42,20 @@ class LaunchConfig:
     speculative_records: bool | str = AUTO
 
     def __post_init__(self) -> None:
-        if self.kernel != AUTO and self.kernel not in REPLAY_KERNELS:
+        # (each value's type first: `value != AUTO` of an array or a tensor is no bool)
+        if not isinstance(self.kernel, str) or self.kernel not in (AUTO, *REPLAY_KERNELS):
             raise ValueError(
                 f"config.kernel: expected 'auto' or one of {REPLAY_KERNELS}, got {self.kernel!r}"
             )
         for name in ("rows_per_cta", "records_warps"):
             value = getattr(self, name)
-            if value != AUTO and (
+            if not _is_auto(value) and (
                 not isinstance(value, int) or isinstance(value, bool) or value <= 0
             ):
                 raise ValueError(f"config.{name}: expected 'auto' or a positive int, got {value!r}")
         for name in _BOOL_FIELDS:
             value = getattr(self, name)
-            if value != AUTO and not isinstance(value, bool):
+            if not _is_auto(value) and not isinstance(value, bool):
                 raise ValueError(f"config.{name}: expected 'auto' or a bool, got {value!r}")
 
     def with_defaults(self, other: LaunchConfig) -> LaunchConfig:
@@ -67,6 +72,8 @@ class LaunchConfig:
 
 def parse_launch(text: str, source: str = LAUNCH_ENV) -> LaunchConfig:
     """A LaunchConfig from "field=value,..." (bools as 0/1/true/false); errors name `source`."""
+    if not isinstance(text, str):
+        raise TypeError(f"{source}: expected a str of field=value pairs, got {type(text).__name__}")
     values: dict[str, object] = {}
     names = {f.name for f in fields(LaunchConfig)}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -76,6 +83,8 @@ def parse_launch(text: str, source: str = LAUNCH_ENV) -> LaunchConfig:
             raise ValueError(
                 f"{source}: expected field=value pairs with fields {sorted(names)}, got {item!r}"
             )
+        if key in values:
+            raise ValueError(f"{source}: expected each field once, got {key} twice")
         if key in _BOOL_FIELDS:
             lowered = raw.lower()
             if lowered not in ("0", "1", "true", "false", AUTO):
@@ -84,7 +93,8 @@ def parse_launch(text: str, source: str = LAUNCH_ENV) -> LaunchConfig:
         elif key == "kernel":
             values[key] = raw
         else:
-            values[key] = int(raw) if raw.isdigit() else raw
+            # (ASCII digits only: str.isdigit() takes '²', which int() rejects)
+            values[key] = int(raw) if raw.isascii() and raw.isdigit() else raw
     try:
         return LaunchConfig(**values)
     except ValueError as exc:
