@@ -6,13 +6,21 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is not None and (
+        not isinstance(argv, (list, tuple)) or not all(isinstance(a, str) for a in argv)
+    ):
+        raise TypeError(f"argv: expected a list of str, got {argv!r}")
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {"demo": "replayssm_jit.demo", "aot": "replayssm_jit.jit.aot"}
     if not argv or argv[0] not in commands:
+        helped = bool(argv) and argv[0] in ("-h", "--help")
         print(
-            "usage: python -m replayssm_jit {demo,aot} [options]   (--help after a command for its options)"
+            "usage: python -m replayssm_jit {demo,aot} [options]   (--help after a command for its options)",
+            file=sys.stdout if helped else sys.stderr,  # (an error's usage goes to stderr)
         )
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        if argv and not helped:
+            print(f"error: expected a command, demo or aot, got {argv[0]!r}", file=sys.stderr)
+        return 0 if helped else 2
     module = __import__(commands[argv[0]], fromlist=["main"])
     return module.main(argv[1:])
 

@@ -13,7 +13,9 @@ import time
 import torch
 
 from replayssm_jit.families import HeadShape, get_family
+from replayssm_jit.families.base import MAX_WINDOW
 from replayssm_jit.models import MODELS, ModelShape, get_model
+from replayssm_jit.ops.plan import MAX_BATCH
 from replayssm_jit.reference import (
     GDNSequence,
     Mamba2Sequence,
@@ -309,8 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("batch", "steps", "window", "layers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}: expected >= 1, got {getattr(args, name)}")
-    if args.window > 256:
-        parser.error(f"--window: expected at most 256, got {args.window}")
+    if args.window > MAX_WINDOW:
+        parser.error(f"--window: expected at most {MAX_WINDOW}, got {args.window}")
+    if args.batch > MAX_BATCH:
+        parser.error(
+            f"--batch: expected at most {MAX_BATCH} (a plan's largest batch), got {args.batch}"
+        )
+    if not -(2**63) <= args.seed < 2**64:  # (what torch.Generator.manual_seed takes)
+        parser.error(f"--seed: expected an int in [-2**63, 2**64), got {args.seed}")
     try:
         get_model(args.model)
     except ValueError as exc:

@@ -8,6 +8,7 @@ replayssm_jit_cache/modules/), and the loader uses these builds before any JIT.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -165,7 +166,8 @@ def parse_spec(text: str) -> KernelSpec:
         if key == "flags":
             kwargs[key] = tuple(filter(None, value.split("+")))
         else:
-            kwargs[key] = int(value) if value.isdigit() else value
+            # (ASCII digits only: str.isdigit() takes '²', which int() rejects)
+            kwargs[key] = int(value) if value.isascii() and value.isdigit() else value
     try:
         return family_spec(family, **kwargs)
     except (TypeError, ValueError) as exc:
@@ -212,7 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("the following arguments are required: --out")
-    archs = env.cuda_arch_list()
+    try:
+        archs = env.cuda_arch_list()  # (its errors name REPLAYSSM_CUDA_ARCH_LIST)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        jobs = args.jobs or env.max_jobs()
+    except ValueError:
+        raw = os.environ.get("REPLAYSSM_MAX_JOBS")
+        parser.error(f"REPLAYSSM_MAX_JOBS: expected an int, got {raw!r}")
     print(f"building {len(specs)} modules for {' '.join(archs)} into {args.out}", file=sys.stderr)
-    build_aot(specs, args.out, args.jobs or env.max_jobs(), archs)
+    build_aot(specs, args.out, jobs, archs)
     return 0
