@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from replayssm_jit.checks import check_bool, check_positive_int
+from replayssm_jit.checks import check_at_most, check_bool, check_positive_int
 from replayssm_jit.launch.tiles import (
     SHARED_BYTES_PER_SM,
     SHARED_BYTES_RESERVED_PER_CTA,
@@ -31,6 +31,8 @@ CPP_TYPES: dict[str, str] = {"f32": "float", "bf16": "__nv_bfloat16", "f16": "__
 # Limits of a spec's ring: the replay window L and the draft tokens T it also holds.
 MAX_WINDOW = 256
 MAX_DRAFTS = 16
+# A launch's grid carries heads x row splits (at most 8) in its x dimension, at most 2^31 - 1.
+MAX_HEADS = (2**31 - 1) // 8
 
 
 def dtype_name(dtype: object, arg: str) -> str:
@@ -130,6 +132,8 @@ class Family:
                 f"got missing {missing} and unknown {unknown}"
             )
         values = {role: check_positive_int(arg, kwargs[arg]) for role, arg in names.items()}
+        for role in ("key_heads", "value_heads"):
+            check_at_most(names[role], values[role], MAX_HEADS, "the launch grid's x dimension")
         if values["value_heads"] % values["key_heads"]:
             raise ValueError(
                 f"{names['key_heads']}: expected a divisor of "

@@ -8,6 +8,7 @@ scratch word the kernels use to agree on who advances the cursor, and a spare wo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -139,7 +140,7 @@ class CacheLayout:
         return tuple(r.name for r in self.family.rings)
 
     def bytes_per_slot(self) -> int:
-        return sum(torch.Size(t.per_slot_shape).numel() * t.dtype.itemsize for t in self.tensors())
+        return sum(math.prod(t.per_slot_shape) * t.dtype.itemsize for t in self.tensors())
 
     def allocate(self, num_slots: int, device: torch.device | str) -> dict[str, torch.Tensor]:
         """Zeroed tensors for `num_slots` slots, by name."""
