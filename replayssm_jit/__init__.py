@@ -48,4 +48,4 @@ __all__ = [
     "plan_decode",
     "reset_slots",
 ]
-__version__ = "0.2.0"
+__version__ = "0.3.0"
