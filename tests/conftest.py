@@ -192,3 +192,42 @@ def replay_kernel(request, monkeypatch):
 
     monkeypatch.setenv(LAUNCH_ENV, f"kernel={request.param}")
     return request.param
+
+
+# ---------------------------------------------------------------------------------------------
+# Hypothesis profiles (HYPOTHESIS_PROFILE selects one; "ci" by default): "ci" keeps the fuzzing of
+# tests/test_fuzz_entries.py well under two minutes on two cores, "long" runs many more examples.
+# ---------------------------------------------------------------------------------------------
+
+import os  # noqa: E402
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+_SLOW_DRAWS = [HealthCheck.too_slow, HealthCheck.data_too_large]
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, print_blob=True, suppress_health_check=_SLOW_DRAWS
+)
+settings.register_profile(
+    "long", max_examples=2000, deadline=None, print_blob=True, suppress_health_check=_SLOW_DRAWS
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many fuzzed calls ran this session (tests/fuzz/core.py counts them), per entry."""
+    import sys
+
+    core = sys.modules.get("fuzz.core")
+    if core is None or not core.COUNTS:
+        return
+    counts = core.COUNTS
+    names = sorted({name for name, _ in counts})
+    total = sum(counts.values())
+    terminalreporter.write_sep(
+        "-", f"fuzzed calls: {total} ({settings().max_examples} examples per entry)"
+    )
+    for name in names:
+        ok, err = counts[name, "ok"], counts[name, "error"]
+        terminalreporter.write_line(
+            f"{name:28s} {ok + err:6d} calls: {ok:6d} succeeded, {err:6d} rejected"
+        )

@@ -1,0 +1,7 @@
+"""Fuzzing of every public entry (tests/test_fuzz_entries.py runs them): the registry and the
+property are in core.py; each module below registers the entries of one area."""
+
+from fuzz import caches, cli, decode, launch, layouts, plans  # noqa: F401  (register entries)
+from fuzz.core import COUNTS, ENTRIES, Call, Entry, check_call, entry
+
+__all__ = ["COUNTS", "ENTRIES", "Call", "Entry", "check_call", "entry"]
