@@ -316,6 +316,9 @@ def build_lifecycle(draw, device):
 
     real = [s for s in range(n) if s != fake_pad]
 
+    def written():
+        return {k: t for k, t in given.items() if isinstance(t, torch.Tensor)}
+
     def unchecked_ids(what, values):
         """Ids for check_slot_values=False: the caller's to get right, so drawn right; only
         their form varies (a tensor on the device, or a list: a TypeError)."""
@@ -331,7 +334,7 @@ def build_lifecycle(draw, device):
             ids = unchecked_ids("slots", values)
         else:
             ids, values = draw_ids(draw, n, fake_pad, device, v, "slots", distinct=True)
-        state = tensors["state"]
+        state = given.get("state", tensors["state"])  # (what the op was given: a variant is a copy)
         initial = draw_initial_state(draw, state, values, device, v)
 
         def run():
@@ -339,13 +342,13 @@ def build_lifecycle(draw, device):
                                check_slot_values=check_values)  # fmt: skip
 
         def check(result):
-            for k, t in tensors.items():
+            for k, t in written().items():
                 keep = [s for s in range(n) if s not in values]
                 assert tensors_identical(t[keep].cpu(), before[k][keep].cpu()), k
             for i, s in enumerate(values):
                 want = torch.zeros_like(state[s]) if initial is None else initial[i]
                 assert tensors_identical(state[s].cpu(), want.to(state.dtype).cpu())
-                assert not tensors["cursors"][s].any()
+                assert not given.get("cursors", tensors["cursors"])[s].any()
 
     else:
         if unchecked:
@@ -369,9 +372,9 @@ def build_lifecycle(draw, device):
 
         def check(result):
             for s, d in zip(src_v, dst_v):
-                for k, t in tensors.items():
+                for k, t in written().items():
                     assert tensors_identical(t[d].cpu(), before[k][s].cpu()), k
-            for k, t in tensors.items():
+            for k, t in written().items():
                 keep = [s for s in range(n) if s not in dst_v]
                 assert tensors_identical(t[keep].cpu(), before[k][keep].cpu()), k
 

@@ -144,6 +144,8 @@ def build_cli_demo(draw, device):
                 st.sampled_from(["tpu", "CPU", "cuda"] if odd else ["auto", "cpu", "reference"])
             )
             want[name] = value
+            if value not in ("auto", "cpu", "reference", "cuda"):  # (argparse checks each one)
+                v.mark(False, f"--backend {value!r}")
         else:
             value = draw(st.sampled_from(INT_TEXTS if odd else GOOD_INTS[name]))
             want[name] = _as_int(value)
