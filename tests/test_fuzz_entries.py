@@ -67,18 +67,14 @@ def test_every_public_entry_is_fuzzed():
     assert all(e.devices for e in fuzz.ENTRIES.values())
 
 
-# Found by the fuzzing in replayssm_jit/spec.py, which this suite's owner does not edit: flags
-# given as a str are taken as its characters ("dz" is ("d", "z")), a non-iterable's TypeError
-# names nothing, and a KernelSpec built directly takes flags no family knows. Remove a marker
-# when its case is fixed (strict: it then fails as XPASS).
-@pytest.mark.xfail(strict=True, reason="spec.py: make_spec's flags are not type-checked")
+# Found by the fuzzing: flags given as a str were taken as its characters ("dz" was ("d", "z")),
+# a non-iterable's TypeError named nothing, and a KernelSpec built directly took any flags.
 @pytest.mark.parametrize("flags", ["dz", 5])
 def test_make_spec_names_flags_of_a_wrong_type(flags):
     with pytest.raises((TypeError, ValueError), match="^flags: "):
         make_spec("mamba2", HeadShape(2, 4, 16, 16), flags=flags)
 
 
-@pytest.mark.xfail(strict=True, reason="spec.py: KernelSpec checks no flags against its family")
 def test_kernel_spec_rejects_unknown_flags():
     with pytest.raises(ValueError, match="^flags: "):
         KernelSpec("mamba2", (("p", 16), ("n", 16), ("hpg", 2)), 4, 1, "bf16", "f32", ("bogus",))
