@@ -16,6 +16,7 @@ from replayssm_jit.families.base import (
     DTYPE_BYTES,
     MAX_DRAFTS,
     MAX_WINDOW,
+    Family,
     HeadShape,
     dtype_name,
 )
@@ -51,7 +52,7 @@ class KernelSpec:
         check_positive_int("drafts", self.drafts, upper=MAX_DRAFTS)
         for arg in ("act_dtype", "state_dtype"):
             object.__setattr__(self, arg, dtype_name(getattr(self, arg), arg))
-        object.__setattr__(self, "flags", tuple(sorted(set(self.flags))))
+        object.__setattr__(self, "flags", check_flags(fam, self.flags, self.state_dtype))
 
     @property
     def uri(self) -> str:
@@ -98,6 +99,27 @@ class KernelSpec:
         }
 
 
+def check_flags(fam: Family, flags: object, state_dtype: str) -> tuple[str, ...]:
+    """`flags` as the sorted names of features `fam` compiles, with their dependencies met."""
+    if isinstance(flags, str) or not isinstance(flags, Iterable):
+        raise TypeError(
+            f"flags: expected a sequence of flag names, got {type(flags).__name__} {flags!r}"
+        )
+    flags = tuple(flags)
+    if not all(isinstance(f, str) for f in flags):
+        raise TypeError(f"flags: expected a sequence of flag names, got {flags!r}")
+    unknown = set(flags) - fam.flags
+    if unknown:
+        raise ValueError(
+            f"flags: expected a subset of {sorted(fam.flags)}, got unknown {sorted(unknown)}"
+        )
+    if "sr" in flags and state_dtype == "f32":
+        raise ValueError("flags: 'sr' (stochastic rounding) needs a bf16/f16 state_dtype, got f32")
+    if "device_seed" in flags and "sr" not in flags:
+        raise ValueError("flags: 'device_seed' (the seed read on the device) needs 'sr'")
+    return tuple(sorted(set(flags)))
+
+
 def spec_tilings(spec: KernelSpec) -> list[tuple[int, int]]:
     """The (rows_per_cta, warps) tiles compiled into `spec`'s module, largest first."""
     rows, cols = spec.state_rows_cols
@@ -121,19 +143,8 @@ def make_spec(
     most 32 lanes x 8 chunks) and value rows must have a row tiling.
     """
     fam = get_family(family)
-    flags = fam.default_flags if flags is None else tuple(flags)
-    if isinstance(flags, str) or not all(isinstance(f, str) for f in flags):
-        raise TypeError(f"flags: expected a sequence of flag names, got {flags!r}")
-    unknown = set(flags) - fam.flags
-    if unknown:
-        raise ValueError(
-            f"flags: expected a subset of {sorted(fam.flags)}, got unknown {sorted(unknown)}"
-        )
     state = dtype_name(state_dtype, "state_dtype")
-    if "sr" in flags and state == "f32":
-        raise ValueError("flags: 'sr' (stochastic rounding) needs a bf16/f16 state_dtype, got f32")
-    if "device_seed" in flags and "sr" not in flags:
-        raise ValueError("flags: 'device_seed' (the seed read on the device) needs 'sr'")
+    flags = check_flags(fam, fam.default_flags if flags is None else flags, state)
     spec = KernelSpec(
         family=fam.name,
         dims=fam.dims_of(shape),
