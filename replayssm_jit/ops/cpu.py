@@ -241,7 +241,9 @@ def _run_rows(
         raise ValueError("cursors: required in replay mode")
     words = cursors[slots].to(torch.int64)
     held_of_row, epoch_of_row = words[:, 0], words[:, 1]
-    faulted = (held_of_row < 0) | (held_of_row >= window)  # a corrupted cursor, as the kernels see it
+    faulted = (held_of_row < 0) | (
+        held_of_row >= window
+    )  # a corrupted cursor, as the kernels see it
     out[pad] = 0
     out[rows[faulted]] = float("nan")
     rows, slots = rows[~faulted], slots[~faulted]
