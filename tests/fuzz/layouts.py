@@ -306,7 +306,9 @@ def build_spec(draw, device):
             def run():
                 return fn(**by_arg, **common)
 
-        names = {arg for _, _, arg in fam.spec_dims}
+        names = {arg for _, _, arg in fam.spec_dims} | set(
+            fam.shape_args
+        )  # head bounds name the heads
 
     def check(spec):
         per = per_key if per_key is not None else dims["value_heads"] // dims["key_heads"]
