@@ -4,6 +4,10 @@ Public API:
     mamba2_layout, gdn_layout, CacheLayout  the per-slot tensors of a layer (engines allocate)
     plan_decode, mamba2_decode, gdn_decode  functional ops on caller-owned tensors
     reset_slots, copy_slots                 slot lifecycle on them: new sequences, forks
+    mamba2_verify, gdn_verify, commit_drafts
+                                            speculative decoding (docs/speculative.md)
+    mamba2_snapshot_verify, gdn_snapshot_verify, commit_snapshots
+                                            the conventional spec baseline to compare with
     LaunchConfig                            launch choices a plan may fix ("auto" by default)
     Mamba2DecodeCache, Mamba2DecodeWrapper  convenience cache + plan()/run() objects
     GDNDecodeCache, GDNDecodeWrapper
@@ -16,9 +20,15 @@ from replayssm_jit.families.layout import CacheLayout, TensorLayout, gdn_layout,
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops import (
     DecodePlan,
+    commit_drafts,
+    commit_snapshots,
     copy_slots,
     gdn_decode,
+    gdn_snapshot_verify,
+    gdn_verify,
     mamba2_decode,
+    mamba2_snapshot_verify,
+    mamba2_verify,
     plan_decode,
     reset_slots,
 )
@@ -38,14 +48,20 @@ __all__ = [
     "Mamba2DecodeWrapper",
     "SlotCache",
     "TensorLayout",
+    "commit_drafts",
+    "commit_snapshots",
     "copy_slots",
     "gdn_decode",
     "gdn_layout",
+    "gdn_snapshot_verify",
     "gdn_spec",
+    "gdn_verify",
     "mamba2_decode",
     "mamba2_layout",
+    "mamba2_snapshot_verify",
     "mamba2_spec",
+    "mamba2_verify",
     "plan_decode",
     "reset_slots",
 ]
-__version__ = "0.3.0"
+__version__ = "0.4.0"

@@ -15,6 +15,7 @@ from replayssm_jit.families.base import (
     CPP_TYPES,
     DTYPE_BYTES,
     MAX_DRAFTS,
+    MAX_VERIFY_DRAFTS,
     MAX_WINDOW,
     Family,
     HeadShape,
@@ -73,6 +74,11 @@ class KernelSpec:
         """Record ring rows per slot: L + T."""
         return self.window + self.drafts
 
+    @property
+    def has_verify(self) -> bool:
+        """Whether the module compiles the speculative kernels (verify, commit, snapshot)."""
+        return 2 <= self.drafts <= MAX_VERIFY_DRAFTS
+
     def dim(self, name: str) -> int:
         return dict(self.dims)[name]
 
@@ -91,6 +97,7 @@ class KernelSpec:
             "window": self.window,
             "drafts": self.drafts,
             "capacity": self.capacity,
+            "verify": self.has_verify,
             "act_t": CPP_TYPES[self.act_dtype],
             "state_t": CPP_TYPES[self.state_dtype],
             "flags": set(self.flags),

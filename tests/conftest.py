@@ -115,7 +115,7 @@ def _run_schedule(
             parents = [_randint(gen, -1, j - 1) for j in range(t)] if tree else None
             plist = parents if tree else list(range(-1, t - 1))
             outs = seq.verify(parents=parents, **drafts)
-            if n + t > seq.L + seq.T:
+            if n + t >= seq.L + seq.T:
                 n = 0
                 stats["early"] += 1
                 check_fold(f"iter {it}: checkpoint after early flush")

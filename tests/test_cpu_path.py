@@ -29,7 +29,7 @@ from replayssm_jit.reference import (
 )
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
-SPARE = 4242  # cursor word 3: never touched
+SPARE = 4242  # cursor word 3 (pending drafts) before a slot's first step, which zeroes it
 NUM_SLOTS = 6
 SLOT_START = {1: 0, 2: 1, 3: 2, 4: 3}  # named slots, and the step each joins at (staggered)
 
@@ -395,6 +395,7 @@ def drive_replay(
                 expect[s][0] = 0 if flushed else n + 1
                 expect[s][1] += int(flushed)
                 expect[s][2] = 0
+            expect[s][3] = 0  # pending drafts dropped either way
             assert seq.n == expect[s][0]
             if flushed:
                 stats["flushes"][s] += 1
@@ -570,24 +571,27 @@ CASES = {"mamba2": Mamba2Case, "gdn": GDNCase}
 def test_cursor_words(family):
     """What finish_step_cursor leaves: flush_every_step without SR only advances the epoch of a
     slot that held nothing (words 0 and 2 as they were); every other step sets word 0, advances
-    the epoch on a flush and clears the arrival word; word 3 is never written."""
+    the epoch on a flush and clears the arrival word; every step zeroes word 3 (the pending
+    drafts of a verify, dropped)."""
     case = CASES[family](state_dtype=BF16)
     gen, pool = fresh_pool(case, 31)
     pool.cursors[1] = torch.tensor([0, 5, 9, 77], dtype=torch.int32)
     pool.cursors[2] = torch.tensor([0, 2**31 - 1, 9, 77], dtype=torch.int32)
     _one_step(case, gen, pool, [1, 2], replay=True, fes=True)
-    assert pool.cursors[1].tolist() == [0, 6, 9, 77]
-    assert pool.cursors[2].tolist() == [0, -(2**31), 9, 77]  # the int32 epoch wraps
+    assert pool.cursors[1].tolist() == [0, 6, 9, 0]
+    assert pool.cursors[2].tolist() == [0, -(2**31), 9, 0]  # the int32 epoch wraps
+    pool.cursors[1, 3] = 77
     _one_step(case, gen, pool, [1], replay=True, fes=True, flags=case.flags | {"sr"})
-    assert pool.cursors[1].tolist() == [0, 7, 0, 77]
+    assert pool.cursors[1].tolist() == [0, 7, 0, 0]
+    pool.cursors[1:3, 3] = 77
     _one_step(case, gen, pool, [1, 2], replay=True)  # window 4: append, held 1
-    assert pool.cursors[1].tolist() == [1, 7, 0, 77]
-    assert pool.cursors[2].tolist() == [1, -(2**31), 0, 77]
+    assert pool.cursors[1].tolist() == [1, 7, 0, 0]
+    assert pool.cursors[2].tolist() == [1, -(2**31), 0, 0]
     _one_step(case, gen, pool, [1], replay=True, fes=True)  # held 1: folds, clears the words
-    assert pool.cursors[1].tolist() == [0, 8, 0, 77]
+    assert pool.cursors[1].tolist() == [0, 8, 0, 0]
     for _ in range(3):  # held 1 -> 2 -> 3 -> flush
         _one_step(case, gen, pool, [2], replay=True)
-    assert pool.cursors[2].tolist() == [0, -(2**31) + 1, 0, 77]
+    assert pool.cursors[2].tolist() == [0, -(2**31) + 1, 0, 0]
 
 
 @pytest.mark.parametrize("family", list(CASES))

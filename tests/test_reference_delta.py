@@ -377,3 +377,10 @@ def test_bad_inputs_raise_naming_the_argument(case):
         seq.commit([0, 1])
     seq.commit([1])
     assert seq.n == 1
+
+
+@over_cases
+def test_early_flush_boundary_and_drop_pending(case, assert_rel):
+    gen = torch.Generator().manual_seed(13 + case.seed_offset)
+    fam = Family(case, gen, H=2, HV=4, K=16, V=8)
+    ref_helpers.early_flush_boundary(fam, gen, assert_rel)

@@ -302,3 +302,8 @@ def test_bad_inputs_raise_naming_the_argument():
     assert seq.n == 4
     with pytest.raises(RuntimeError):
         seq.commit(0)
+
+
+def test_early_flush_boundary_and_drop_pending(assert_rel):
+    gen = torch.Generator().manual_seed(13)
+    ref_helpers.early_flush_boundary(Family(gen, H=4, P=8, N=16, G=2), gen, assert_rel)

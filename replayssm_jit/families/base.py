@@ -31,6 +31,8 @@ CPP_TYPES: dict[str, str] = {"f32": "float", "bf16": "__nv_bfloat16", "f16": "__
 # Limits of a spec's ring: the replay window L and the draft tokens T it also holds.
 MAX_WINDOW = 256
 MAX_DRAFTS = 16
+# Drafts a verify kernel takes (a row's draft tree is a 32-bit ancestor mask; its u live in registers).
+MAX_VERIFY_DRAFTS = 8
 # A launch's grid carries heads x row splits (at most 8) in its x dimension, at most 2^31 - 1.
 MAX_HEADS = (2**31 - 1) // 8
 

@@ -2,8 +2,9 @@
 
 Every tensor is [num_slots, *per_slot_shape]; each slot's block is contiguous and 16-byte
 aligned. The cursor row is int32 [4]: records held since the last flush, the flush epoch, a
-scratch word the kernels use to agree on who advances the cursor, and a spare word; zero it
-(and the checkpoint) when a slot starts a new sequence.
+scratch word the kernels use to agree on who advances the cursor, and the pending drafts of a
+speculative verify (docs/speculative.md); zero it (and the checkpoint) when a slot starts a new
+sequence.
 """
 
 from __future__ import annotations

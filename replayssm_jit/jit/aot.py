@@ -30,15 +30,17 @@ def model_spec(model: ModelShape, **kwargs) -> KernelSpec:
     return make_spec(model.family, shape, **kwargs)
 
 
-def _model_specs(family, windows, act_dtypes, state_dtypes, extra_flags=(), flags=None):
-    """Every model of `family` x window x act dtype x state dtype, with `flags` (default: the
-    family's default flags) plus `extra_flags`."""
+def _model_specs(family, windows, act_dtypes, state_dtypes, extra_flags=(), flags=None,
+                 drafts=(1,)):  # fmt: skip
+    """Every model of `family` x window x act dtype x state dtype x drafts, with `flags`
+    (default: the family's default flags) plus `extra_flags`."""
     flags = (*(get_family(family).default_flags if flags is None else flags), *extra_flags)
     return [
-        model_spec(model, window=window, act_dtype=act, state_dtype=state, flags=flags)
+        model_spec(model, window=window, drafts=t, act_dtype=act, state_dtype=state, flags=flags)
         for model in MODELS.values()
         if model.family == family
         for window in windows
+        for t in drafts
         for act in act_dtypes
         for state in state_dtypes
     ]
@@ -86,6 +88,27 @@ def _preset_h200() -> list[KernelSpec]:
     return specs
 
 
+def _preset_verify_tests() -> list[KernelSpec]:
+    """What tests/test_verify_gpu.py loads: every model shape, L = 4 and 16, T = 2, 4 and 8, FP32
+    activations (outputs held to 1e-5) and checkpoints."""
+    return [
+        spec
+        for family in FAMILIES
+        for spec in _model_specs(family, (4, 16), ("f32",), ("f32",), drafts=(2, 4, 8))
+    ]
+
+
+def _preset_verify_bench() -> list[KernelSpec]:
+    """What benchmarks/bench_verify.py loads: every model shape at L = 16, T = 1 (the standard
+    step it compares with), 2, 4 and 8, BF16 activations, FP32 checkpoints (and BF16 with
+    stochastic rounding at T = 4)."""
+    specs = []
+    for family in FAMILIES:
+        specs += _model_specs(family, (16,), ("bf16",), ("f32",), drafts=(1, 2, 4, 8))
+        specs += _model_specs(family, (16,), ("bf16",), ("bf16",), ("sr",), drafts=(4,))
+    return specs
+
+
 def _preset_sanitizer() -> list[KernelSpec]:
     """What scripts/sanitize_kernels.py loads (its --check-preset compares): one small shape per
     family that can split (GDN's K = 128 gives the capped-register state kernel its tile), with
@@ -115,6 +138,8 @@ PRESETS = {
     "models": _preset_models,
     "h200": _preset_h200,
     "sanitizer": _preset_sanitizer,
+    "verify-tests": _preset_verify_tests,
+    "verify-bench": _preset_verify_bench,
 }
 
 

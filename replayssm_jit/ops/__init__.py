@@ -5,6 +5,11 @@
     gdn_decode(plan, state=..., rec_u=..., rec_k=..., rec_g=..., cursors=..., q=..., ...)
     reset_slots(layout, tensors, slots, initial_state=None)   start sequences in slots
     copy_slots(layout, tensors, src, dst)                     fork slots (prefix sharing)
+    mamba2_verify / gdn_verify(plan, ..., num_drafts=, parents=, num_accepted=)
+                                           verify draft tokens (docs/speculative.md)
+    commit_drafts(plan, tensors, num_accepted=, slot_indices=, accepted_path=None)
+    mamba2_snapshot_verify / gdn_snapshot_verify, commit_snapshots
+                                           the conventional spec baseline (state snapshots)
 
 Tensors come from the layout (families.layout.mamba2_layout / gdn_layout). On CPU tensors the
 same calls run a PyTorch implementation of the same cursor, ring and flush semantics.
@@ -14,5 +19,26 @@ from replayssm_jit.ops.gdn import gdn_decode
 from replayssm_jit.ops.lifecycle import copy_slots, reset_slots
 from replayssm_jit.ops.mamba2 import mamba2_decode
 from replayssm_jit.ops.plan import DecodePlan, plan_decode
+from replayssm_jit.ops.verify import (
+    commit_drafts,
+    commit_snapshots,
+    gdn_snapshot_verify,
+    gdn_verify,
+    mamba2_snapshot_verify,
+    mamba2_verify,
+)
 
-__all__ = ["DecodePlan", "copy_slots", "gdn_decode", "mamba2_decode", "plan_decode", "reset_slots"]
+__all__ = [
+    "DecodePlan",
+    "commit_drafts",
+    "commit_snapshots",
+    "copy_slots",
+    "gdn_decode",
+    "gdn_snapshot_verify",
+    "gdn_verify",
+    "mamba2_decode",
+    "mamba2_snapshot_verify",
+    "mamba2_verify",
+    "plan_decode",
+    "reset_slots",
+]

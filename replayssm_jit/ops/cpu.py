@@ -11,8 +11,10 @@ rounded factors.
 
 Per batch row b with slot s = slot_indices[b]:
   * s == pad_slot_id: out[b] = 0; nothing else is read or written.
-  * replay=True and cursors[s, 0] outside [0, window) (a corrupted cursor; no step leaves one):
-    out[b] = NaN; nothing else is read or written (the kernels' held_count_valid guard).
+  * replay=True and cursors[s, 0] outside [0, window) with T == 1 drafts, or outside
+    [0, window + T) with T >= 2 (a commit may leave up to L + T - 1 records): a corrupted cursor,
+    no step leaves one. out[b] = NaN; nothing else is read or written (the kernels'
+    held_count_valid guard).
   * replay=False (conventional): read state[s], take one step, write it back, write out[b].
   * replay=True: n = cursors[s, 0] records are held; with j = n + 1 (those plus this token) the
     row flushes when j >= window or flush_every_step. A flush folds the n held records and this
@@ -22,7 +24,14 @@ Per batch row b with slot s = slot_indices[b]:
   * Cursor words afterwards (common/replay.cuh, finish_step_cursor): in flush_every_step mode
     without "sr", a row that held nothing only advances the epoch (word 1), leaving words 0 and 2
     as they were; otherwise word 0 = 0 after a flush else j, word 1 = epoch + 1 after a flush,
-    word 2 (the CTA-arrival scratch) = 0. Word 3 is never touched.
+    word 2 (the CTA-arrival scratch) = 0. Word 3 (the pending drafts of a verify) = 0 either
+    way: a standard step drops them uncommitted.
+
+The speculative steps (docs/speculative.md) follow: `mamba2_verify` / `gdn_verify` (verify T
+drafts against the checkpoint and the committed records, with a fused commit and an early flush),
+`commit` (advance the cursor over the accepted drafts, compacting a tree's path) and
+`mamba2_snapshot` / `gdn_snapshot` (the conventional spec baseline that writes one state per
+draft into caller-given slots).
 
 Rows are grouped by their held count and each group is computed at once, vectorised over rows
 and heads. Slots must be distinct among non-pad rows (the callers check).
@@ -44,8 +53,14 @@ import torch
 
 __all__ = [
     "SUPPORTS_STOCHASTIC_ROUNDING",
+    "StepSetup",
+    "commit",
+    "gdn_snapshot",
     "gdn_step",
+    "gdn_verify",
+    "mamba2_snapshot",
     "mamba2_step",
+    "mamba2_verify",
     "round_stochastic",
     "rounding_bits",
 ]
@@ -204,7 +219,8 @@ _Compute = Callable[[torch.Tensor, torch.Tensor, int, bool, torch.Tensor], None]
 @dataclass(frozen=True)
 class StepSetup:
     """The scalars a step takes besides its tensors, as the module's bindings do: ReplaySSM or
-    conventional, flush-every-step mode, the window L, the spec's flags, the pad slot id and the stochastic-rounding seed."""
+    conventional, flush-every-step mode, the window L, the spec's flags, the pad slot id, the
+    stochastic-rounding seed and the layout's drafts T (the ring holds L + T rows)."""
 
     replay: bool
     flush_every_step: bool
@@ -212,6 +228,13 @@ class StepSetup:
     flags: frozenset[str]
     pad_slot_id: int
     seed: int
+    drafts: int = 1
+
+    @property
+    def held_limit(self) -> int:
+        """One past the largest held count a standard step may find: L - 1 without drafts, else
+        L + T - 1 (a verify that did not flush leaves n + t <= L + T - 1, then a commit)."""
+        return self.window if self.drafts == 1 else self.window + self.drafts
 
 
 def _run_rows(
@@ -241,9 +264,8 @@ def _run_rows(
         raise ValueError("cursors: required in replay mode")
     words = cursors[slots].to(torch.int64)
     held_of_row, epoch_of_row = words[:, 0], words[:, 1]
-    faulted = (held_of_row < 0) | (
-        held_of_row >= window
-    )  # a corrupted cursor, as the kernels see it
+    # A corrupted cursor, as the kernels see it.
+    faulted = (held_of_row < 0) | (held_of_row >= setup.held_limit)
     out[pad] = 0
     out[rows[faulted]] = float("nan")
     rows, slots = rows[~faulted], slots[~faulted]
@@ -262,6 +284,7 @@ def _run_rows(
             if flush:
                 cursors[group_slots, 1] = cursors[group_slots, 1] + 1
             cursors[group_slots, 2] = 0
+        cursors[group_slots, 3] = 0  # pending drafts dropped, never committed
 
 
 def _check_flags(flags: frozenset[str], known: set[str], family: str) -> bool:
@@ -455,3 +478,522 @@ def gdn_step(
             rec_k[slots, :, held] = k[rows].to(rec_k.dtype)
 
     _run_rows(setup, sr=sr, cursors=cursors, out=out, slot_indices=slot_indices, compute=compute)
+
+
+# ---------------------------------------------------------------------------------------------
+# Speculative decoding (docs/speculative.md): verify, commit, the snapshot baseline
+# ---------------------------------------------------------------------------------------------
+#
+# Per batch row b of a verify, slot s = slot_indices[b], with n = cursors[s, 0] committed
+# records, the epoch e = cursors[s, 1] and p = cursors[s, 3] pending drafts, all read first:
+#   * s == pad_slot_id: out[b] = 0; nothing else is read or written.
+#   * n outside [0, L + T), p outside [0, T] or n + p > L + T - 1 (a corrupted cursor):
+#     out[b] = NaN; nothing else is read or written.
+#   * otherwise: a = clamp(num_accepted[b], 0, p) (0 without it), n <- n + a; t =
+#     clamp(num_drafts[b], 0, T) (T without it). If n + t >= L + T the n records are folded into
+#     state[s] in FP32 (stored in its dtype, "sr" keyed by e) and n <- 0, e <- e + 1; the drafts
+#     then replay from the folded FP32 state. Draft j < t replays the n records, then its root
+#     path (parents[b], clamped: a parent outside [-1, j) is -1), itself last; out[b, j >= t] = 0.
+#     Draft j's record goes to ring row n + j. Cursor: (n, e, 0, t).
+
+
+def _cursor_valid(held: torch.Tensor, pending: torch.Tensor, setup: StepSetup) -> torch.Tensor:
+    """Whether each cursor is one a launch may leave (else corrupted): 0 <= n, 0 <= p <= T and
+    n + p < L + T."""
+    capacity = setup.window + setup.drafts
+    return (held >= 0) & (pending >= 0) & (pending <= setup.drafts) & (held + pending < capacity)
+
+
+def _ancestors(parents: torch.Tensor | None, rows: int, drafts: int, device) -> torch.Tensor:
+    """[rows, T, T] bool: [r, j, i] = draft i is draft j or one of its ancestors. parents: [rows,
+    T] int64 or None (a chain); a parent outside [-1, j) counts as -1, as the kernels clamp it."""
+    index = torch.arange(drafts, device=device)
+    if parents is None:
+        parents = (index - 1).expand(rows, drafts)
+    parents = torch.where((parents >= -1) & (parents < index), parents, -1)
+    anc = torch.zeros((rows, drafts, drafts), dtype=torch.bool, device=device)
+    every = torch.arange(rows, device=device)
+    for j in range(drafts):  # a parent's row is complete before its children's (parent < j)
+        p = parents[:, j]
+        inherited = anc[every, p.clamp(min=0)] & (p >= 0)[:, None]
+        anc[:, j] = inherited | (index == j)
+    return anc
+
+
+# compute(rows, slots, held, flush, epochs, t, ancestors): one group's drafts; `held` is the
+# committed count after the fused commit (folded first where `flush`).
+_DraftCompute = Callable[
+    [torch.Tensor, torch.Tensor, int, bool, torch.Tensor, torch.Tensor, torch.Tensor], None
+]
+
+
+def _run_verify_rows(
+    setup: StepSetup,
+    *,
+    sr: bool,
+    cursors: torch.Tensor,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    num_drafts: torch.Tensor | None,
+    parents: torch.Tensor | None,
+    num_accepted: torch.Tensor | None,
+    compute: _DraftCompute,
+) -> None:
+    """Pad rows, corrupted cursors, the fused commit, then `compute` once per group of rows with
+    the same committed count and flush decision, then the cursor words (n, e, 0, t)."""
+    T, capacity = setup.drafts, setup.window + setup.drafts
+    slot_of_row = slot_indices.to(device=out.device, dtype=torch.int64)
+    pad = slot_of_row == setup.pad_slot_id
+    rows = torch.nonzero(~pad).flatten()
+    slots = slot_of_row[rows]
+    words = cursors[slots].to(torch.int64)
+    held, epoch, pending = words[:, 0], words[:, 1], words[:, 3]
+    valid = _cursor_valid(held, pending, setup)
+    out[pad] = 0
+    out[rows[~valid]] = float("nan")
+    rows, slots, held, epoch, pending = (v[valid] for v in (rows, slots, held, epoch, pending))
+    if num_accepted is not None:
+        accepted = num_accepted.to(out.device, torch.int64)[rows].clamp(min=0)
+        held = held + torch.minimum(accepted, pending)
+    if num_drafts is None:
+        drafts = torch.full_like(held, T)
+    else:
+        drafts = num_drafts.to(out.device, torch.int64)[rows].clamp(0, T)
+    flush = held + drafts >= capacity
+    given = None if parents is None else parents.to(out.device, torch.int64)[rows]
+    anc = _ancestors(given, rows.numel(), T, out.device)
+    for n, f in sorted(set(zip(held.tolist(), flush.tolist()))):
+        members = (held == n) & (flush == f)
+        group_slots = slots[members]
+        epochs = epoch[members] if sr else torch.zeros_like(group_slots)
+        compute(rows[members], group_slots, n, f, epochs, drafts[members], anc[members])
+        cursors[group_slots, 0] = 0 if f else n
+        if f:
+            cursors[group_slots, 1] = cursors[group_slots, 1] + 1  # (int32 wraps)
+        cursors[group_slots, 2] = 0
+        cursors[group_slots, 3] = drafts[members].to(cursors.dtype)
+
+
+def _live_drafts(drafts: torch.Tensor, T: int) -> torch.Tensor:
+    """[rows, T] bool: draft j < t of its row."""
+    return torch.arange(T, device=drafts.device) < drafts[:, None]
+
+
+def _draft_inputs(t: torch.Tensor, rows: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """FP32 rows of a [batch, T, ...] input, zero past each row's t: unused drafts' inputs (any
+    bits, NaN included) never reach a sum."""
+    v = t[rows].to(_F32)
+    mask = live.view(*live.shape, *([1] * (v.dim() - 2)))
+    return torch.where(mask, v, torch.zeros((), dtype=_F32))
+
+
+def _window_mask(held: int, anc: torch.Tensor) -> torch.Tensor:
+    """[rows, T, held + T] bool: what draft j replays, the committed records then its path."""
+    committed = torch.ones((*anc.shape[:2], held), dtype=torch.bool, device=anc.device)
+    return torch.cat([committed, anc], dim=-1)
+
+
+def _write_draft_records(
+    slots: torch.Tensor,
+    held: int,
+    live: torch.Tensor,
+    records: list[tuple[torch.Tensor, torch.Tensor]],
+) -> None:
+    """Draft j's record at ring row held + j of each row with j < t. records: (ring, its values
+    [rows, T, ...] per draft)."""
+    for j in range(live.shape[1]):
+        m = live[:, j]
+        if not bool(m.any()):
+            break  # (live drafts are a prefix of each row)
+        for ring, values in records:
+            ring[slots[m], :, held + j] = values[m, j].to(ring.dtype)
+
+
+def _mamba2_gates(dt, dt_bias, has_bias: bool, softplus: bool) -> torch.Tensor:
+    """dt after the bias and the softplus (as flagged), FP32."""
+    if has_bias:
+        dt = dt + dt_bias.to(_F32)
+    return _softplus(dt) if softplus else dt
+
+
+def _mamba2_fold(s, xs, bs, dts, a, per_group) -> torch.Tensor:
+    """S <- a(1:n) S + sum_i a(i+1:n) dt_i x_i B_i^T over n records (xs [b, H, n, P], bs [b, G,
+    n, N], dts [b, H, n]), in FP32."""
+    decay, total = _suffix_decays(dts * a[:, None])
+    vals = xs * (decay * dts)[..., None]
+    keys = bs.repeat_interleave(per_group, dim=1)
+    return s * total[..., None, None] + vals.transpose(-1, -2) @ keys
+
+
+def mamba2_verify(
+    setup: StepSetup,
+    *,
+    state: torch.Tensor,
+    rec_x: torch.Tensor,
+    rec_b: torch.Tensor,
+    rec_dt: torch.Tensor,
+    cursors: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor | None,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    num_drafts: torch.Tensor | None,
+    parents: torch.Tensor | None,
+    num_accepted: torch.Tensor | None,
+) -> None:
+    """Verify T Mamba-2 drafts per row, as the module's verify_step binding takes them.
+
+    Tensors as in mamba2_step with a draft dim: x, z [batch, T, H, P]; dt [batch, T, H] raw;
+    B, C [batch, T, G, N]; out [batch, T, H, P]; num_drafts, num_accepted [batch] and parents
+    [batch, T] int (or None). Draft j with window W_j (the committed records, then its root
+    path) has y_j = a(W_j) (S C_j) + sum_{i in W_j} a(i+1:end of W_j) dt_i (B_i . C_j) x_i
+    + D x_j, then y_j *= silu(z_j) with "z". Rows, flush and cursors: see the section notes.
+    """
+    flags, seed, T = setup.flags, setup.seed, setup.drafts
+    sr = _check_flags(flags, _MAMBA2_FLAGS, "Mamba-2")
+    heads, groups = x.shape[2], B.shape[2]
+    per_group = heads // groups
+    has_bias, softplus = "dt_bias" in flags, "dt_softplus" in flags
+    a = A.to(_F32)
+
+    def compute(rows, slots, held, flush, epochs, drafts, anc):
+        live = _live_drafts(drafts, T)
+        x_d = _draft_inputs(x, rows, live)  # [r, T, H, P]
+        dt_d = _mamba2_gates(_draft_inputs(dt, rows, live), dt_bias, has_bias, softplus)
+        dt_d = torch.where(live[..., None], dt_d, 0.0)  # [r, T, H]
+        b_d = _draft_inputs(B, rows, live)  # [r, T, G, N]
+        c_d = _draft_inputs(C, rows, live)
+        s = state[slots].to(_F32)  # [r, H, P, N]
+        if flush:  # early flush: the committed records only, never the drafts
+            s = _mamba2_fold(s, rec_x[slots, :, :held].to(_F32), rec_b[slots, :, :held].to(_F32),
+                             rec_dt[slots, :, :held].to(_F32), a, per_group)  # fmt: skip
+            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs)
+            held = 0
+        xs = torch.cat([rec_x[slots, :, :held].to(_F32), x_d.transpose(1, 2)], 2)  # [r,H,M,P]
+        bs = torch.cat([rec_b[slots, :, :held].to(_F32), b_d.transpose(1, 2)], 2)  # [r,G,M,N]
+        dts = torch.cat([rec_dt[slots, :, :held].to(_F32), dt_d.transpose(1, 2)], 2)  # [r,H,M]
+        window = _window_mask(held, anc)[:, None]  # [r, 1, T, M]
+        log_decay = torch.where(window, (dts * a[:, None])[:, :, None], 0.0)  # [r, H, T, M]
+        decay, total = _suffix_decays(log_decay)  # [r, H, T, M], [r, H, T]
+        weight = torch.where(window, decay * dts[:, :, None], 0.0)
+        c_heads = c_d.transpose(1, 2)  # [r, G, T, N]
+        dots = (c_heads @ bs.transpose(-1, -2)).repeat_interleave(per_group, dim=1)  # B_i . C_j
+        q = c_heads.repeat_interleave(per_group, dim=1)  # [r, H, T, N]
+        y = total[..., None] * (q @ s.transpose(-1, -2)) + (weight * dots) @ xs  # [r, H, T, P]
+        y = y.transpose(1, 2)  # [r, T, H, P]
+        if "d" in flags:
+            y = y + D.to(_F32)[:, None] * x_d
+        if "z" in flags:
+            zr = _draft_inputs(z, rows, live)
+            y = y * (zr / (1.0 + torch.exp(-zr)))
+        out[rows] = torch.where(live[..., None, None], y, 0.0).to(out.dtype)
+        _write_draft_records(slots, held, live, [(rec_x, x[rows]), (rec_b, B[rows]),
+                                                 (rec_dt, dt_d)])  # fmt: skip
+
+    _run_verify_rows(setup, sr=sr, cursors=cursors, out=out, slot_indices=slot_indices,
+                     num_drafts=num_drafts, parents=parents, num_accepted=num_accepted,
+                     compute=compute)  # fmt: skip
+
+
+def _gdn_gates(gate_a, gate_b, A_log, dt_bias, gates_in_kernel: bool):
+    """(g, beta) FP32 from the given gates: raw a, b with "gates_in_kernel", else g and beta."""
+    g, beta = gate_a.to(_F32), gate_b.to(_F32)
+    if gates_in_kernel:
+        g = -torch.exp(A_log.to(_F32)) * _softplus(g + dt_bias.to(_F32))
+        beta = _sigmoid(beta)
+    return g, beta
+
+
+def _key_norms(ks: torch.Tensor, l2norm: bool, per_key: int) -> torch.Tensor:
+    """rk [b, HV, M] of raw keys ks [b, H, M, K]: rsqrt(|k|^2 + eps) with "qk_l2norm", else 1."""
+    if not l2norm:
+        return torch.ones(ks.shape[:-1], dtype=_F32, device=ks.device).repeat_interleave(
+            per_key, dim=1
+        )
+    return torch.rsqrt((ks * ks).sum(-1) + NORM_EPS).repeat_interleave(per_key, dim=1)
+
+
+def _query_scale(q: torch.Tensor, l2norm: bool, per_key: int, scale: float) -> torch.Tensor:
+    """rq [b, HV] of raw queries q [b, H, K]: scale rsqrt(|q|^2 + eps), or scale."""
+    if not l2norm:
+        return torch.full((q.shape[0], q.shape[1] * per_key), scale, dtype=_F32, device=q.device)
+    return torch.rsqrt((q * q).sum(-1) + NORM_EPS).repeat_interleave(per_key, dim=1) * scale
+
+
+def _delta_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:
+    """S <- a(1:n) S + sum_i a(i+1:n) u_i k^_i^T over n records (us [b, HV, n, V], raw ks [b, H,
+    n, K], gs [b, HV, n]), in FP32."""
+    decay, total = _suffix_decays(gs)
+    vals = (decay * _key_norms(ks, l2norm, per_key))[..., None] * us
+    keys = ks.repeat_interleave(per_key, dim=1)
+    return s * total[..., None, None] + vals.transpose(-1, -2) @ keys
+
+
+def gdn_verify(
+    setup: StepSetup,
+    *,
+    state: torch.Tensor,
+    rec_u: torch.Tensor,
+    rec_k: torch.Tensor,
+    rec_g: torch.Tensor,
+    cursors: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_a: torch.Tensor,
+    gate_b: torch.Tensor,
+    A_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    num_drafts: torch.Tensor | None,
+    parents: torch.Tensor | None,
+    num_accepted: torch.Tensor | None,
+) -> None:
+    """Verify T GDN drafts per row, as the module's verify_step binding takes them.
+
+    Tensors as in gdn_step with a draft dim: q, k [batch, T, H, K]; v [batch, T, HV, V]; gate_a,
+    gate_b [batch, T, HV]; out [batch, T, HV, V]; num_drafts, num_accepted [batch] and parents
+    [batch, T] int (or None). Drafts run in index order (a parent precedes its children), each
+    over its window W_j (the committed records, then its root path): with tot = a(W_j) and dec_i
+    the decay from record i to j,
+        u_j = beta_j (v_j - (tot S k^_j + sum_{i in W_j, i != j} dec_i (k^_i . k^_j) u_i))
+        o_j = tot S q^_j + sum_{i in W_j} dec_i (k^_i . q^_j) u_i
+    so each u is computed along its own root path. Rows, flush and cursors: see the section
+    notes.
+    """
+    flags, seed, T = setup.flags, setup.seed, setup.drafts
+    sr = _check_flags(flags, _GDN_FLAGS, "GDN")
+    k_heads, v_heads = q.shape[2], v.shape[2]
+    per_key = v_heads // k_heads
+    l2norm, gates_in_kernel = "qk_l2norm" in flags, "gates_in_kernel" in flags
+
+    def compute(rows, slots, held, flush, epochs, drafts, anc):
+        live = _live_drafts(drafts, T)
+        q_d = _draft_inputs(q, rows, live)  # [r, T, H, K]
+        k_d = _draft_inputs(k, rows, live)
+        v_d = _draft_inputs(v, rows, live)  # [r, T, HV, V]
+        g_d, beta_d = _gdn_gates(_draft_inputs(gate_a, rows, live),
+                                 _draft_inputs(gate_b, rows, live), A_log, dt_bias,
+                                 gates_in_kernel)  # fmt: skip
+        g_d = torch.where(live[..., None], g_d, 0.0)  # [r, T, HV]
+        s = state[slots].to(_F32)  # [r, HV, V, K]
+        if flush:  # early flush: the committed records only, never the drafts
+            s = _delta_fold(s, rec_u[slots, :, :held].to(_F32), rec_k[slots, :, :held].to(_F32),
+                            rec_g[slots, :, :held].to(_F32), l2norm, per_key)  # fmt: skip
+            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs)
+            held = 0
+        ks = torch.cat([rec_k[slots, :, :held].to(_F32), k_d.transpose(1, 2)], 2)  # [r,H,M,K]
+        gs = torch.cat([rec_g[slots, :, :held].to(_F32), g_d.transpose(1, 2)], 2)  # [r,HV,M]
+        us = torch.cat([rec_u[slots, :, :held].to(_F32),
+                        torch.zeros_like(v_d).transpose(1, 2)], 2)  # [r, HV, M, V]  # fmt: skip
+        rk = _key_norms(ks, l2norm, per_key)  # [r, HV, M]
+        keys = ks.repeat_interleave(per_key, dim=1)  # [r, HV, M, K] raw
+        windows = _window_mask(held, anc)  # [r, T, M]
+        outs = []
+        for j in range(T):
+            at = held + j
+            window = windows[:, j, None]  # [r, 1, M]
+            decay, total = _suffix_decays(torch.where(window, gs, 0.0))  # [r, HV, M], [r, HV]
+            before = window.clone()
+            before[..., at] = False  # the records replayed before draft j
+            q_j, query = q_d[:, j], q_d[:, j].repeat_interleave(per_key, dim=1)  # [r, HV, K]
+            kk = (ks @ k_d[:, j, :, :, None]).squeeze(-1).repeat_interleave(per_key, dim=1)
+            kq = (ks @ q_j[..., None]).squeeze(-1).repeat_interleave(per_key, dim=1)
+            rq = _query_scale(q_j, l2norm, per_key, scale)  # [r, HV]
+            rk_j = rk[..., at]
+            sk = (s @ keys[:, :, at, :, None]).squeeze(-1) * rk_j[..., None]  # S k^_j
+            sq = (s @ query[..., None]).squeeze(-1) * rq[..., None]  # S q^_j
+            base = torch.where(before, decay * kk * rk * rk_j[..., None], 0.0)
+            coef = torch.where(before, decay * kq * rk * rq[..., None], 0.0)
+            pred = (base[..., None] * us).sum(dim=2)  # [r, HV, V]
+            osum = (coef[..., None] * us).sum(dim=2)
+            u_j = beta_d[:, j, :, None] * (v_d[:, j] - (total[..., None] * sk + pred))
+            u_j = torch.where(live[:, j, None, None], u_j, 0.0)
+            o = total[..., None] * sq + osum + (kq[..., at] * rk_j * rq)[..., None] * u_j
+            us[:, :, at] = u_j
+            outs.append(torch.where(live[:, j, None, None], o, 0.0))
+        out[rows] = torch.stack(outs, dim=1).to(out.dtype)
+        u_d = us[:, :, held:].transpose(1, 2)  # [r, T, HV, V]
+        _write_draft_records(slots, held, live, [(rec_u, u_d), (rec_g, g_d), (rec_k, k[rows])])
+
+    _run_verify_rows(setup, sr=sr, cursors=cursors, out=out, slot_indices=slot_indices,
+                     num_drafts=num_drafts, parents=parents, num_accepted=num_accepted,
+                     compute=compute)  # fmt: skip
+
+
+def commit(
+    setup: StepSetup,
+    *,
+    cursors: torch.Tensor,
+    rings: list[torch.Tensor],
+    num_accepted: torch.Tensor,
+    accepted_path: torch.Tensor | None,
+    slot_indices: torch.Tensor,
+) -> None:
+    """Commit the accepted drafts of the last verify, as the module's commit_step binding does.
+
+    rings: the layout's rings [slots, heads, CAP, ...]; num_accepted [batch] int; accepted_path
+    [batch, T] int or None. Per row (pad rows and corrupted cursors are left alone): a =
+    clamp(num_accepted[b], 0, p). A tree path (indices clamped to [0, p)) is compacted first:
+    for i < a in order, every ring's row n + path[i] is copied to row n + i. Then word 0 = n + a
+    and word 3 = 0; words 1 and 2 stay.
+    """
+    slot_of_row = slot_indices.to(device=cursors.device, dtype=torch.int64)
+    rows = torch.nonzero(slot_of_row != setup.pad_slot_id).flatten()
+    slots = slot_of_row[rows]
+    words = cursors[slots].to(torch.int64)
+    held, pending = words[:, 0], words[:, 3]
+    valid = _cursor_valid(held, pending, setup)
+    rows, slots, held, pending = rows[valid], slots[valid], held[valid], pending[valid]
+    accepted = num_accepted.to(cursors.device, torch.int64)[rows].clamp(min=0)
+    accepted = torch.minimum(accepted, pending)
+    if accepted_path is not None:
+        path = accepted_path.to(cursors.device, torch.int64)[rows].clamp(min=0)
+        path = torch.minimum(path, (pending - 1).clamp(min=0)[:, None])
+        for i in range(path.shape[1]):
+            m = accepted > i
+            if not bool(m.any()):
+                break
+            src, dst = held[m] + path[m, i], held[m] + i
+            for ring in rings:  # (the gather copies before the row is written)
+                ring[slots[m], :, dst] = ring[slots[m], :, src]
+    cursors[slots, 0] = (held + accepted).to(cursors.dtype)
+    cursors[slots, 3] = 0
+
+
+def _run_snapshot_rows(
+    setup: StepSetup,
+    *,
+    state: torch.Tensor,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    snapshot_slots: torch.Tensor,
+    num_drafts: torch.Tensor | None,
+    token: Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor],
+) -> None:
+    """The conventional spec baseline's rows: pad rows zero, the others read state[slot] once and
+    run their t drafts as a chain, `token(s, rows, j, live) -> (y, s)` per draft, writing the
+    state after draft j (rounded to nearest: the binding takes no seed) into
+    state[snapshot_slots[b, j]] (skipped where that id is out of range, as the kernels do) and
+    out[b, j]; out[b, j >= t] = 0."""
+    T = setup.drafts
+    slot_of_row = slot_indices.to(device=out.device, dtype=torch.int64)
+    pad = slot_of_row == setup.pad_slot_id
+    out[pad] = 0
+    rows = torch.nonzero(~pad).flatten()
+    if num_drafts is None:
+        drafts = torch.full((rows.numel(),), T, dtype=torch.int64, device=out.device)
+    else:
+        drafts = num_drafts.to(out.device, torch.int64)[rows].clamp(0, T)
+    live = _live_drafts(drafts, T)
+    targets = snapshot_slots.to(out.device, torch.int64)[rows]
+    written = live & (targets >= 0) & (targets < state.shape[0])
+    s = state[slot_of_row[rows]].to(_F32)
+    outs = []
+    for j in range(T):
+        y, s = token(s, rows, j, live)
+        state[targets[written[:, j], j]] = s[written[:, j]].to(state.dtype)
+        outs.append(torch.where(live[:, j].view(-1, *([1] * (y.dim() - 1))), y, 0.0))
+    out[rows] = torch.stack(outs, dim=1).to(out.dtype)
+
+
+def mamba2_snapshot(
+    setup: StepSetup,
+    *,
+    state: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor | None,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    snapshot_slots: torch.Tensor,
+    num_drafts: torch.Tensor | None,
+) -> None:
+    """The conventional Mamba-2 spec baseline, as the module's snapshot_step binding takes it:
+    inputs as mamba2_verify's, snapshot_slots [batch, T] int. Draft j of a row is a
+    conventional step of the state after draft j - 1 (S <- exp(dt A) S + dt x B^T, y = S C + D x,
+    y *= silu(z)); the state slot_indices[b] is read, never written."""
+    flags = setup.flags
+    _check_flags(flags, _MAMBA2_FLAGS, "Mamba-2")
+    per_group = x.shape[2] // B.shape[2]
+    has_bias, softplus = "dt_bias" in flags, "dt_softplus" in flags
+    a = A.to(_F32)
+
+    def token(s, rows, j, live):
+        x_j = _draft_inputs(x, rows, live)[:, j]  # [r, H, P]
+        dt_j = _mamba2_gates(_draft_inputs(dt, rows, live)[:, j], dt_bias, has_bias, softplus)
+        keys = _draft_inputs(B, rows, live)[:, j].repeat_interleave(per_group, dim=1)  # [r,H,N]
+        q = _draft_inputs(C, rows, live)[:, j].repeat_interleave(per_group, dim=1)
+        vals = (dt_j[..., None] * x_j)[..., None]  # [r, H, P, 1]
+        s = torch.exp(dt_j * a)[..., None, None] * s + vals * keys[:, :, None]
+        y = (s @ q[..., None]).squeeze(-1)
+        if "d" in flags:
+            y = y + D.to(_F32)[:, None] * x_j
+        if "z" in flags:
+            zr = _draft_inputs(z, rows, live)[:, j]
+            y = y * (zr / (1.0 + torch.exp(-zr)))
+        return y, s
+
+    _run_snapshot_rows(setup, state=state, out=out, slot_indices=slot_indices,
+                       snapshot_slots=snapshot_slots, num_drafts=num_drafts,
+                       token=token)  # fmt: skip
+
+
+def gdn_snapshot(
+    setup: StepSetup,
+    *,
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_a: torch.Tensor,
+    gate_b: torch.Tensor,
+    A_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    snapshot_slots: torch.Tensor,
+    num_drafts: torch.Tensor | None,
+) -> None:
+    """The conventional GDN spec baseline, as the module's snapshot_step binding takes it:
+    inputs as gdn_verify's, snapshot_slots [batch, T] int. Draft j of a row is a conventional
+    step of the state after draft j - 1 (u = beta (v - alpha S k^), S <- alpha S + u k^T,
+    o = S q^); the state slot_indices[b] is read, never written."""
+    flags = setup.flags
+    _check_flags(flags, _GDN_FLAGS, "GDN")
+    per_key = v.shape[2] // q.shape[2]
+    l2norm, gates_in_kernel = "qk_l2norm" in flags, "gates_in_kernel" in flags
+
+    def token(s, rows, j, live):
+        q_j = _draft_inputs(q, rows, live)[:, j]  # [r, H, K]
+        k_j = _draft_inputs(k, rows, live)[:, j]
+        v_j = _draft_inputs(v, rows, live)[:, j]  # [r, HV, V]
+        g_j, beta = _gdn_gates(_draft_inputs(gate_a, rows, live)[:, j],
+                               _draft_inputs(gate_b, rows, live)[:, j], A_log, dt_bias,
+                               gates_in_kernel)  # fmt: skip
+        rk = _key_norms(k_j[:, :, None], l2norm, per_key)[..., 0]  # [r, HV]
+        key = k_j.repeat_interleave(per_key, dim=1) * rk[..., None]  # k^ [r, HV, K]
+        query = q_j.repeat_interleave(per_key, dim=1)
+        query = query * _query_scale(q_j, l2norm, per_key, scale)[..., None]
+        alpha = torch.exp(g_j)[..., None, None]
+        u = beta[..., None] * (v_j - alpha[..., 0] * (s @ key[..., None]).squeeze(-1))
+        s = alpha * s + u[..., None] * key[:, :, None]
+        return (s @ query[..., None]).squeeze(-1), s
+
+    _run_snapshot_rows(setup, state=state, out=out, slot_indices=slot_indices,
+                       snapshot_slots=snapshot_slots, num_drafts=num_drafts,
+                       token=token)  # fmt: skip

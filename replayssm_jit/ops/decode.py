@@ -43,6 +43,42 @@ def resolve_seed(plan: DecodePlan, seed: object) -> tuple[int, torch.Tensor | No
     return seed & (2**63 - 1), None
 
 
+def reads_device_values(plan: DecodePlan) -> bool:
+    """Whether the ops check values held on the device (slot ids, draft counts, parents, ...):
+    on the CPU always (no sync to save), on CUDA with check_slot_values and outside a capture."""
+    if plan.backend == "cpu":
+        return True
+    return plan.check_slot_values and not torch.cuda.is_current_stream_capturing()
+
+
+def check_slot_tensors(
+    plan: DecodePlan,
+    tensors: Mapping[str, torch.Tensor | None],
+    slot_indices: torch.Tensor,
+    *,
+    optional: tuple[str, ...] = (),
+) -> int:
+    """The slot tensors against the plan's layout (those in `optional` may be None) and the slot
+    ids (values where `reads_device_values`); returns the slot count."""
+    num_slots = plan.layout.check_tensors(tensors, device=plan.device, optional=optional)
+    check_slot_indices(
+        slot_indices, plan.batch_size, num_slots, plan.pad_slot_id, plan.device,
+        read_values=reads_device_values(plan),
+    )  # fmt: skip
+    return num_slots
+
+
+def cpu_setup(plan: DecodePlan, seed_value: int, seed_tensor: torch.Tensor | None) -> cpu.StepSetup:
+    """The CPU path's scalars for `plan` (a device seed tensor is read here: no sync to save)."""
+    if seed_tensor is not None:
+        seed_value = int(seed_tensor.item()) & (2**63 - 1)
+    return cpu.StepSetup(
+        replay=plan.replay, flush_every_step=plan.kernel == "flush-every-step",
+        window=plan.spec.window, flags=frozenset(plan.spec.flags),
+        pad_slot_id=plan.pad_slot_id, seed=seed_value, drafts=plan.layout.drafts,
+    )  # fmt: skip
+
+
 def run_step(
     plan: DecodePlan,
     tensors: Mapping[str, torch.Tensor | None],
@@ -58,11 +94,7 @@ def run_step(
     family's token inputs in its bindings' order (already checked)."""
     # A conventional step reads and writes only the state.
     optional = () if plan.replay else (*plan.layout.ring_names, "cursors")
-    num_slots = plan.layout.check_tensors(tensors, device=plan.device, optional=optional)
-    check_slot_indices(
-        slot_indices, plan.batch_size, num_slots, plan.pad_slot_id, plan.device,
-        read_values=plan.check_slot_values or plan.backend == "cpu",  # (no sync to save there)
-    )  # fmt: skip
+    check_slot_tensors(plan, tensors, slot_indices, optional=optional)
     seed_value, seed_tensor = resolve_seed(plan, seed)
     if workspace is None:
         workspace = torch.empty(plan.workspace_floats, dtype=torch.float32, device=plan.device)
@@ -77,13 +109,7 @@ def run_step(
             )
     rings = [tensors[name] for name in plan.layout.ring_names]
     if plan.backend == "cpu":
-        if seed_tensor is not None:
-            seed_value = int(seed_tensor.item()) & (2**63 - 1)
-        setup = cpu.StepSetup(
-            replay=plan.replay, flush_every_step=plan.kernel == "flush-every-step",
-            window=plan.spec.window, flags=frozenset(plan.spec.flags),
-            pad_slot_id=plan.pad_slot_id, seed=seed_value,
-        )  # fmt: skip
+        setup = cpu_setup(plan, seed_value, seed_tensor)
         ring_args = dict(zip(plan.layout.ring_names, rings if plan.replay else [None] * len(rings)))
         cursors = tensors.get("cursors") if plan.replay else None
         cpu_step(setup, state=tensors["state"], **ring_args, cursors=cursors, **inputs, out=out,

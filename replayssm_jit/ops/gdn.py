@@ -30,9 +30,11 @@ from replayssm_jit.ops.decode import check_plan, output_buffer, run_step
 from replayssm_jit.ops.plan import DecodePlan
 
 
-def _check_gates(plan: DecodePlan, given: dict[str, torch.Tensor | None]) -> tuple:
+def _check_gates(
+    plan: DecodePlan, given: dict[str, torch.Tensor | None], lead: tuple[int, ...]
+) -> tuple:
     """(gate_a, gate_b, A_log, dt_bias) in the bindings' order, from the named gates."""
-    HV, batch, dev = plan.layout.shape.value_heads, plan.batch_size, plan.device
+    HV, dev = plan.layout.shape.value_heads, plan.device
     raw = "gates_in_kernel" in plan.spec.flags
     wanted = ("a", "b", "A_log", "dt_bias") if raw else ("g", "beta")
     for name, t in given.items():
@@ -43,7 +45,7 @@ def _check_gates(plan: DecodePlan, given: dict[str, torch.Tensor | None]) -> tup
                 f"got {'a tensor' if t is not None else 'None'}"
             )
     for name in wanted[:2]:
-        check_tensor(name, given[name], shape=(batch, HV), dtype=torch.float32, device=dev)
+        check_tensor(name, given[name], shape=(*lead, HV), dtype=torch.float32, device=dev)
     for name in wanted[2:]:
         check_tensor(
             name, given[name], shape=(HV,), dtype=torch.float32, device=dev, contiguous=True
@@ -51,6 +53,33 @@ def _check_gates(plan: DecodePlan, given: dict[str, torch.Tensor | None]) -> tup
     if raw:
         return given["a"], given["b"], given["A_log"], given["dt_bias"]
     return given["g"], given["beta"], None, None
+
+
+def check_inputs(
+    plan: DecodePlan,
+    lead: tuple[int, ...],
+    *,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gates: dict[str, torch.Tensor | None],
+) -> dict[str, object]:
+    """The token inputs, each checked, in the bindings' order (the plan's scale last). lead: the
+    per-token dims, (batch,) for a step or (batch, T) for drafts; gates: a, b, A_log, dt_bias, g
+    and beta by name (None where not given)."""
+    shape = plan.layout.shape
+    H, HV, K, V = shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim
+    act, dev = plan.layout.act_dtype, plan.device
+    check_tensor("q", q, shape=(*lead, H, K), dtype=act, device=dev, inner_contiguous=True)
+    check_tensor("k", k, shape=(*lead, H, K), dtype=act, device=dev, inner_contiguous=True)
+    check_tensor("v", v, shape=(*lead, HV, V), dtype=act, device=dev, inner_contiguous=True)
+    gate_a, gate_b, A_log, dt_bias = _check_gates(plan, gates, lead)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_aligned_rows(name, t)
+    return {
+        "q": q, "k": k, "v": v, "gate_a": gate_a, "gate_b": gate_b,
+        "A_log": A_log, "dt_bias": dt_bias, "scale": plan.options["scale"],
+    }  # fmt: skip
 
 
 # A decode step is inference: the kernels ignore autograd, and so does the CPU path (an
@@ -86,21 +115,9 @@ def gdn_decode(
     """
     check_plan(plan, GDN)
     shape = plan.layout.shape
-    H, HV, K, V = shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim
-    act, dev, batch = plan.layout.act_dtype, plan.device, plan.batch_size
-    check_tensor("q", q, shape=(batch, H, K), dtype=act, device=dev, inner_contiguous=True)
-    check_tensor("k", k, shape=(batch, H, K), dtype=act, device=dev, inner_contiguous=True)
-    check_tensor("v", v, shape=(batch, HV, V), dtype=act, device=dev, inner_contiguous=True)
-    gate_a, gate_b, A_log, dt_bias = _check_gates(
-        plan, {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    )
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_aligned_rows(name, t)
-    out = output_buffer(plan, out, (HV, V))
-    inputs = {
-        "q": q, "k": k, "v": v, "gate_a": gate_a, "gate_b": gate_b,
-        "A_log": A_log, "dt_bias": dt_bias, "scale": plan.options["scale"],
-    }  # fmt: skip
+    gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
+    inputs = check_inputs(plan, (plan.batch_size,), q=q, k=k, v=v, gates=gates)
+    out = output_buffer(plan, out, (shape.value_heads, shape.value_dim))
     tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     return run_step(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,

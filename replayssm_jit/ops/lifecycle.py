@@ -140,7 +140,7 @@ def reset_slots(
     check_slot_values: bool = True,
 ) -> None:
     """Start new sequences in `slots`: each checkpoint zero (or its row of `initial_state`),
-    each cursor row all zero (no records held, flush epoch 0, no CTA arrivals, spare 0).
+    each cursor row all zero (no records held, flush epoch 0, no CTA arrivals, no pending drafts).
 
     layout: the layer's CacheLayout. tensors: its slot tensors by name, as layout.tensors()
         lists them: state [num_slots, *S] and cursors [num_slots, 4] int32 are written; the

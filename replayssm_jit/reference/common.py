@@ -311,12 +311,18 @@ class ReplaySequence:
       records plus the current token are folded into S_c and n becomes 0. The output does not
       depend on whether the step flushes. ``L == 1`` flushes on every step.
     * ``flush()``: folds all held records, n = 0 (a no-op when n == 0).
-    * ``verify(parents=None, **drafts)``: T = leading dim of the draft inputs (1 <= T <= self.T).
-      **Early flush** first when ``n + T > capacity``. Returns the outputs of all T drafts; holds
-      their records until ``commit``.
+    * ``verify(parents=None, **drafts)``: t = leading dim of the draft inputs (1 <= t <= T).
+      **Early flush** first when ``n + t >= capacity``: the ring would keep no free row, so the
+      n held records are folded (never the drafts) and n becomes 0. Without it, a commit leaves
+      ``n <= L + T - 1`` and a following ``step`` replays at most ``L + T`` records with its own
+      token (docs/speculative.md). Returns the outputs of all t drafts; holds their records
+      until ``commit`` or ``drop_pending``.
     * ``commit(accepted)``: an int count a (chain: keep drafts 0..a-1), or for any verify a list
       of draft indices forming a root-to-node path (gather that path's records). n += accepted.
       Rejected records are dropped. No flush happens in commit.
+    * ``drop_pending()``: the drafts of a verify whose commit never comes are dropped and
+      nothing is committed (what a standard step does first); a no-op without a pending verify.
+    * ``step`` and ``flush`` refuse to run while a verify is pending (commit or drop it first).
 
     Subclasses bind a family through ``_token``, ``_drafts`` and ``_fold``.
     """
@@ -377,7 +383,7 @@ class ReplaySequence:
         if not 1 <= t <= self.T:
             raise ValueError(f"drafts: expected 1..{self.T} draft tokens, got {t}")
         plist = parse_parents(parents, t)
-        if self.n + t > self.capacity:  # early flush
+        if self.n + t >= self.capacity:  # early flush: no free ring row would be left
             self.flush()
         outs, draft_records = self._drafts(self.records, plist, **drafts)
         self._pending = (draft_records, plist, parents is not None)
@@ -405,6 +411,9 @@ class ReplaySequence:
         self._pending = None
         if path:
             self.records = cat_records(self.records, draft_records[path])
+
+    def drop_pending(self) -> None:
+        self._pending = None
 
     def materialize(self) -> torch.Tensor:
         """The current state S_n (float64); for tests only, changes nothing."""

@@ -8,6 +8,7 @@ from replayssm_jit.checks import check_bool
 from replayssm_jit.families.base import Family
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops.plan import MODES, DecodePlan, plan_decode
+from replayssm_jit.ops.verify import commit_drafts
 from replayssm_jit.spec import KernelSpec
 from replayssm_jit.wrappers.cache import SlotCache
 
@@ -21,7 +22,10 @@ class DecodeWrapper:
     outputs differ only in FP32 rounding order. mode="conventional": read, update and write
     the state.
     use_cuda_graph=True: run() writes into a buffer fixed at plan() and never reads slot values
-    on the host (that would sync), so a step can be captured in a CUDA graph.
+    on the host (that would sync), so a step can be captured in a CUDA graph; verify() likewise,
+    into a [batch, T, ...] buffer of its own, where the cache has drafts T >= 2.
+    Speculative decoding (caches with drafts=T >= 2, mode="replay"): verify() takes run()'s
+    inputs with a draft dim and commit() accepts drafts of the last verify (docs/speculative.md).
     check_slot_values=False skips that read in eager mode too: out-of-range or repeated slot
     ids are then the caller's responsibility (shape, dtype and device are always checked).
     """
@@ -49,6 +53,7 @@ class DecodeWrapper:
         self.check_slot_values = check_slot_values and not use_cuda_graph
         self._plan: DecodePlan | None = None
         self._out: torch.Tensor | None = None
+        self._verify_out: torch.Tensor | None = None
         self._workspace: torch.Tensor | None = None
 
     # --- what plan() chose ---------------------------------------------------------------
@@ -102,17 +107,44 @@ class DecodeWrapper:
             config=config, seed=seed, **options,
         )  # fmt: skip
         workspace = torch.empty(plan.workspace_floats, dtype=torch.float32, device=plan.device)
-        out = None
+        out = verify_out = None
         if self.use_cuda_graph:
             shape = self.cache.layout.shape
-            out = torch.empty((batch_size, shape.value_heads, shape.value_dim),
-                              dtype=self.cache.act_dtype, device=plan.device)  # fmt: skip
+            row = (shape.value_heads, shape.value_dim)
+            out = torch.empty((batch_size, *row), dtype=self.cache.act_dtype, device=plan.device)
+            if self.mode == "replay" and plan.spec.has_verify:
+                drafts = (batch_size, self.cache.drafts, *row)
+                verify_out = torch.empty(drafts, dtype=self.cache.act_dtype, device=plan.device)
         self._plan, self._workspace, self._out = plan, workspace, out
+        self._verify_out = verify_out
         return plan.spec
 
-    def _run(self, op, **inputs) -> torch.Tensor:
+    def _planned(self, call: str) -> DecodePlan:
         if self._plan is None:
-            raise RuntimeError("run() called before plan()")
+            raise RuntimeError(f"{call}() called before plan()")
+        return self._plan
+
+    def _run(self, op, **inputs) -> torch.Tensor:
+        plan = self._planned("run")
         if inputs.get("out") is None:
             inputs["out"] = self._out
-        return op(self._plan, **self.cache.tensors, **inputs, workspace=self._workspace)
+        return op(plan, **self.cache.tensors, **inputs, workspace=self._workspace)
+
+    def _verify(self, op, **inputs) -> torch.Tensor:
+        plan = self._planned("verify")
+        if inputs.get("out") is None:
+            inputs["out"] = self._verify_out
+        return op(plan, **self.cache.tensors, **inputs)
+
+    def commit(
+        self,
+        num_accepted: torch.Tensor,
+        slot_indices: torch.Tensor,
+        accepted_path: torch.Tensor | None = None,
+    ) -> None:
+        """Commit the accepted drafts of each row's last verify (ops.verify.commit_drafts):
+        num_accepted [batch] int32, the count per row; accepted_path [batch, T] int32, a tree's
+        accepted root-to-node path (draft indices, root first), or None for chains. Everything is
+        checked first; on error nothing is touched."""
+        commit_drafts(self._planned("commit"), self.cache.tensors, num_accepted=num_accepted,
+                      slot_indices=slot_indices, accepted_path=accepted_path)  # fmt: skip

@@ -7,6 +7,7 @@ import torch
 from replayssm_jit.families import GDN
 from replayssm_jit.families.layout import gdn_layout
 from replayssm_jit.ops.gdn import gdn_decode
+from replayssm_jit.ops.verify import gdn_verify
 from replayssm_jit.wrappers.base import DecodeWrapper
 from replayssm_jit.wrappers.cache import FamilyCache
 
@@ -32,3 +33,18 @@ class GDNDecodeWrapper(DecodeWrapper):
         Everything is checked first; on error nothing is touched."""
         return self._run(gdn_decode, q=q, k=k, v=v, slot_indices=slot_indices,
                          **gates_and_options)  # fmt: skip
+
+    def verify(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot_indices: torch.Tensor,
+        **gates_and_options,
+    ) -> torch.Tensor:
+        """Verify T draft tokens per row; returns out [batch, T, HV, V]. Inputs as run()'s with a
+        draft dim after the batch (q, k [batch, T, H, K], v [batch, T, HV, V], gates [batch, T,
+        HV]); options as run()'s plus num_drafts, parents, num_accepted
+        (replayssm_jit.ops.verify). Everything is checked first; on error nothing is touched."""
+        return self._verify(gdn_verify, q=q, k=k, v=v, slot_indices=slot_indices,
+                            **gates_and_options)  # fmt: skip

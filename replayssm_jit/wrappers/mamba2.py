@@ -7,6 +7,7 @@ import torch
 from replayssm_jit.families import MAMBA2
 from replayssm_jit.families.layout import mamba2_layout
 from replayssm_jit.ops.mamba2 import mamba2_decode
+from replayssm_jit.ops.verify import mamba2_verify
 from replayssm_jit.wrappers.base import DecodeWrapper
 from replayssm_jit.wrappers.cache import FamilyCache
 
@@ -32,3 +33,20 @@ class Mamba2DecodeWrapper(DecodeWrapper):
         replayssm_jit.ops.mamba2. Everything is checked first; on error nothing is touched."""
         return self._run(mamba2_decode, x=x, dt=dt, A=A, B=B, C=C, slot_indices=slot_indices,
                          **optional)  # fmt: skip
+
+    def verify(
+        self,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        slot_indices: torch.Tensor,
+        **optional,
+    ) -> torch.Tensor:
+        """Verify T draft tokens per row; returns out [batch, T, H, P]. Inputs as run()'s with a
+        draft dim after the batch (x, z [batch, T, H, P], dt [batch, T, H], B, C [batch, T, G,
+        N]); optional as run()'s plus num_drafts, parents, num_accepted (replayssm_jit.ops.verify).
+        Everything is checked first; on error nothing is touched."""
+        return self._verify(mamba2_verify, x=x, dt=dt, A=A, B=B, C=C, slot_indices=slot_indices,
+                            **optional)  # fmt: skip

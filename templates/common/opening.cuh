@@ -71,11 +71,13 @@ __device__ __forceinline__ bool skip_unusable_row(int slot, int pad_slot_id, int
   return true;
 }
 
-// A step only ever leaves 0..L-1 records held: any other count is a corrupted cursor, and the row
-// must then touch neither its rings nor its checkpoint.
-template <int L>
+// A step leaves 0..L-1 records held, and a commit of drafts (CAP = L + T, T >= 2) up to CAP - 1
+// (docs/speculative.md): any other count is a corrupted cursor, and the row must then touch
+// neither its rings nor its checkpoint.
+template <int L, int CAP>
 __device__ __forceinline__ bool held_count_valid(int held) {
-  return unsigned(held) < unsigned(L);
+  constexpr int kMaxHeld = CAP > L + 1 ? CAP - 1 : L - 1;
+  return unsigned(held) <= unsigned(kMaxHeld);
 }
 
 // Issues every load of a CTA's rows row0.. of head `head` in slot `slot` of a [slots, heads,

@@ -291,11 +291,12 @@ __device__ __forceinline__ SlotCursor read_slot_cursor(const int32_t* cursor) {
 }
 
 // Run by the last arrival of a slot's batch row: records held (none after a flush), the flush
-// epoch read at the step's start advanced, and the arrival count reset for the next launch.
+// epoch read at the step's start advanced, the arrival count reset for the next launch, and a
+// verify's pending drafts (word 3) dropped, as a step commits none of them.
 __device__ __forceinline__ void advance_slot_cursor(int32_t* cursor, bool flushed, int records, int epoch) {
   cursor[0] = flushed ? 0 : records;
   if (flushed) cursor[1] = epoch + 1;
-  cursor[2] = 0;
+  *reinterpret_cast<int2*>(cursor + 2) = make_int2(0, 0);
 }
 
 // Called by every CTA of a batch row after its last read of the slot's cursor: the last to
@@ -317,7 +318,10 @@ template <bool SR>
 __device__ __forceinline__ void finish_step_cursor(int32_t* cursor, int ctas_per_row, bool first_cta,
                                                    bool flush_every_step, bool flushed, int records, int epoch) {
   if (!SR && flush_every_step && records == 1) {
-    if (first_cta && threadIdx.x == 0) cursor[1] = epoch + 1;
+    if (first_cta && threadIdx.x == 0) {
+      cursor[1] = epoch + 1;
+      cursor[3] = 0;  // pending drafts dropped (advance_slot_cursor)
+    }
   } else {
     advance_cursor(cursor, ctas_per_row, flushed, records, epoch);
   }

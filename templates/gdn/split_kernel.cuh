@@ -77,7 +77,7 @@ struct Records {
     const int32_t* cursor = slot_cursor(p.cursors, slot);
     const SlotCursor at_start = read_slot_cursor(cursor);
     const int held = at_start.held, epoch = at_start.epoch;
-    if (!held_count_valid<L>(held)) {  // a corrupted cursor: the state kernel faults the row
+    if (!held_count_valid<L, CAP>(held)) {  // a corrupted cursor: the state kernel faults the row
       if (khead == 0 && threadIdx.x == 0) Workspace{p.workspace, p.batch, p.num_v_heads}.set_row_info(row, held, false, epoch);
       pipe::wait_copies();
       return;
@@ -274,7 +274,7 @@ struct State {
     wait_for_prior_grid();  // from here on the records kernel has finished: no cursor readers left
     const Workspace ws{p.workspace, p.batch, p.num_v_heads};
     const auto info = ws.row_info(row);
-    if (!held_count_valid<L>(info.held)) {  // a corrupted cursor: the row touches nothing
+    if (!held_count_valid<L, CAP>(info.held)) {  // a corrupted cursor: the row touches nothing
       pipe::wait_copies();
       fill_outputs<ROWS, kThreads>(out, fault_output());
       return;

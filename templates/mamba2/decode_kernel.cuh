@@ -172,7 +172,7 @@ struct Kernel {
     int32_t* cursor = REPLAY ? slot_cursor(p.cursors, slot) : nullptr;
     const SlotCursor at_start = REPLAY ? read_slot_cursor(cursor) : SlotCursor{0, 0};
     const int held = at_start.held;
-    if (REPLAY && !held_count_valid<L>(held)) {  // a corrupted cursor: the row touches nothing
+    if (REPLAY && !held_count_valid<L, CAP>(held)) {  // a corrupted cursor: the row touches nothing
       fill_outputs<ROWS, kThreads>(out, fault_output());
       return;
     }

@@ -131,7 +131,7 @@ def draw_scenario(draw, device: str, *, route: str | None = None) -> Scenario:
                           act_dtype=act, device=device, pad_slot_id=pad)  # fmt: skip
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
     # Random checkpoints; rings poisoned (a step may read only the records it holds); epochs
-    # anywhere in int32 (a flush wraps them); the spare word never touched.
+    # anywhere in int32 (a flush wraps them); word 3 (pending drafts) anything: a step zeroes it.
     with torch.no_grad():
         cache.state.copy_(0.3 * torch.randn(cache.state.shape, generator=gen))
         for name in cache.layout.ring_names:
@@ -514,7 +514,7 @@ def _check_step(sc: Scenario, args, pool, pool_before, cache_before, inputs_befo
         held = w_before[0]
         flush = held + 1 >= window or every
         epoch = (w_before[1] + 1 + 2**31) % 2**32 - 2**31 if flush else w_before[1]
-        want = [0 if flush else held + 1, epoch, 0, w_before[3]]
+        want = [0 if flush else held + 1, epoch, 0, 0]  # (a step drops pending drafts)
         assert w_now == want, f"slot {s} cursor {w_before} -> {w_now}, expected {want}"
         if flush:
             err = rel_err(state, sc.ref_pool[s])

@@ -1,0 +1,183 @@
+// Building blocks of the speculative kernels of every family: the verify step (T drafts, output
+// only), the commit of accepted drafts and the conventional snapshot baseline. The contract
+// (cursor words, fused commit, early flush, trees) is docs/speculative.md.
+#pragma once
+#include "common/opening.cuh"
+
+namespace replayssm {
+
+// A verify row as its launch starts: committed records after the fused commit, drafts this step,
+// whether it flushes the committed records first, and the epoch that keys that flush's rounding.
+struct VerifyRow {
+  int committed, drafts, epoch;
+  bool flush, valid;
+};
+
+// Reads a slot's cursor (words 0-3 in one load) and the row's optional per-row counts. Invalid
+// device counts are clamped; an impossible cursor marks the row invalid (it then touches nothing).
+template <int L, int T>
+__device__ __forceinline__ VerifyRow read_verify_row(const int32_t* cursor, const int32_t* num_drafts,
+                                                     const int32_t* num_accepted, int row) {
+  constexpr int kCap = L + T;
+  const int4 w = *reinterpret_cast<const int4*>(cursor);
+  const int held = w.x, pending = w.w;
+  VerifyRow v;
+  v.valid = held >= 0 && pending >= 0 && pending <= T && held + pending <= kCap - 1;
+  const int accepted = num_accepted != nullptr ? min(max(num_accepted[row], 0), pending) : 0;
+  v.committed = held + accepted;
+  v.drafts = num_drafts != nullptr ? min(max(num_drafts[row], 0), T) : T;
+  v.flush = v.committed + v.drafts >= kCap;
+  v.epoch = w.y;
+  return v;
+}
+
+// The draft tree of one row in shared memory: parent[j] in [-1, j) (a parent out of range is
+// taken as -1, attached to the committed records), ancestors[j] the bit set of j's root path
+// (j included), and path_log[j] the sum of the log-decays along it.
+template <int T>
+struct DraftTree {
+  int parent[T];
+  uint32_t ancestors[T];
+  float path_log[T];
+
+  // One thread: parents (a chain where none are given) and the ancestor sets.
+  __device__ __forceinline__ void build(const int32_t* parents, int row) {
+    #pragma unroll
+    for (int j = 0; j < T; ++j) {
+      int pj = parents != nullptr ? parents[int64_t(row) * T + j] : j - 1;
+      if (pj < -1 || pj >= j) pj = -1;
+      parent[j] = pj;
+      ancestors[j] = (1u << j) | (pj >= 0 ? ancestors[pj] : 0u);
+    }
+  }
+  // Sum of `draft_log[node]` over draft j's root path after node i (i an ancestor of j, or -1
+  // for the whole path), summed from j upwards.
+  __device__ __forceinline__ float log_after(const float* draft_log, int j, int i) const {
+    float sum = 0.f;
+    for (int node = j; node != i && node >= 0; node = parent[node]) sum += draft_log[node];
+    return sum;
+  }
+  __device__ __forceinline__ bool on_path(int j, int i) const { return (ancestors[j] >> i) & 1u; }
+};
+
+// log_after[i] = sum of log_decay[i+1 .. count-1], and returns the sum of all (every lane): one
+// warp, chunks of 32 records from the top, as suffix_decays sums them.
+__device__ __forceinline__ float suffix_log_sums(const float* log_decay, float* log_after, int count) {
+  const int lane = threadIdx.x % 32;
+  float carry = 0.f;
+  for (int top = count; top > 0; top -= 32) {
+    const int i = top - 32 + lane;
+    const float la = i >= 0 ? log_decay[i] : 0.f;
+    const float suffix = warp_suffix_sum(la);
+    if (i >= 0) log_after[i] = carry + suffix - la;
+    carry += __shfl_sync(0xffffffffu, suffix, 0);
+  }
+  return carry;
+}
+
+// Stages rows 0..count-1 of LEN elements of T (src + i * stride) as floats into dst[first + i],
+// in the widest vectors that divide a row; completes before returning (no barrier).
+template <typename T, int LEN, int THREADS>
+__device__ __forceinline__ void stage_rows(float (*dst)[LEN], int first, const T* src, int64_t stride, int count) {
+  constexpr int kBytes = row_vector_bytes<T, LEN>();
+  constexpr int kElems = kBytes / int(sizeof(T));
+  constexpr int kPerRow = LEN / kElems;
+  using Raw = typename RawVec<kBytes>::type;
+  for (int idx = threadIdx.x; idx < count * kPerRow; idx += THREADS) {
+    const int i = idx / kPerRow, part = idx % kPerRow;
+    const Raw raw = reinterpret_cast<const Raw*>(src + int64_t(i) * stride)[part];
+    const T* e = reinterpret_cast<const T*>(&raw);
+    #pragma unroll
+    for (int k = 0; k < kElems; ++k) dst[first + i][part * kElems + k] = to_float(e[k]);
+  }
+}
+
+// Dot products of rows of `a` ([count_a][LEN]) with rows of `b` ([count_b][LEN]), all in shared
+// memory, a thread per pair: out[j * stride + i] = a[i] . b[j]. Each thread starts its sweep at
+// its own column so that threads on different rows hit different banks.
+template <int LEN, int THREADS>
+__device__ __forceinline__ void pair_dots(const float (*a)[LEN], int count_a, const float (*b)[LEN], int count_b,
+                                          float* out, int stride) {
+  for (int pair = threadIdx.x; pair < count_a * count_b; pair += THREADS) {
+    const int i = pair % count_a, j = pair / count_a;
+    float acc = 0.f;
+    #pragma unroll 8
+    for (int c = 0; c < LEN; ++c) {
+      const int col = (c + threadIdx.x) % LEN;
+      acc = fmaf(a[i][col], b[j][col], acc);
+    }
+    out[j * stride + i] = acc;
+  }
+}
+
+// Called by every CTA of a verify row after its last read of the slot's rings and cursor: true
+// (in every thread of the CTA) for the row's last arrival, which may then overwrite the rows that
+// CTAs share (all of them have read what they need) and advances the cursor with
+// finish_verify_cursor. `flag` is a shared-memory word.
+__device__ __forceinline__ bool last_arrival(int32_t* cursor, int ctas_per_row, int* flag) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    *flag = atomicAdd(cursor + 2, 1) == ctas_per_row - 1;
+  }
+  __syncthreads();
+  return *flag != 0;
+}
+
+// A verify's cursor: committed records (none after the early flush), the epoch advanced by a
+// flush, the arrival count reset, and the drafts pending until a commit.
+__device__ __forceinline__ void finish_verify_cursor(int32_t* cursor, const VerifyRow& v) {
+  if (threadIdx.x == 0) {
+    *reinterpret_cast<int4*>(cursor) = make_int4(v.flush ? 0 : v.committed, v.epoch + (v.flush ? 1 : 0), 0, v.drafts);
+  }
+}
+
+// Rows of one ring of a slot pool, [slots, heads, CAP, row_bytes] (any element type).
+struct RingRows {
+  unsigned char* base;
+  int64_t heads, row_bytes;
+};
+
+// Commit of accepted drafts, one CTA per batch row: a = clamp(num_accepted, 0, pending). For a
+// tree (path given) every ring's row n + path[i] moves to n + i, for i = 0..a-1 in order: a root
+// path increases, so no row is overwritten before it is read. Then n += a and nothing is pending.
+template <int L, int T, int THREADS>
+__global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, RingRows r0, RingRows r1, RingRows r2,
+                                                          const int32_t* num_accepted, const int32_t* path,
+                                                          const int32_t* slot_indices, int32_t pad_slot_id,
+                                                          int32_t num_slots) {
+  constexpr int kCap = L + T;
+  const int row = blockIdx.x;
+  const int slot = slot_indices[row];
+  if (!slot_usable(slot, pad_slot_id, num_slots)) return;
+  int32_t* cursor = slot_cursor(cursors, slot);
+  const int4 w = *reinterpret_cast<const int4*>(cursor);
+  const int held = w.x, pending = w.w;
+  if (held < 0 || pending < 0 || pending > T || held + pending > kCap - 1) return;  // a corrupted cursor
+  const int accepted = min(max(num_accepted[row], 0), pending);
+  if (path != nullptr) {
+    // Row `from` of one ring to row `to`, for every head of the slot, a 4-byte word per thread.
+    const auto move_row = [&](const RingRows& ring, int from, int to) {
+      if (ring.base == nullptr) return;
+      unsigned char* slot_rows = ring.base + int64_t(slot) * ring.heads * kCap * ring.row_bytes;
+      const int64_t words = ring.row_bytes / 4;  // every ring row is a whole number of 4-byte words
+      for (int64_t e = threadIdx.x; e < ring.heads * words; e += THREADS) {
+        const int64_t h = e / words, c = e % words;
+        uint32_t* head_rows = reinterpret_cast<uint32_t*>(slot_rows + h * kCap * ring.row_bytes);
+        head_rows[(held + to) * words + c] = head_rows[(held + from) * words + c];
+      }
+    };
+    for (int i = 0; i < accepted; ++i) {
+      const int from = min(max(path[int64_t(row) * T + i], 0), pending - 1);
+      if (from != i) {
+        move_row(r0, from, i);
+        move_row(r1, from, i);
+        move_row(r2, from, i);
+      }
+      __syncthreads();
+    }
+  }
+  if (threadIdx.x == 0) *reinterpret_cast<int4*>(cursor) = make_int4(held + accepted, w.y, 0, 0);
+}
+
+}  // namespace replayssm

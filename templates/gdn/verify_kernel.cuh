@@ -1,0 +1,368 @@
+// Gated DeltaNet speculative kernels: the verify step (T drafts per batch row, output only) and the
+// conventional snapshot baseline. Contract: docs/speculative.md.
+//
+// One CTA handles ROWS value rows of one (batch row, value head), its state rows in registers.
+// With m committed records (none after an early flush) and draft j's root path W_j, decays
+// dec_ij = a(i+1 .. j along W_j) and total_j = a(committed + W_j):
+//   pred_j = total_j (S_c k^_j) + sum_{i in committed + W_j, i != j} dec_ij (k^_i . k^_j) u_i
+//   u_j    = beta_j (v_j - pred_j)
+//   o_j    = total_j (S_c q^_j) + sum_{i in committed + W_j} dec_ij (k^_i . q^_j) u_i
+// The drafts' u depend on their ancestors' only: solved in order of j, per row, in registers
+// (the unit-triangular T x T system), without forming a state. Records as in mamba2/verify_kernel.cuh.
+#pragma once
+#include "common/verify.cuh"
+#include "gdn/decode_kernel.cuh"
+
+namespace replayssm::gdn {
+
+struct DraftParams {
+  int64_t q_stride_t, k_stride_t, v_stride_t, ga_stride_t, gb_stride_t;
+  const int32_t* num_drafts;
+  const int32_t* parents;
+  const int32_t* num_accepted;
+  const int32_t* snapshot_slots;
+};
+
+template <typename act_t, typename state_t>
+struct VerifyParams {
+  Params<act_t, state_t> base;
+  DraftParams d;
+  __host__ __device__ int heads() const { return base.num_v_heads; }
+};
+
+// g and beta of draft j at `vhead` (token_gates, with the draft dim).
+template <bool GATES_IN_KERNEL, typename P>
+__device__ __forceinline__ void draft_gates(const P& p, const DraftParams& d, int row, int j, int vhead, float& g,
+                                            float& beta) {
+  g = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(j) * d.ga_stride_t + int64_t(vhead) * p.ga_stride_h];
+  beta = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(j) * d.gb_stride_t + int64_t(vhead) * p.gb_stride_h];
+  if constexpr (GATES_IN_KERNEL) {
+    g = -expf(p.A_log[vhead]) * softplus(g + p.dt_bias[vhead]);
+    beta = 1.f / (1.f + expf(-beta));
+  }
+}
+
+template <int K, int V, int VPH, int L, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
+          bool GATES_IN_KERNEL, bool SR>
+struct Verify {
+  static constexpr int kCap = L + T;
+  using Params = VerifyParams<act_t, state_t>;
+  using Tile = RowTiling<state_t, K, ROWS, WARPS, false>;
+  static constexpr int kThreads = Tile::kThreads;
+  static constexpr int kSplits = V / ROWS;
+  static constexpr int kRecords = kCap - 1 + T;
+  static_assert(T >= 2 && T <= 8, "verify drafts: 2..8");
+
+  struct Smem {
+    alignas(16) float u[kCap][ROWS];  // committed u (this CTA's rows); a flush scales them in place
+    float k[kRecords][K];             // raw k, committed then drafts
+    float q[T][K];
+    float v[T][ROWS];
+    alignas(16) float pred[T][ROWS];  // committed records' part of pred_j and o_j
+    alignas(16) float osum[T][ROWS];
+    float kk[T][kRecords], kq[T][kRecords];  // k_i . k_j and k_i . q_j, raw; then the weights
+    float k2[kRecords], q2[T];
+    float g[kRecords], log_after[kRecords], beta[T], total[T];
+    DraftTree<T> tree;
+    float fold_total;
+    int last;
+  };
+  static constexpr size_t kSmemBytes = sizeof(Smem);
+
+  static __device__ __forceinline__ float inv_norm(float sq) { return L2NORM ? rsqrtf(sq + kNormEps) : 1.f; }
+
+  static __device__ __forceinline__ void run(const Params& vp, Smem& sm) {
+    const auto& p = vp.base;
+    const auto& d = vp.d;
+    begin_after_prior_grid();
+    const auto tile = RowTileIndex<kSplits, VPH>::of_block(vp);
+    const int split = tile.split, vhead = tile.head, row = tile.row, khead = tile.group, num_k_heads = tile.num_groups;
+    const int row0 = split * ROWS;
+    const int slot = p.slot_indices[row];
+    const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_v_heads + vhead) * V + row0; };
+    if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) {
+      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), slot == p.pad_slot_id ? 0.f : fault_output());
+      return;
+    }
+    typename Tile::Regs s_raw;
+    state_t* rows = load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
+
+    int32_t* cursor = slot_cursor(p.cursors, slot);
+    const VerifyRow vr = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
+    if (!vr.valid) {
+      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), fault_output());
+      return;
+    }
+    const int m = vr.committed, t = vr.drafts, count = m + t;
+    const int mc = vr.flush ? 0 : m;
+
+    const act_t* rec_k = p.rec_k + (int64_t(slot) * num_k_heads + khead) * kCap * K;
+    const float* rec_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * kCap * V + row0;
+    const float* rec_g = p.rec_g + (int64_t(slot) * p.num_v_heads + vhead) * kCap;
+    stage_rows<act_t, K, kThreads>(sm.k, 0, rec_k, K, m);
+    stage_rows<float, ROWS, kThreads>(sm.u, 0, rec_u, V, m);
+    stage_rows<act_t, K, kThreads>(sm.k, m, p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h,
+                                   d.k_stride_t, t);
+    stage_rows<act_t, K, kThreads>(sm.q, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h,
+                                   d.q_stride_t, t);
+    stage_rows<act_t, ROWS, kThreads>(sm.v, 0, p.v + int64_t(row) * p.v_stride_b + int64_t(vhead) * p.v_stride_h + row0,
+                                      d.v_stride_t, t);
+    for (int i = threadIdx.x; i < count; i += kThreads) {
+      if (i < m) {
+        sm.g[i] = rec_g[i];
+      } else {
+        float g, beta;
+        draft_gates<GATES_IN_KERNEL>(p, d, row, i - m, vhead, g, beta);
+        sm.g[i] = g;
+        sm.beta[i - m] = beta;
+      }
+    }
+    if (threadIdx.x == 0) sm.tree.build(d.parents, row);
+    __syncthreads();
+
+    // Dots (raw) of every record's k with each draft's k and q, squared norms, log-decays.
+    pair_dots<K, kThreads>(sm.k, count, sm.k + m, t, &sm.kk[0][0], kRecords);
+    pair_dots<K, kThreads>(sm.k, count, sm.q, t, &sm.kq[0][0], kRecords);
+    for (int i = threadIdx.x; i < count + t; i += kThreads) {
+      const float* a = i < count ? sm.k[i] : sm.q[i - count];
+      float acc = 0.f;
+      for (int c = 0; c < K; ++c) {
+        const float x = a[(c + threadIdx.x) % K];
+        acc = fmaf(x, x, acc);
+      }
+      if (i < count) sm.k2[i] = acc; else sm.q2[i - count] = acc;
+    }
+    if (threadIdx.x / 32 == (kThreads > 32 ? 1 : 0)) {  // a warp of its own where there are two
+      const float sum = suffix_log_sums(sm.g, sm.log_after, m);
+      if (threadIdx.x % 32 == 0) sm.fold_total = sum;
+    }
+    if (threadIdx.x < t) sm.tree.path_log[threadIdx.x] = sm.tree.log_after(sm.g + m, threadIdx.x, -1);
+    __syncthreads();
+
+    // Weights of u_i in pred_j (kk) and in o_j (kq), in place; zero off committed + W_j.
+    const float committed_log = vr.flush ? 0.f : sm.fold_total;
+    for (int pair = threadIdx.x; pair < t * count; pair += kThreads) {
+      const int j = pair / count, i = pair % count;
+      float dec = 0.f;
+      if (i < mc) {
+        dec = expf(sm.log_after[i] + sm.tree.path_log[j]);
+      } else if (i >= m && sm.tree.on_path(j, i - m)) {
+        dec = expf(sm.tree.log_after(sm.g + m, j, i - m));
+      }
+      const float rk_i = inv_norm(sm.k2[i]), rk_j = inv_norm(sm.k2[m + j]);
+      const float rq_j = inv_norm(sm.q2[j]) * p.scale;
+      sm.kk[j][i] = i == m + j ? 0.f : dec * sm.kk[j][i] * rk_i * rk_j;
+      sm.kq[j][i] = dec * sm.kq[j][i] * rk_i * rq_j;
+    }
+    if (threadIdx.x < t) sm.total[threadIdx.x] = expf(committed_log + sm.tree.path_log[threadIdx.x]);
+    __syncthreads();
+    for (int r = threadIdx.x; r < ROWS; r += kThreads) {
+      for (int j = 0; j < t; ++j) {
+        float pr = 0.f, os = 0.f;
+        for (int i = 0; i < mc; ++i) {
+          pr = fmaf(sm.kk[j][i], sm.u[i][r], pr);
+          os = fmaf(sm.kq[j][i], sm.u[i][r], os);
+        }
+        sm.pred[j][r] = pr;
+        sm.osum[j][r] = os;
+      }
+      if (vr.flush)
+        for (int i = 0; i < m; ++i) sm.u[i][r] *= expf(sm.log_after[i]) * inv_norm(sm.k2[i]);  // fold weights
+    }
+    __syncthreads();
+
+    // Rows: the early flush's fold (written back), then the drafts in order, u in registers.
+    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
+    const float fold_total = vr.flush ? expf(sm.fold_total) : 1.f;
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i)
+      #pragma unroll
+      for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * fold_total;
+    if (vr.flush) {
+      for (int mi = 0; mi < m; ++mi) {
+        float w[Tile::kPasses];
+        Tile::row_values(&sm.u[mi][0], w);
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+          float k_c[Tile::kVec];
+          Tile::chunk(&sm.k[mi][0], c, k_c);
+          #pragma unroll
+          for (int i = 0; i < Tile::kPasses; ++i)
+            #pragma unroll
+            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w[i], k_c[e], s[i][c][e]);
+        }
+      }
+      const uint64_t seed = rounding_seed<SR>(p);
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i)
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          store_chunk<state_t, SR>(rows + int64_t(Tile::row(i)) * K + Tile::col(c), s[i][c], seed,
+                                   (uint64_t(slot) << 32) | uint64_t(SR ? vr.epoch : 0),
+                                   (uint64_t(vhead) * V + row0 + Tile::row(i)) * K + Tile::col(c));
+    }
+    const int first = vr.flush ? 0 : m;
+    float* u_ring = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * kCap * V + row0;
+    float du[T][Tile::kPasses];  // the drafts' u of this lane's rows
+    #pragma unroll
+    for (int j = 0; j < T; ++j) {
+      act_t* out = out_of(j);
+      if (j >= t) {
+        #pragma unroll
+        for (int i = 0; i < Tile::kPasses; ++i) {
+          du[j][i] = 0.f;
+          if (Tile::row_leader()) out[Tile::row(i)] = from_float<act_t>(0.f);
+        }
+        continue;
+      }
+      const float rk_j = inv_norm(sm.k2[m + j]), rq_j = inv_norm(sm.q2[j]) * p.scale;
+      float k_reg[Tile::kChunksPerLane][Tile::kVec], q_reg[Tile::kChunksPerLane][Tile::kVec];
+      Tile::slice(&sm.k[m + j][0], k_reg);
+      Tile::slice(&sm.q[j][0], q_reg);
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i) {
+        const int r = Tile::row(i);
+        float sk = 0.f, sq = 0.f;
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          #pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) {
+            sk = fmaf(s[i][c][e], k_reg[c][e], sk);
+            sq = fmaf(s[i][c][e], q_reg[c][e], sq);
+          }
+        float pred = sm.total[j] * group_sum<Tile::kLanesPerRow>(sk) * rk_j + sm.pred[j][r];
+        float o = sm.total[j] * group_sum<Tile::kLanesPerRow>(sq) * rq_j + sm.osum[j][r];
+        #pragma unroll
+        for (int a = 0; a < j; ++a) pred = fmaf(sm.kk[j][m + a], du[a][i], pred);
+        const float u = sm.beta[j] * (sm.v[j][r] - pred);
+        du[j][i] = u;
+        #pragma unroll
+        for (int a = 0; a <= j; ++a) o = fmaf(sm.kq[j][m + a], du[a][i], o);
+        if (Tile::row_leader()) {
+          out[r] = from_float<act_t>(o);
+          u_ring[int64_t(first + j) * V + r] = u;
+        }
+      }
+    }
+
+    // The rows value heads and row tiles share (g, k): written by the row's last CTA.
+    if (last_arrival(cursor, p.num_v_heads * kSplits, &sm.last)) {
+      for (int e = threadIdx.x; e < t * p.num_v_heads; e += kThreads) {
+        const int j = e / p.num_v_heads, h = e % p.num_v_heads;
+        float g, beta;
+        draft_gates<GATES_IN_KERNEL>(p, d, row, j, h, g, beta);
+        p.rec_g[(int64_t(slot) * p.num_v_heads + h) * kCap + first + j] = g;
+      }
+      for (int e = threadIdx.x; e < t * num_k_heads * K; e += kThreads) {
+        const int c = e % K, h = e / K % num_k_heads, j = e / K / num_k_heads;
+        p.rec_k[((int64_t(slot) * num_k_heads + h) * kCap + first + j) * K + c] =
+            p.k[int64_t(row) * p.k_stride_b + int64_t(j) * d.k_stride_t + int64_t(h) * p.k_stride_h + c];
+      }
+      finish_verify_cursor(cursor, vr);
+    }
+  }
+};
+
+// The conventional spec baseline (mamba2::Snapshot): the t drafts as a chain of conventional
+// steps from one read of the state, the state after draft j written into snapshot_slots[row, j].
+template <int K, int V, int VPH, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
+          bool GATES_IN_KERNEL>
+struct Snapshot {
+  using Params = VerifyParams<act_t, state_t>;
+  using Tile = RowTiling<state_t, K, ROWS, WARPS, true>;
+  static constexpr int kThreads = Tile::kThreads;
+  static constexpr int kSplits = V / ROWS;
+
+  struct Smem {
+    float k[T][K], q[T][K];
+    float v[T][ROWS];
+    float g[T], beta[T], rk[T], rq[T];
+  };
+  static constexpr size_t kSmemBytes = sizeof(Smem);
+
+  static __device__ __forceinline__ void run(const Params& vp, Smem& sm) {
+    const auto& p = vp.base;
+    const auto& d = vp.d;
+    begin_after_prior_grid();
+    const auto tile = RowTileIndex<kSplits, VPH>::of_block(vp);
+    const int split = tile.split, vhead = tile.head, row = tile.row, khead = tile.group;
+    const int row0 = split * ROWS;
+    const int slot = p.slot_indices[row];
+    const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_v_heads + vhead) * V + row0; };
+    if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) {
+      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), slot == p.pad_slot_id ? 0.f : fault_output());
+      return;
+    }
+    typename Tile::Regs s_raw;
+    load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
+    const int t = d.num_drafts != nullptr ? min(max(d.num_drafts[row], 0), T) : T;
+    stage_rows<act_t, K, kThreads>(sm.k, 0, p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h,
+                                   d.k_stride_t, t);
+    stage_rows<act_t, K, kThreads>(sm.q, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h,
+                                   d.q_stride_t, t);
+    stage_rows<act_t, ROWS, kThreads>(sm.v, 0, p.v + int64_t(row) * p.v_stride_b + int64_t(vhead) * p.v_stride_h + row0,
+                                      d.v_stride_t, t);
+    if (threadIdx.x < t) draft_gates<GATES_IN_KERNEL>(p, d, row, threadIdx.x, vhead, sm.g[threadIdx.x], sm.beta[threadIdx.x]);
+    __syncthreads();
+    for (int i = threadIdx.x; i < 2 * t; i += kThreads) {
+      const float* a = i < t ? sm.k[i] : sm.q[i - t];
+      float acc = 0.f;
+      for (int c = 0; c < K; ++c) acc = fmaf(a[c], a[c], acc);
+      const float inv = L2NORM ? rsqrtf(acc + kNormEps) : 1.f;
+      if (i < t) sm.rk[i] = inv; else sm.rq[i - t] = inv * p.scale;
+    }
+    __syncthreads();
+
+    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i)
+      #pragma unroll
+      for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e);
+    #pragma unroll 1
+    for (int j = 0; j < T; ++j) {
+      act_t* out = out_of(j);
+      if (j >= t) {
+        #pragma unroll
+        for (int i = 0; i < Tile::kPasses; ++i)
+          if (Tile::row_leader()) out[Tile::row(i)] = from_float<act_t>(0.f);
+        continue;
+      }
+      const float alpha = expf(sm.g[j]), rk = sm.rk[j], rq = sm.rq[j];
+      const int snap = d.snapshot_slots[int64_t(row) * T + j];
+      const bool write = unsigned(snap) < unsigned(p.num_slots);
+      state_t* snap_rows = p.state + int64_t(snap) * p.state_slot_stride + (int64_t(vhead) * V + row0) * K;
+      float k_reg[Tile::kChunksPerLane][Tile::kVec], q_reg[Tile::kChunksPerLane][Tile::kVec];
+      Tile::slice(&sm.k[j][0], k_reg);
+      Tile::slice(&sm.q[j][0], q_reg);
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i) {
+        const int r = Tile::row(i);
+        float sk = 0.f;
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          #pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) sk = fmaf(s[i][c][e], k_reg[c][e], sk);
+        const float u = sm.beta[j] * (sm.v[j][r] - alpha * group_sum<Tile::kLanesPerRow>(sk) * rk);
+        const float w = u * rk;
+        float acc = 0.f;
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+          #pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) {
+            s[i][c][e] = fmaf(w, k_reg[c][e], alpha * s[i][c][e]);
+            acc = fmaf(s[i][c][e], q_reg[c][e], acc);
+          }
+          if (write) store_chunk<state_t, false>(snap_rows + int64_t(r) * K + Tile::col(c), s[i][c], 0, 0, 0);
+        }
+        const float o = group_sum<Tile::kLanesPerRow>(acc) * rq;
+        if (Tile::row_leader()) out[r] = from_float<act_t>(o);
+      }
+    }
+  }
+};
+
+}  // namespace replayssm::gdn

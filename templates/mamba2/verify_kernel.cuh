@@ -1,0 +1,327 @@
+// Mamba-2 speculative kernels: the verify step (T drafts per batch row, output only) and the
+// conventional snapshot baseline. Contract: docs/speculative.md.
+//
+// One CTA handles ROWS headdim rows of one (batch row, head), its state rows in registers. With
+// m committed records (none after an early flush) and draft j's root path W_j:
+//   y_j = a(W_j) (S_c C_j) + sum_{i in committed + W_j} a(i+1 .. j along W_j) dt_i (B_i . C_j) x_i + D x_j
+// The drafts' records go to ring rows n.. (n = 0 after an early flush); the rows heads and row
+// tiles share (dt, B) are written by the row's last CTA, once every CTA has read the old ones.
+#pragma once
+#include "common/verify.cuh"
+#include "mamba2/decode_kernel.cuh"
+
+namespace replayssm::mamba2 {
+
+// Inputs of a verify or snapshot launch beside Params (whose token pointers hold the drafts'
+// [batch, T, ...] tensors, with their draft strides here).
+struct DraftParams {
+  int64_t x_stride_t, z_stride_t, dt_stride_t, b_stride_t, c_stride_t;
+  const int32_t* num_drafts;     // [batch] or null (every row verifies T)
+  const int32_t* parents;        // [batch, T] or null (chains)
+  const int32_t* num_accepted;   // [batch] or null: the previous verify's accepted counts (fused commit)
+  const int32_t* snapshot_slots; // [batch, T]: the snapshot baseline's slots
+};
+
+template <typename act_t, typename state_t>
+struct VerifyParams {
+  Params<act_t, state_t> base;
+  DraftParams d;
+  __host__ __device__ int heads() const { return base.num_heads; }
+};
+
+// dt of draft j at `head`, with the flags' bias and softplus.
+template <bool HAS_DT_BIAS, bool DT_SOFTPLUS, typename P>
+__device__ __forceinline__ float draft_dt(const P& p, const DraftParams& d, int row, int j, int head) {
+  float dt = p.dt[int64_t(row) * p.dt_stride_b + int64_t(j) * d.dt_stride_t + int64_t(head) * p.dt_stride_h];
+  if constexpr (HAS_DT_BIAS) dt += p.dt_bias[head];
+  if constexpr (DT_SOFTPLUS) dt = softplus(dt);
+  return dt;
+}
+
+template <int P, int N, int HPG, int L, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool HAS_D,
+          bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR>
+struct Verify {
+  static constexpr int kCap = L + T;
+  using Params = VerifyParams<act_t, state_t>;
+  using Tile = RowTiling<state_t, N, ROWS, WARPS, false>;
+  static constexpr int kThreads = Tile::kThreads;
+  static constexpr int kSplits = P / ROWS;
+  static constexpr int kRecords = kCap - 1 + T;  // committed (at most CAP - 1) then this step's drafts
+  static_assert(T >= 2 && T <= 8, "verify drafts: 2..8");
+
+  struct Smem {
+    alignas(16) float x[kRecords][ROWS];  // committed then draft x rows; a flush scales committed ones in place
+    float b[kRecords][N];
+    float q[T][N];                        // C of each draft
+    float z[T][ROWS];
+    alignas(16) float extra[T][ROWS];     // D x_j + record sums of draft j
+    float dot[T][kRecords];               // B_i . C_j
+    float coef[T][kRecords];              // weight of x_i in y_j
+    float dt[kRecords], log_decay[kRecords], log_after[kRecords];
+    float total[T];
+    DraftTree<T> tree;
+    float fold_total;
+    int last;
+  };
+  static constexpr size_t kSmemBytes = sizeof(Smem);
+
+  static __device__ __forceinline__ void run(const Params& vp, Smem& sm) {
+    const auto& p = vp.base;
+    const auto& d = vp.d;
+    begin_after_prior_grid();
+    const auto tile = RowTileIndex<kSplits, HPG>::of_block(vp);
+    const int split = tile.split, head = tile.head, row = tile.row, group = tile.group, num_groups = tile.num_groups;
+    const int row0 = split * ROWS;
+    const int slot = p.slot_indices[row];
+    // out [batch, T, H, P]: draft j's rows of this CTA.
+    const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_heads + head) * P + row0; };
+    if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) {
+      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), slot == p.pad_slot_id ? 0.f : fault_output());
+      return;
+    }
+    typename Tile::Regs s_raw;
+    state_t* rows = load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
+
+    int32_t* cursor = slot_cursor(p.cursors, slot);
+    const VerifyRow v = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
+    if (!v.valid) {
+      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), fault_output());
+      return;
+    }
+    const int m = v.committed, t = v.drafts, count = m + t;
+    const int mc = v.flush ? 0 : m;  // committed records the drafts replay (none after the fold)
+
+    // Records: committed ones from the rings at [0, m), drafts from the inputs at [m, m + t).
+    const act_t* rec_x = p.rec_x + (int64_t(slot) * p.num_heads + head) * kCap * P + row0;
+    const act_t* rec_b = p.rec_b + (int64_t(slot) * num_groups + group) * kCap * N;
+    const float* rec_dt = p.rec_dt + (int64_t(slot) * p.num_heads + head) * kCap;
+    stage_rows<act_t, ROWS, kThreads>(sm.x, 0, rec_x, P, m);
+    stage_rows<act_t, N, kThreads>(sm.b, 0, rec_b, N, m);
+    const int64_t in_row = int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0;
+    stage_rows<act_t, ROWS, kThreads>(sm.x, m, p.x + in_row, d.x_stride_t, t);
+    stage_rows<act_t, N, kThreads>(sm.b, m, p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g,
+                                   d.b_stride_t, t);
+    stage_rows<act_t, N, kThreads>(sm.q, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g,
+                                   d.c_stride_t, t);
+    if constexpr (HAS_Z)
+      stage_rows<act_t, ROWS, kThreads>(sm.z, 0, p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0,
+                                        d.z_stride_t, t);
+    for (int i = threadIdx.x; i < count; i += kThreads) {
+      const float dt = i < m ? rec_dt[i] : draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, i - m, head);
+      sm.dt[i] = dt;
+      sm.log_decay[i] = dt * p.A[head];
+    }
+    if (threadIdx.x == 0) sm.tree.build(d.parents, row);
+    __syncthreads();
+
+    // Dots B_i . C_j, the committed records' suffix log-decays and each draft's path log-decay.
+    pair_dots<N, kThreads>(sm.b, count, sm.q, t, &sm.dot[0][0], kRecords);
+    if (threadIdx.x / 32 == (kThreads > 32 ? 1 : 0)) {  // a warp of its own where there are two
+      const float sum = suffix_log_sums(sm.log_decay, sm.log_after, m);
+      if (threadIdx.x % 32 == 0) sm.fold_total = sum;
+    }
+    if (threadIdx.x < t) sm.tree.path_log[threadIdx.x] = sm.tree.log_after(sm.log_decay + m, threadIdx.x, -1);
+    __syncthreads();
+
+    // Weights: coef[j][i] = a(i+1..j) dt_i (B_i . C_j) over committed records and j's path.
+    const float committed_log = v.flush ? 0.f : sm.fold_total;
+    for (int pair = threadIdx.x; pair < t * count; pair += kThreads) {
+      const int j = pair / count, i = pair % count;
+      float w = 0.f;
+      if (i < mc) {
+        w = expf(sm.log_after[i] + sm.tree.path_log[j]);
+      } else if (i >= m && sm.tree.on_path(j, i - m)) {
+        w = expf(sm.tree.log_after(sm.log_decay + m, j, i - m));
+      }
+      sm.coef[j][i] = w * sm.dt[i] * sm.dot[j][i];
+    }
+    if (threadIdx.x < t) sm.total[threadIdx.x] = expf(committed_log + sm.tree.path_log[threadIdx.x]);
+    __syncthreads();
+    const float D = HAS_D ? p.D[head] : 0.f;
+    for (int r = threadIdx.x; r < ROWS; r += kThreads) {
+      for (int j = 0; j < t; ++j) {
+        float e = HAS_D ? D * sm.x[m + j][r] : 0.f;
+        for (int i = 0; i < count; ++i) e = fmaf(sm.coef[j][i], sm.x[i][r], e);
+        sm.extra[j][r] = e;
+      }
+      if (v.flush)
+        for (int i = 0; i < m; ++i) sm.x[i][r] *= expf(sm.log_after[i]) * sm.dt[i];  // fold weights
+    }
+    __syncthreads();
+
+    // Rows: the early flush's fold (written back), then every draft's output from the state.
+    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
+    const float fold_total = v.flush ? expf(sm.fold_total) : 1.f;
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i)
+      #pragma unroll
+      for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * fold_total;
+    if (v.flush) {
+      for (int k = 0; k < m; ++k) {
+        float w[Tile::kPasses];
+        Tile::row_values(&sm.x[k][0], w);
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+          float b_c[Tile::kVec];
+          Tile::chunk(&sm.b[k][0], c, b_c);
+          #pragma unroll
+          for (int i = 0; i < Tile::kPasses; ++i)
+            #pragma unroll
+            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w[i], b_c[e], s[i][c][e]);
+        }
+      }
+      const uint64_t seed = rounding_seed<SR>(p);
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i)
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          store_chunk<state_t, SR>(rows + int64_t(Tile::row(i)) * N + Tile::col(c), s[i][c], seed,
+                                   (uint64_t(slot) << 32) | uint64_t(SR ? v.epoch : 0),
+                                   (uint64_t(head) * P + row0 + Tile::row(i)) * N + Tile::col(c));
+    }
+    #pragma unroll
+    for (int j = 0; j < T; ++j) {
+      act_t* out = out_of(j);
+      if (j >= t) {
+        #pragma unroll
+        for (int i = 0; i < Tile::kPasses; ++i)
+          if (Tile::row_leader()) out[Tile::row(i)] = from_float<act_t>(0.f);
+        continue;
+      }
+      float q_reg[Tile::kChunksPerLane][Tile::kVec];
+      Tile::slice(&sm.q[j][0], q_reg);
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i) {
+        const int r = Tile::row(i);
+        float acc = 0.f;
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          #pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
+        float y = group_sum<Tile::kLanesPerRow>(acc) * sm.total[j] + sm.extra[j][r];
+        if (Tile::row_leader()) {
+          if constexpr (HAS_Z) y *= sm.z[j][r] / (1.f + expf(-sm.z[j][r]));
+          out[r] = from_float<act_t>(y);
+        }
+      }
+    }
+
+    // Records: this CTA's x rows of the drafts, then (last CTA of the row) dt and B for all heads.
+    const int first = v.flush ? 0 : m;
+    act_t* x_ring = p.rec_x + (int64_t(slot) * p.num_heads + head) * kCap * P + row0;
+    for (int e = threadIdx.x; e < t * ROWS; e += kThreads) {
+      const int j = e / ROWS, r = e % ROWS;
+      x_ring[int64_t(first + j) * P + r] = from_float<act_t>(sm.x[m + j][r]);
+    }
+    if (last_arrival(cursor, p.num_heads * kSplits, &sm.last)) {
+      for (int e = threadIdx.x; e < t * p.num_heads; e += kThreads) {
+        const int j = e / p.num_heads, h = e % p.num_heads;
+        p.rec_dt[(int64_t(slot) * p.num_heads + h) * kCap + first + j] = draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, j, h);
+      }
+      for (int e = threadIdx.x; e < t * num_groups * N; e += kThreads) {
+        const int c = e % N, g = e / N % num_groups, j = e / N / num_groups;
+        p.rec_b[((int64_t(slot) * num_groups + g) * kCap + first + j) * N + c] =
+            p.B[int64_t(row) * p.b_stride_b + int64_t(j) * d.b_stride_t + int64_t(g) * p.b_stride_g + c];
+      }
+      finish_verify_cursor(cursor, v);
+    }
+  }
+};
+
+// The conventional spec baseline: per row, read the state once, take the t drafts as a chain of
+// conventional steps, and write the state after draft j into slot snapshot_slots[row, j].
+template <int P, int N, int HPG, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool HAS_D, bool HAS_Z,
+          bool HAS_DT_BIAS, bool DT_SOFTPLUS>
+struct Snapshot {
+  using Params = VerifyParams<act_t, state_t>;
+  using Tile = RowTiling<state_t, N, ROWS, WARPS, true>;
+  static constexpr int kThreads = Tile::kThreads;
+  static constexpr int kSplits = P / ROWS;
+
+  struct Smem {
+    alignas(16) float x[T][ROWS];
+    float b[T][N], q[T][N];
+    float z[T][ROWS];
+    float dt[T];
+  };
+  static constexpr size_t kSmemBytes = sizeof(Smem);
+
+  static __device__ __forceinline__ void run(const Params& vp, Smem& sm) {
+    const auto& p = vp.base;
+    const auto& d = vp.d;
+    begin_after_prior_grid();
+    const auto tile = RowTileIndex<kSplits, HPG>::of_block(vp);
+    const int split = tile.split, head = tile.head, row = tile.row, group = tile.group;
+    const int row0 = split * ROWS;
+    const int slot = p.slot_indices[row];
+    const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_heads + head) * P + row0; };
+    if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) {
+      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), slot == p.pad_slot_id ? 0.f : fault_output());
+      return;
+    }
+    typename Tile::Regs s_raw;
+    load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
+    const int t = d.num_drafts != nullptr ? min(max(d.num_drafts[row], 0), T) : T;
+    stage_rows<act_t, ROWS, kThreads>(sm.x, 0, p.x + int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0,
+                                      d.x_stride_t, t);
+    stage_rows<act_t, N, kThreads>(sm.b, 0, p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g,
+                                   d.b_stride_t, t);
+    stage_rows<act_t, N, kThreads>(sm.q, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g,
+                                   d.c_stride_t, t);
+    if constexpr (HAS_Z)
+      stage_rows<act_t, ROWS, kThreads>(sm.z, 0, p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0,
+                                        d.z_stride_t, t);
+    if (threadIdx.x < t) sm.dt[threadIdx.x] = draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, threadIdx.x, head);
+    __syncthreads();
+
+    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i)
+      #pragma unroll
+      for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e);
+    const float A = p.A[head], D = HAS_D ? p.D[head] : 0.f;
+    #pragma unroll 1
+    for (int j = 0; j < T; ++j) {
+      act_t* out = out_of(j);
+      if (j >= t) {
+        #pragma unroll
+        for (int i = 0; i < Tile::kPasses; ++i)
+          if (Tile::row_leader()) out[Tile::row(i)] = from_float<act_t>(0.f);
+        continue;
+      }
+      const float alpha = expf(sm.dt[j] * A);
+      const int snap = d.snapshot_slots[int64_t(row) * T + j];
+      const bool write = unsigned(snap) < unsigned(p.num_slots);  // an out-of-range snapshot slot is skipped
+      state_t* snap_rows = p.state + int64_t(snap) * p.state_slot_stride + (int64_t(head) * P + row0) * N;
+      float b_reg[Tile::kChunksPerLane][Tile::kVec], q_reg[Tile::kChunksPerLane][Tile::kVec];
+      Tile::slice(&sm.b[j][0], b_reg);
+      Tile::slice(&sm.q[j][0], q_reg);
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i) {
+        const int r = Tile::row(i);
+        const float w = sm.dt[j] * sm.x[j][r];
+        float acc = 0.f;
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+          #pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) {
+            s[i][c][e] = fmaf(w, b_reg[c][e], alpha * s[i][c][e]);
+            acc = fmaf(s[i][c][e], q_reg[c][e], acc);
+          }
+          if (write) store_chunk<state_t, false>(snap_rows + int64_t(r) * N + Tile::col(c), s[i][c], 0, 0, 0);
+        }
+        float y = group_sum<Tile::kLanesPerRow>(acc) + D * sm.x[j][r];
+        if (Tile::row_leader()) {
+          if constexpr (HAS_Z) y *= sm.z[j][r] / (1.f + expf(-sm.z[j][r]));
+          out[r] = from_float<act_t>(y);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace replayssm::mamba2
