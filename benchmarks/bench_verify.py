@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import SCRATCH_DIR, copy_ceiling, environment, time_graph, write_results
 from verify_schedule import GDNFamily, Mamba2Family
 
-from replayssm_jit import commit_drafts, commit_snapshots, plan_decode, reset_slots
+from replayssm_jit import LaunchConfig, commit_drafts, commit_snapshots, plan_decode, reset_slots
 from replayssm_jit.models import get_model
+from replayssm_jit.spec import spec_tilings
 
 PAPER_ACCEPTANCE = {2: 1.95, 4: 3.43, 6: 4.24, 8: 4.40}
 TREE_8 = [-1, 0, 0, 1, 1, 2, 2, 3]
@@ -124,6 +125,28 @@ def bench_config(name, batch, T, args, rng):
         row(f"verify_{kind}", t["us"], flush_rate=rate, mean_accepted=mean_acc,
             rows_per_cta=plan.verify_rows_per_cta)  # fmt: skip
 
+    # The other compiled row tiles of the verify kernel (--verify-tiles), mixed acceptance.
+    for rows_per_cta in [int(r) for r in args.verify_tiles.split(",") if r]:
+        compiled = [r for r, _ in spec_tilings(plan.spec)]
+        if rows_per_cta == plan.verify_rows_per_cta or batch < 64 or rows_per_cta not in compiled:
+            continue
+        tiled = plan_decode(layout, batch, device=dev, check_slot_values=False,
+                            config=LaunchConfig(rows_per_cta=rows_per_cta))  # fmt: skip
+        out = torch.empty(batch, T, *fam.state_shape()[:2], dtype=torch.bfloat16, device=dev)
+        accepted = [torch.tensor(acceptance("mixed", T, batch, rng), dtype=torch.int32, device=dev)
+                    for _ in range(args.cycle_steps)]  # fmt: skip
+        calls = [
+            (lambda s=s, a=a, out=out, tiled=tiled: fam.verify(
+                tiled, tensors, params, drafts, s, out=out, num_accepted=a))
+            for a in accepted
+            for s in sets
+        ]  # fmt: skip
+        for _ in range(3):
+            for c in calls:
+                c()
+        row(f"verify_mixed_rows{rows_per_cta}", time_graph(calls, **kw)["us"],
+            rows_per_cta=rows_per_cta)  # fmt: skip
+
     # Tree verify at T = 8 (explicit commit of a random root path) beside the chain.
     if T == 8:
         tensors = pool(layout, nsets * batch, dev, gen)
@@ -209,6 +232,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--cycle-steps", type=int, default=8)
+    p.add_argument(
+        "--verify-tiles", default="", help="other verify row tiles to time (batch >= 64)"
+    )
     p.add_argument("--min-pool-bytes", type=float, default=1.0e9)
     p.add_argument("--out", type=Path, default=SCRATCH_DIR)
     args = p.parse_args(argv)

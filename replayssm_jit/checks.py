@@ -41,8 +41,11 @@ def check_tensor(
     return t
 
 
-def check_slot_pool(name: str, t: torch.Tensor, block: str, align: int = 16) -> None:
-    """A per-slot pool [slots, ...]: every slot's block contiguous, slots `align`-byte aligned.
+def check_slot_pool(
+    name: str, t: torch.Tensor, block: str, align: int = 16, *, packed: bool = False
+) -> None:
+    """A per-slot pool [slots, ...]: every slot's block contiguous, slots `align`-byte aligned,
+    and with `packed` one block after the other (a slot stride of exactly the block's size).
 
     block: how the error message spells one slot's block, e.g. "[H, P, N]".
     """
@@ -66,6 +69,14 @@ def check_slot_pool(name: str, t: torch.Tensor, block: str, align: int = 16) -> 
         raise ValueError(
             f"{name}: expected slots {stride} or more elements apart (no two sharing memory), "
             f"got a slot stride of {t.stride(0)}"
+        )
+    # The kernels index a packed pool as slot * block, so a padded slot stride would send a
+    # step on one slot to another's memory (a single slot has no stride to get wrong).
+    if packed and t.shape[0] > 1 and t.stride(0) != stride:
+        raise ValueError(
+            f"{name}: expected packed slots, {stride} elements apart (the kernels index "
+            f"{name} densely; only the checkpoint may have padded slots), got a slot stride "
+            f"of {t.stride(0)}"
         )
 
 

@@ -294,7 +294,7 @@ def test_scalar_rings_need_only_element_alignment():
         D=torch.randn(6, generator=gen), dt_bias=torch.randn(6, generator=gen),
     )  # fmt: skip
     assert torch.isfinite(out).all()
-    assert [t.alignment for t in cache.layout.tensors()] == [16, 16, 16, 4, 8]
+    assert [t.alignment for t in cache.layout.tensors()] == [16, 16, 16, 4, 16]
     tensors = dict(cache.tensors)
     wide = torch.zeros(4 * 6 * 5 * 24 + 1)  # rec_x rows one float off a 16-byte boundary
     tensors["rec_x"] = wide[1:].view(4, 6, 5, 24)

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import replayssm_jit
+from replayssm_jit import commit_drafts, mamba2_decode, plan_decode
 from replayssm_jit.families.base import HeadShape
 from replayssm_jit.spec import KernelSpec, make_spec
 
@@ -78,3 +79,98 @@ def test_make_spec_names_flags_of_a_wrong_type(flags):
 def test_kernel_spec_rejects_unknown_flags():
     with pytest.raises(ValueError, match="^flags: "):
         KernelSpec("mamba2", (("p", 16), ("n", 16), ("hpg", 2)), 4, 1, "bf16", "f32", ("bogus",))
+
+
+# --- found by the CUDA fuzz (decode.op, long profile) -----------------------------------------
+# The kernels take the checkpoint's slot stride but index the rings and cursors as slot * block:
+# a padded cursors pool was accepted and a GDN step wrote slot 1's cursor into the padding and
+# slot 0's words. The checks now want those pools packed, on every backend alike.
+
+
+def _op_case(family: str, *, window: int = 4, drafts: int = 1):
+    """A small CPU cache of `family` (random checkpoints), its replay plan for batch 2, and the
+    op's arguments for one step on slots 2 and 0."""
+    from fuzz.families import ADAPTERS
+
+    fam = ADAPTERS[family]
+    shape = fam.shapes["cpu"][1]
+    cache = fam.cache_cls(3, **shape, window=window, drafts=drafts, device="cpu")
+    gen = torch.Generator().manual_seed(5)
+    cache.state.copy_(0.3 * torch.randn(cache.state.shape, generator=gen))
+    wrapper = fam.wrapper_cls(cache)
+    wrapper.plan(2)
+    args = {
+        **fam.token(gen, 2, shape, {}, torch.bfloat16, "cpu"),
+        **fam.params(gen, shape, {}, "cpu"),
+    }
+    args["slot_indices"] = torch.tensor([2, 0], dtype=torch.int32)
+    return fam, cache, wrapper.decode_plan, args
+
+
+def _padded_slots(t: torch.Tensor, pad: int, offset: int = 0) -> torch.Tensor:
+    """A copy of slot pool `t` whose slots lie `pad` elements further apart (as the fuzz's
+    "pad-aligned" variant builds it), starting `offset` elements into its buffer."""
+    block = t[0].numel()
+    buf = torch.zeros(t.shape[0] * (block + pad) + offset, dtype=t.dtype)
+    view = torch.as_strided(buf, t.shape, (block + pad, *t.stride()[1:]), offset)
+    view.copy_(t)
+    return view
+
+
+@pytest.mark.parametrize(
+    "family, name",
+    [("mamba2", n) for n in ("rec_x", "rec_b", "rec_dt", "cursors")]
+    + [("gdn", n) for n in ("rec_u", "rec_k", "rec_g", "cursors")],
+)
+def test_a_padded_ring_or_cursor_pool_is_named_and_changes_nothing(family, name):
+    fam, cache, plan, args = _op_case(family)
+    layout = next(t for t in cache.layout.tensors() if t.name == name)
+    pool = dict(cache.tensors)
+    pool[name] = _padded_slots(pool[name], max(1, layout.alignment // pool[name].element_size()))
+    before = {k: t.clone() for k, t in pool.items()}
+    heads = cache.layout.shape
+    out = torch.full((2, heads.value_heads, heads.value_dim), float("nan"), dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=f"^{name}: expected packed slots"):
+        fam.op(plan, **pool, **args, out=out)
+    for k, t in pool.items():
+        assert torch.equal(t, before[k]), f"{k} changed"
+    assert out.isnan().all()
+    with pytest.raises(ValueError, match=f"^{name}: expected packed slots"):
+        type(cache).from_tensors(cache.layout, **pool)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_a_padded_checkpoint_pool_steps_as_the_packed_one(family):
+    """The checkpoint's slot stride is the kernels' to honour: padded slots stay valid."""
+    fam, cache, plan, args = _op_case(family)
+    twin = {k: t.clone() for k, t in cache.tensors.items()}
+    twin["state"] = _padded_slots(twin["state"], 16 // twin["state"].element_size())
+    got = fam.op(plan, **twin, **args)
+    want = fam.op(plan, **cache.tensors, **args)
+    assert torch.equal(got, want)
+    for k, t in cache.tensors.items():
+        assert torch.equal(twin[k], t), k
+
+
+def test_cursors_need_16_byte_alignment_for_the_verify_kernels():
+    """Verify and commit access a cursor's four words in one 16-byte load or store: packed
+    cursors 8 bytes off a 16-byte boundary are rejected (they were accepted at 8)."""
+    _, cache, plan, args = _op_case("mamba2")
+    pool = dict(cache.tensors)
+    pool["cursors"] = _padded_slots(pool["cursors"], 0, offset=2)
+    assert pool["cursors"].data_ptr() % 16 == 8
+    with pytest.raises(ValueError, match="^cursors: expected 16-byte aligned slots"):
+        mamba2_decode(plan, **pool, **args)
+
+
+def test_commit_drafts_rejects_padded_cursors():
+    """The commit kernel indexes the cursors and rings densely too."""
+    _, cache, _, _ = _op_case("gdn", drafts=2)
+    plan = plan_decode(cache.layout, 2, device="cpu")
+    tensors = dict(cache.tensors)
+    tensors["cursors"] = _padded_slots(tensors["cursors"], 4)
+    before = tensors["cursors"].clone()
+    with pytest.raises(ValueError, match="^cursors: expected packed slots"):
+        commit_drafts(plan, tensors, num_accepted=torch.zeros(2, dtype=torch.int32),
+                      slot_indices=torch.tensor([2, 0], dtype=torch.int32))  # fmt: skip
+    assert torch.equal(tensors["cursors"], before)

@@ -347,3 +347,27 @@ def test_lane_layout_matches_the_python_mirror(tmp_path):
     )
     assert compiled == [lanes for case in cases for lanes in case]
     assert any(narrow < wide for narrow, wide in cases), "narrow rows must differ somewhere"
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_verify_modules_compile_and_export_the_speculative_steps(family, jit_cache, tmp_path,
+                                                                 monkeypatch):  # fmt: skip
+    """A spec with drafts (T = 2) compiles its verify, snapshot and commit kernels for sm_90a
+    and loads with every binding; with T = 1 it has none of them."""
+    from replayssm_jit.jit.aot import build_aot
+    from replayssm_jit.spec import family_spec
+
+    dims = {
+        "mamba2": dict(headdim=16, dstate=32, heads_per_group=2),
+        "gdn": dict(head_k_dim=32, head_v_dim=32, value_heads_per_key_head=2),
+    }[family]
+    spec = family_spec(family, window=4, drafts=2, **dims)
+    assert spec.has_verify and not family_spec(family, window=4, drafts=1, **dims).has_verify
+    monkeypatch.setenv("REPLAYSSM_CACHE_DIR", str(tmp_path / "aot-build-cache"))
+    build_aot([spec], tmp_path / "aot", jobs=1, archs=["9.0a"])
+    monkeypatch.setenv("REPLAYSSM_AOT_DIR", str(tmp_path / "aot"))
+    monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", "1")
+    module = build.load_module(spec)
+    for name in ("verify_step", "snapshot_step", "commit_step", "replay_step"):
+        assert callable(getattr(module, name)), name

@@ -1,10 +1,12 @@
 """What a slot of a layer's cache holds: an engine allocates its own tensors from this.
 
-Every tensor is [num_slots, *per_slot_shape]; each slot's block is contiguous and 16-byte
-aligned. The cursor row is int32 [4]: records held since the last flush, the flush epoch, a
-scratch word the kernels use to agree on who advances the cursor, and the pending drafts of a
-speculative verify (docs/speculative.md); zero it (and the checkpoint) when a slot starts a new
-sequence.
+Every tensor is [num_slots, *per_slot_shape]; each slot's block is contiguous and aligned (16
+bytes, or one element for the scalar rings). The checkpoint's slots may lie further apart than a
+block (a padded slot stride); the rings' and cursors' slots must be packed, one block after the
+other, since the kernels index them densely. The cursor row is int32 [4]: records held since
+the last flush, the flush epoch, a scratch word the kernels use to agree on who advances the
+cursor, and the pending drafts of a speculative verify (docs/speculative.md); zero it (and the
+checkpoint) when a slot starts a new sequence.
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ MAX_SLOTS = 2**31 - 1
 
 @dataclass(frozen=True)
 class TensorLayout:
-    """One per-slot tensor: its name (the functional ops' argument), shape per slot, dtype, and
-    the alignment in bytes each slot's block needs (16 where the kernels load 16-byte vectors)."""
+    """One per-slot tensor: its name (the functional ops' argument), shape per slot, dtype, the
+    alignment in bytes each slot's block needs (16 where the kernels load 16-byte vectors), and
+    whether its slots must be packed (slot stride = block size) or may be padded."""
 
     name: str
     per_slot_shape: tuple[int, ...]
     dtype: torch.dtype
     alignment: int = 16
+    packed: bool = True
 
     def shape(self, num_slots: int) -> tuple[int, ...]:
         return (num_slots, *self.per_slot_shape)
@@ -87,10 +91,14 @@ class CacheLayout:
             for r in self.family.rings
         )
         return (
-            TensorLayout("state", (s.value_heads, s.value_dim, s.key_dim), self.state_dtype),
+            # The kernels take the checkpoint's slot stride; the rings and cursors they index
+            # densely (slot * block), so only the checkpoint's slots may be padded.
+            TensorLayout(
+                "state", (s.value_heads, s.value_dim, s.key_dim), self.state_dtype, packed=False
+            ),
             *rings,
-            # A cursor's first two words are read in one 8-byte load.
-            TensorLayout("cursors", (CURSOR_WORDS,), torch.int32, alignment=8),
+            # Verify and commit read and write a cursor's four words in one 16-byte access.
+            TensorLayout("cursors", (CURSOR_WORDS,), torch.int32, alignment=16),
         )
 
     def check_tensors(
@@ -103,8 +111,8 @@ class CacheLayout:
     ) -> int:
         """Each slot tensor (those named in `optional` may be missing or None) against this
         layout: a [num_slots, *per_slot_shape] tensor of its dtype on `device`, each slot's
-        block contiguous and aligned, every one with the state's slot count (or `num_slots`,
-        where given). Returns it."""
+        block contiguous and aligned, the slots packed where the layout says so, every one with
+        the state's slot count (or `num_slots`, where given). Returns it."""
         if not isinstance(tensors, Mapping):
             raise TypeError(
                 f"tensors: expected a mapping of the layout's tensors by name, "
@@ -127,7 +135,9 @@ class CacheLayout:
                 continue
             check_tensor(t.name, value, shape=(fixed, *t.per_slot_shape), dtype=t.dtype,
                          device=device)  # fmt: skip
-            check_slot_pool(t.name, value, str(list(t.per_slot_shape)), t.alignment)
+            check_slot_pool(
+                t.name, value, str(list(t.per_slot_shape)), t.alignment, packed=t.packed
+            )
             if num_slots is None:
                 num_slots = value.shape[0]
             elif value.shape[0] != num_slots:

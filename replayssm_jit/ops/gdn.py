@@ -110,7 +110,8 @@ def gdn_decode(
     """One GDN decode step; returns out [batch, HV, V] (allocated when None).
 
     Gates: a, b with A_log, dt_bias where the plan has gates_in_kernel=True, else g, beta. The
-    rings and cursors are required in replay mode. workspace and seed as in mamba2_decode.
+    rings and cursors are required in replay mode. workspace (scratch the step overwrites) and
+    seed as in mamba2_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
     check_plan(plan, GDN)

@@ -92,7 +92,9 @@ def mamba2_decode(
     """One Mamba-2 decode step; returns out [batch, H, P] (allocated when None).
 
     The rings and cursors are required in replay mode. workspace: float32, at least
-    plan.workspace_floats elements (allocated when None). seed: overrides the plan's
+    plan.workspace_floats elements (allocated when None): scratch that the step overwrites (the
+    split kernel hands its per-row values over in it), its contents afterwards unspecified; a
+    call that raises leaves it unchanged. seed: overrides the plan's
     stochastic-rounding seed; an int64 device tensor of one element is read on the device.
     Everything is checked before the launch; a failed call changes nothing.
     """

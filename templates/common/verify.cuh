@@ -40,15 +40,15 @@ struct DraftTree {
   uint32_t ancestors[T];
   float path_log[T];
 
-  // One thread: parents (a chain where none are given) and the ancestor sets.
-  __device__ __forceinline__ void build(const int32_t* parents, int row) {
+  // Draft j's parent as given (a chain where none are), read early into a register.
+  static __device__ __forceinline__ int given_parent(const int32_t* parents, int row, int j) {
+    return parents != nullptr ? parents[int64_t(row) * T + j] : j - 1;
+  }
+  __device__ __forceinline__ void set_parent(int j, int given) { parent[j] = given < -1 || given >= j ? -1 : given; }
+  // One thread, once every parent is set: the ancestor sets.
+  __device__ __forceinline__ void link() {
     #pragma unroll
-    for (int j = 0; j < T; ++j) {
-      int pj = parents != nullptr ? parents[int64_t(row) * T + j] : j - 1;
-      if (pj < -1 || pj >= j) pj = -1;
-      parent[j] = pj;
-      ancestors[j] = (1u << j) | (pj >= 0 ? ancestors[pj] : 0u);
-    }
+    for (int j = 0; j < T; ++j) ancestors[j] = (1u << j) | (parent[j] >= 0 ? ancestors[parent[j]] : 0u);
   }
   // Sum of `draft_log[node]` over draft j's root path after node i (i an ancestor of j, or -1
   // for the whole path), summed from j upwards.
@@ -75,38 +75,68 @@ __device__ __forceinline__ float suffix_log_sums(const float* log_decay, float* 
   return carry;
 }
 
-// Stages rows 0..count-1 of LEN elements of T (src + i * stride) as floats into dst[first + i],
-// in the widest vectors that divide a row; completes before returning (no barrier).
-template <typename T, int LEN, int THREADS>
-__device__ __forceinline__ void stage_rows(float (*dst)[LEN], int first, const T* src, int64_t stride, int count) {
-  constexpr int kBytes = row_vector_bytes<T, LEN>();
-  constexpr int kElems = kBytes / int(sizeof(T));
-  constexpr int kPerRow = LEN / kElems;
-  using Raw = typename RawVec<kBytes>::type;
-  for (int idx = threadIdx.x; idx < count * kPerRow; idx += THREADS) {
-    const int i = idx / kPerRow, part = idx % kPerRow;
-    const Raw raw = reinterpret_cast<const Raw*>(src + int64_t(i) * stride)[part];
-    const T* e = reinterpret_cast<const T*>(&raw);
+// Dot products of rows of `rows` ([count][LEN], shared memory) with each of t draft rows
+// (`drafts`, [t][LEN]): out[j * stride + i] = rows[i] . drafts[j], and (where `norms`)
+// norms[i] = rows[i] . rows[i]. A warp per row and lanes over columns, with the drafts' columns
+// held in registers, so that shared memory is read about once per row rather than once per pair.
+template <int LEN, int T, int WARPS>
+__device__ __forceinline__ void dots_with_drafts(const float (*rows)[LEN], int count, const float (*drafts)[LEN], int t,
+                                                 float* out, int stride, float* norms) {
+  constexpr int kPer = (LEN + 31) / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  float d[T][kPer];
+  #pragma unroll
+  for (int j = 0; j < T; ++j)
     #pragma unroll
-    for (int k = 0; k < kElems; ++k) dst[first + i][part * kElems + k] = to_float(e[k]);
+    for (int k = 0; k < kPer; ++k) {
+      const int c = lane + 32 * k;
+      d[j][k] = j < t && c < LEN ? drafts[j][c] : 0.f;
+    }
+  for (int i = warp; i < count; i += WARPS) {
+    float a[kPer];
+    #pragma unroll
+    for (int k = 0; k < kPer; ++k) a[k] = lane + 32 * k < LEN ? rows[i][lane + 32 * k] : 0.f;
+    if (norms != nullptr) {
+      float n = 0.f;
+      #pragma unroll
+      for (int k = 0; k < kPer; ++k) n = fmaf(a[k], a[k], n);
+      n = group_sum<32>(n);
+      if (lane == 0) norms[i] = n;
+    }
+    #pragma unroll
+    for (int j = 0; j < T; ++j) {
+      if (j < t) {
+        float acc = 0.f;
+        #pragma unroll
+        for (int k = 0; k < kPer; ++k) acc = fmaf(a[k], d[j][k], acc);
+        acc = group_sum<32>(acc);
+        if (lane == 0) out[j * stride + i] = acc;
+      }
+    }
   }
 }
 
-// Dot products of rows of `a` ([count_a][LEN]) with rows of `b` ([count_b][LEN]), all in shared
-// memory, a thread per pair: out[j * stride + i] = a[i] . b[j]. Each thread starts its sweep at
-// its own column so that threads on different rows hit different banks.
-template <int LEN, int THREADS>
-__device__ __forceinline__ void pair_dots(const float (*a)[LEN], int count_a, const float (*b)[LEN], int count_b,
-                                          float* out, int stride) {
-  for (int pair = threadIdx.x; pair < count_a * count_b; pair += THREADS) {
-    const int i = pair % count_a, j = pair / count_a;
-    float acc = 0.f;
-    #pragma unroll 8
-    for (int c = 0; c < LEN; ++c) {
-      const int col = (c + threadIdx.x) % LEN;
-      acc = fmaf(a[i][col], b[j][col], acc);
+// Global-to-global copy of `rows` rows of LEN elements of T (row i from src(i) to dst(i)), in
+// the widest vectors that divide a row, a few loads in flight per thread before their stores.
+template <typename T, int LEN, int THREADS, class Src, class Dst>
+__device__ __forceinline__ void copy_rows(int rows, Src src, Dst dst) {
+  constexpr int kBytes = row_vector_bytes<T, LEN>();
+  constexpr int kPerRow = LEN * int(sizeof(T)) / kBytes;
+  constexpr int kBatch = 4;
+  using Raw = typename RawVec<kBytes>::type;
+  const int total = rows * kPerRow;
+  for (int base = threadIdx.x; base < total; base += THREADS * kBatch) {
+    Raw v[kBatch];
+    #pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * THREADS;
+      if (idx < total) v[u] = reinterpret_cast<const Raw*>(src(idx / kPerRow))[idx % kPerRow];
     }
-    out[j * stride + i] = acc;
+    #pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int idx = base + u * THREADS;
+      if (idx < total) reinterpret_cast<Raw*>(dst(idx / kPerRow))[idx % kPerRow] = v[u];
+    }
   }
 }
 

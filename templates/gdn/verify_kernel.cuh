@@ -87,6 +87,23 @@ struct Verify {
     typename Tile::Regs s_raw;
     state_t* rows = load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
 
+    // This step's drafts (all T rows) and raw gates, in flight during the cursor's round trip.
+    RowStager<act_t, K, T, kThreads> k_draft, q_draft;
+    RowStager<act_t, ROWS, T, kThreads> v_draft;
+    k_draft.load(p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h, d.k_stride_t, T);
+    q_draft.load(p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, d.q_stride_t, T);
+    v_draft.load(p.v + int64_t(row) * p.v_stride_b + int64_t(vhead) * p.v_stride_h + row0, d.v_stride_t, T);
+    const bool draft_lane = threadIdx.x < T;
+    float gate_a = 0.f, gate_b = 0.f;
+    if (draft_lane) {
+      gate_a = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(threadIdx.x) * d.ga_stride_t +
+                        int64_t(vhead) * p.ga_stride_h];
+      gate_b = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(threadIdx.x) * d.gb_stride_t +
+                        int64_t(vhead) * p.gb_stride_h];
+    }
+    const int parent_given = draft_lane ? DraftTree<T>::given_parent(d.parents, row, threadIdx.x) : 0;
+    const float A_log = GATES_IN_KERNEL ? p.A_log[vhead] : 0.f, dt_bias = GATES_IN_KERNEL ? p.dt_bias[vhead] : 0.f;
+
     int32_t* cursor = slot_cursor(p.cursors, slot);
     const VerifyRow vr = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
     if (!vr.valid) {
@@ -96,46 +113,41 @@ struct Verify {
     const int m = vr.committed, t = vr.drafts, count = m + t;
     const int mc = vr.flush ? 0 : m;
 
+    // Records: committed ones from the rings at [0, m) (one more round trip), drafts at [m, m + t).
     const act_t* rec_k = p.rec_k + (int64_t(slot) * num_k_heads + khead) * kCap * K;
     const float* rec_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * kCap * V + row0;
     const float* rec_g = p.rec_g + (int64_t(slot) * p.num_v_heads + vhead) * kCap;
-    stage_rows<act_t, K, kThreads>(sm.k, 0, rec_k, K, m);
-    stage_rows<float, ROWS, kThreads>(sm.u, 0, rec_u, V, m);
-    stage_rows<act_t, K, kThreads>(sm.k, m, p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h,
-                                   d.k_stride_t, t);
-    stage_rows<act_t, K, kThreads>(sm.q, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h,
-                                   d.q_stride_t, t);
-    stage_rows<act_t, ROWS, kThreads>(sm.v, 0, p.v + int64_t(row) * p.v_stride_b + int64_t(vhead) * p.v_stride_h + row0,
-                                      d.v_stride_t, t);
-    for (int i = threadIdx.x; i < count; i += kThreads) {
-      if (i < m) {
-        sm.g[i] = rec_g[i];
-      } else {
-        float g, beta;
-        draft_gates<GATES_IN_KERNEL>(p, d, row, i - m, vhead, g, beta);
-        sm.g[i] = g;
-        sm.beta[i - m] = beta;
+    RowStager<act_t, K, kCap - 1, kThreads> k_held;
+    RowStager<float, ROWS, kCap - 1, kThreads> u_held;
+    k_held.load(rec_k, K, m);
+    u_held.load(rec_u, V, m);
+    for (int i = threadIdx.x; i < m; i += kThreads) sm.g[i] = rec_g[i];
+    if (draft_lane && threadIdx.x < t) {
+      float g = gate_a, beta = gate_b;
+      if constexpr (GATES_IN_KERNEL) {
+        g = -expf(A_log) * softplus(g + dt_bias);
+        beta = 1.f / (1.f + expf(-beta));
       }
+      sm.g[m + threadIdx.x] = g;
+      sm.beta[threadIdx.x] = beta;
     }
-    if (threadIdx.x == 0) sm.tree.build(d.parents, row);
+    if (draft_lane) sm.tree.set_parent(threadIdx.x, parent_given);
+    k_held.store(sm.k, 0, m);
+    u_held.store(sm.u, 0, m);
+    k_draft.store(sm.k, m, t);
+    q_draft.store(sm.q, 0, t);
+    v_draft.store(sm.v, 0, t);
     __syncthreads();
 
-    // Dots (raw) of every record's k with each draft's k and q, squared norms, log-decays.
-    pair_dots<K, kThreads>(sm.k, count, sm.k + m, t, &sm.kk[0][0], kRecords);
-    pair_dots<K, kThreads>(sm.k, count, sm.q, t, &sm.kq[0][0], kRecords);
-    for (int i = threadIdx.x; i < count + t; i += kThreads) {
-      const float* a = i < count ? sm.k[i] : sm.q[i - count];
-      float acc = 0.f;
-      for (int c = 0; c < K; ++c) {
-        const float x = a[(c + threadIdx.x) % K];
-        acc = fmaf(x, x, acc);
-      }
-      if (i < count) sm.k2[i] = acc; else sm.q2[i - count] = acc;
-    }
+    // Dots (raw) of every record's k with each draft's k (and |k_i|^2) and q, log-decays.
+    dots_with_drafts<K, T, WARPS>(sm.k, count, sm.k + m, t, &sm.kk[0][0], kRecords, sm.k2);
+    dots_with_drafts<K, T, WARPS>(sm.k, count, sm.q, t, &sm.kq[0][0], kRecords, nullptr);
+    dots_with_drafts<K, T, WARPS>(sm.q, t, sm.q, 0, nullptr, 0, sm.q2);
     if (threadIdx.x / 32 == (kThreads > 32 ? 1 : 0)) {  // a warp of its own where there are two
       const float sum = suffix_log_sums(sm.g, sm.log_after, m);
       if (threadIdx.x % 32 == 0) sm.fold_total = sum;
     }
+    if (threadIdx.x == 0) sm.tree.link();
     if (threadIdx.x < t) sm.tree.path_log[threadIdx.x] = sm.tree.log_after(sm.g + m, threadIdx.x, -1);
     __syncthreads();
 
@@ -156,19 +168,22 @@ struct Verify {
     }
     if (threadIdx.x < t) sm.total[threadIdx.x] = expf(committed_log + sm.tree.path_log[threadIdx.x]);
     __syncthreads();
-    for (int r = threadIdx.x; r < ROWS; r += kThreads) {
-      for (int j = 0; j < t; ++j) {
-        float pr = 0.f, os = 0.f;
-        for (int i = 0; i < mc; ++i) {
-          pr = fmaf(sm.kk[j][i], sm.u[i][r], pr);
-          os = fmaf(sm.kq[j][i], sm.u[i][r], os);
-        }
-        sm.pred[j][r] = pr;
-        sm.osum[j][r] = os;
+    // The committed records' part of each (draft, row); a flush's fold weights in place instead.
+    for (int e = threadIdx.x; e < t * ROWS; e += kThreads) {
+      const int j = e / ROWS, r = e % ROWS;
+      float pr = 0.f, os = 0.f;
+      for (int i = 0; i < mc; ++i) {
+        pr = fmaf(sm.kk[j][i], sm.u[i][r], pr);
+        os = fmaf(sm.kq[j][i], sm.u[i][r], os);
       }
-      if (vr.flush)
-        for (int i = 0; i < m; ++i) sm.u[i][r] *= expf(sm.log_after[i]) * inv_norm(sm.k2[i]);  // fold weights
+      sm.pred[j][r] = pr;
+      sm.osum[j][r] = os;
     }
+    if (vr.flush)
+      for (int e = threadIdx.x; e < m * ROWS; e += kThreads) {
+        const int i = e / ROWS, r = e % ROWS;
+        sm.u[i][r] *= expf(sm.log_after[i]) * inv_norm(sm.k2[i]);
+      }
     __syncthreads();
 
     // Rows: the early flush's fold (written back), then the drafts in order, u in registers.
@@ -255,11 +270,11 @@ struct Verify {
         draft_gates<GATES_IN_KERNEL>(p, d, row, j, h, g, beta);
         p.rec_g[(int64_t(slot) * p.num_v_heads + h) * kCap + first + j] = g;
       }
-      for (int e = threadIdx.x; e < t * num_k_heads * K; e += kThreads) {
-        const int c = e % K, h = e / K % num_k_heads, j = e / K / num_k_heads;
-        p.rec_k[((int64_t(slot) * num_k_heads + h) * kCap + first + j) * K + c] =
-            p.k[int64_t(row) * p.k_stride_b + int64_t(j) * d.k_stride_t + int64_t(h) * p.k_stride_h + c];
-      }
+      copy_rows<act_t, K, kThreads>(
+          t * num_k_heads,
+          [&](int i) { return p.k + int64_t(row) * p.k_stride_b + int64_t(i / num_k_heads) * d.k_stride_t +
+                              int64_t(i % num_k_heads) * p.k_stride_h; },
+          [&](int i) { return p.rec_k + ((int64_t(slot) * num_k_heads + i % num_k_heads) * kCap + first + i / num_k_heads) * K; });
       finish_verify_cursor(cursor, vr);
     }
   }
@@ -297,13 +312,15 @@ struct Snapshot {
     }
     typename Tile::Regs s_raw;
     load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
+    RowStager<act_t, K, T, kThreads> k_draft, q_draft;
+    RowStager<act_t, ROWS, T, kThreads> v_draft;
+    k_draft.load(p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h, d.k_stride_t, T);
+    q_draft.load(p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, d.q_stride_t, T);
+    v_draft.load(p.v + int64_t(row) * p.v_stride_b + int64_t(vhead) * p.v_stride_h + row0, d.v_stride_t, T);
     const int t = d.num_drafts != nullptr ? min(max(d.num_drafts[row], 0), T) : T;
-    stage_rows<act_t, K, kThreads>(sm.k, 0, p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h,
-                                   d.k_stride_t, t);
-    stage_rows<act_t, K, kThreads>(sm.q, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h,
-                                   d.q_stride_t, t);
-    stage_rows<act_t, ROWS, kThreads>(sm.v, 0, p.v + int64_t(row) * p.v_stride_b + int64_t(vhead) * p.v_stride_h + row0,
-                                      d.v_stride_t, t);
+    k_draft.store(sm.k, 0, t);
+    q_draft.store(sm.q, 0, t);
+    v_draft.store(sm.v, 0, t);
     if (threadIdx.x < t) draft_gates<GATES_IN_KERNEL>(p, d, row, threadIdx.x, vhead, sm.g[threadIdx.x], sm.beta[threadIdx.x]);
     __syncthreads();
     for (int i = threadIdx.x; i < 2 * t; i += kThreads) {

@@ -82,6 +82,22 @@ struct Verify {
     typename Tile::Regs s_raw;
     state_t* rows = load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
 
+    // This step's drafts (all T rows exist whatever t is) and per-head values: their loads are in
+    // flight during the cursor's round trip.
+    RowStager<act_t, ROWS, T, kThreads> x_draft, z_draft;
+    RowStager<act_t, N, T, kThreads> b_draft, c_draft;
+    x_draft.load(p.x + int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0, d.x_stride_t, T);
+    b_draft.load(p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g, d.b_stride_t, T);
+    c_draft.load(p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g, d.c_stride_t, T);
+    if constexpr (HAS_Z)
+      z_draft.load(p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0, d.z_stride_t, T);
+    const bool draft_lane = threadIdx.x < T;
+    const float dt_raw = draft_lane ? p.dt[int64_t(row) * p.dt_stride_b + int64_t(threadIdx.x) * d.dt_stride_t +
+                                           int64_t(head) * p.dt_stride_h]
+                                    : 0.f;
+    const int parent_given = draft_lane ? DraftTree<T>::given_parent(d.parents, row, threadIdx.x) : 0;
+    const float A = p.A[head], D = HAS_D ? p.D[head] : 0.f, dt_bias = HAS_DT_BIAS ? p.dt_bias[head] : 0.f;
+
     int32_t* cursor = slot_cursor(p.cursors, slot);
     const VerifyRow v = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
     if (!v.valid) {
@@ -91,35 +107,41 @@ struct Verify {
     const int m = v.committed, t = v.drafts, count = m + t;
     const int mc = v.flush ? 0 : m;  // committed records the drafts replay (none after the fold)
 
-    // Records: committed ones from the rings at [0, m), drafts from the inputs at [m, m + t).
+    // Records: committed ones from the rings at [0, m) (one more round trip), drafts at [m, m + t).
     const act_t* rec_x = p.rec_x + (int64_t(slot) * p.num_heads + head) * kCap * P + row0;
     const act_t* rec_b = p.rec_b + (int64_t(slot) * num_groups + group) * kCap * N;
     const float* rec_dt = p.rec_dt + (int64_t(slot) * p.num_heads + head) * kCap;
-    stage_rows<act_t, ROWS, kThreads>(sm.x, 0, rec_x, P, m);
-    stage_rows<act_t, N, kThreads>(sm.b, 0, rec_b, N, m);
-    const int64_t in_row = int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0;
-    stage_rows<act_t, ROWS, kThreads>(sm.x, m, p.x + in_row, d.x_stride_t, t);
-    stage_rows<act_t, N, kThreads>(sm.b, m, p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g,
-                                   d.b_stride_t, t);
-    stage_rows<act_t, N, kThreads>(sm.q, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g,
-                                   d.c_stride_t, t);
-    if constexpr (HAS_Z)
-      stage_rows<act_t, ROWS, kThreads>(sm.z, 0, p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0,
-                                        d.z_stride_t, t);
-    for (int i = threadIdx.x; i < count; i += kThreads) {
-      const float dt = i < m ? rec_dt[i] : draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, i - m, head);
+    RowStager<act_t, ROWS, kCap - 1, kThreads> x_held;
+    RowStager<act_t, N, kCap - 1, kThreads> b_held;
+    x_held.load(rec_x, P, m);
+    b_held.load(rec_b, N, m);
+    for (int i = threadIdx.x; i < m; i += kThreads) {
+      const float dt = rec_dt[i];
       sm.dt[i] = dt;
-      sm.log_decay[i] = dt * p.A[head];
+      sm.log_decay[i] = dt * A;
     }
-    if (threadIdx.x == 0) sm.tree.build(d.parents, row);
+    if (draft_lane && threadIdx.x < t) {
+      float dt = dt_raw + dt_bias;
+      if constexpr (DT_SOFTPLUS) dt = softplus(dt);
+      sm.dt[m + threadIdx.x] = dt;
+      sm.log_decay[m + threadIdx.x] = dt * A;
+    }
+    if (draft_lane) sm.tree.set_parent(threadIdx.x, parent_given);
+    x_held.store(sm.x, 0, m);
+    b_held.store(sm.b, 0, m);
+    x_draft.store(sm.x, m, t);
+    b_draft.store(sm.b, m, t);
+    c_draft.store(sm.q, 0, t);
+    if constexpr (HAS_Z) z_draft.store(sm.z, 0, t);
     __syncthreads();
 
-    // Dots B_i . C_j, the committed records' suffix log-decays and each draft's path log-decay.
-    pair_dots<N, kThreads>(sm.b, count, sm.q, t, &sm.dot[0][0], kRecords);
+    // Dots B_i . C_j, the committed records' suffix log-decays, each draft's path log-decay.
+    dots_with_drafts<N, T, WARPS>(sm.b, count, sm.q, t, &sm.dot[0][0], kRecords, nullptr);
     if (threadIdx.x / 32 == (kThreads > 32 ? 1 : 0)) {  // a warp of its own where there are two
       const float sum = suffix_log_sums(sm.log_decay, sm.log_after, m);
       if (threadIdx.x % 32 == 0) sm.fold_total = sum;
     }
+    if (threadIdx.x == 0) sm.tree.link();
     if (threadIdx.x < t) sm.tree.path_log[threadIdx.x] = sm.tree.log_after(sm.log_decay + m, threadIdx.x, -1);
     __syncthreads();
 
@@ -137,16 +159,20 @@ struct Verify {
     }
     if (threadIdx.x < t) sm.total[threadIdx.x] = expf(committed_log + sm.tree.path_log[threadIdx.x]);
     __syncthreads();
-    const float D = HAS_D ? p.D[head] : 0.f;
-    for (int r = threadIdx.x; r < ROWS; r += kThreads) {
-      for (int j = 0; j < t; ++j) {
-        float e = HAS_D ? D * sm.x[m + j][r] : 0.f;
-        for (int i = 0; i < count; ++i) e = fmaf(sm.coef[j][i], sm.x[i][r], e);
-        sm.extra[j][r] = e;
-      }
-      if (v.flush)
-        for (int i = 0; i < m; ++i) sm.x[i][r] *= expf(sm.log_after[i]) * sm.dt[i];  // fold weights
+    // Record sums of each (draft, row), over the committed records it replays and its path; a
+    // flush's fold weights of the committed x rows (which the sums then skip) in place.
+    for (int e = threadIdx.x; e < t * ROWS; e += kThreads) {
+      const int j = e / ROWS, r = e % ROWS;
+      float acc = HAS_D ? D * sm.x[m + j][r] : 0.f;
+      for (int i = 0; i < mc; ++i) acc = fmaf(sm.coef[j][i], sm.x[i][r], acc);
+      for (int i = m; i < count; ++i) acc = fmaf(sm.coef[j][i], sm.x[i][r], acc);
+      sm.extra[j][r] = acc;
     }
+    if (v.flush)
+      for (int e = threadIdx.x; e < m * ROWS; e += kThreads) {
+        const int i = e / ROWS, r = e % ROWS;
+        sm.x[i][r] *= expf(sm.log_after[i]) * sm.dt[i];
+      }
     __syncthreads();
 
     // Rows: the early flush's fold (written back), then every draft's output from the state.
@@ -220,11 +246,11 @@ struct Verify {
         const int j = e / p.num_heads, h = e % p.num_heads;
         p.rec_dt[(int64_t(slot) * p.num_heads + h) * kCap + first + j] = draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, j, h);
       }
-      for (int e = threadIdx.x; e < t * num_groups * N; e += kThreads) {
-        const int c = e % N, g = e / N % num_groups, j = e / N / num_groups;
-        p.rec_b[((int64_t(slot) * num_groups + g) * kCap + first + j) * N + c] =
-            p.B[int64_t(row) * p.b_stride_b + int64_t(j) * d.b_stride_t + int64_t(g) * p.b_stride_g + c];
-      }
+      copy_rows<act_t, N, kThreads>(
+          t * num_groups,
+          [&](int i) { return p.B + int64_t(row) * p.b_stride_b + int64_t(i / num_groups) * d.b_stride_t +
+                              int64_t(i % num_groups) * p.b_stride_g; },
+          [&](int i) { return p.rec_b + ((int64_t(slot) * num_groups + i % num_groups) * kCap + first + i / num_groups) * N; });
       finish_verify_cursor(cursor, v);
     }
   }
@@ -263,16 +289,18 @@ struct Snapshot {
     }
     typename Tile::Regs s_raw;
     load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
-    const int t = d.num_drafts != nullptr ? min(max(d.num_drafts[row], 0), T) : T;
-    stage_rows<act_t, ROWS, kThreads>(sm.x, 0, p.x + int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0,
-                                      d.x_stride_t, t);
-    stage_rows<act_t, N, kThreads>(sm.b, 0, p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g,
-                                   d.b_stride_t, t);
-    stage_rows<act_t, N, kThreads>(sm.q, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g,
-                                   d.c_stride_t, t);
+    RowStager<act_t, ROWS, T, kThreads> x_draft, z_draft;
+    RowStager<act_t, N, T, kThreads> b_draft, c_draft;
+    x_draft.load(p.x + int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0, d.x_stride_t, T);
+    b_draft.load(p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g, d.b_stride_t, T);
+    c_draft.load(p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g, d.c_stride_t, T);
     if constexpr (HAS_Z)
-      stage_rows<act_t, ROWS, kThreads>(sm.z, 0, p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0,
-                                        d.z_stride_t, t);
+      z_draft.load(p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0, d.z_stride_t, T);
+    const int t = d.num_drafts != nullptr ? min(max(d.num_drafts[row], 0), T) : T;
+    x_draft.store(sm.x, 0, t);
+    b_draft.store(sm.b, 0, t);
+    c_draft.store(sm.q, 0, t);
+    if constexpr (HAS_Z) z_draft.store(sm.z, 0, t);
     if (threadIdx.x < t) sm.dt[threadIdx.x] = draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, threadIdx.x, head);
     __syncthreads();
 

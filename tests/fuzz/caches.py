@@ -58,7 +58,7 @@ def build_cache_init(draw, device):
             t = draw(st.sampled_from(layout.tensors()))
             value, ok, label = slot_tensor_variant(
                 draw, given[t.name], t.alignment, optional=False,
-                other_device="meta" if device == "cpu" else "cpu",
+                other_device="meta" if device == "cpu" else "cpu", packed=t.name != "state",
             )  # fmt: skip
             given[t.name] = value
             v.mark(ok, f"{t.name} {label}")
@@ -293,7 +293,7 @@ def build_lifecycle(draw, device):
         t = draw(st.sampled_from(layout.tensors()))
         value, ok, label = slot_tensor_variant(
             draw, tensors[t.name], t.alignment, optional=op == "reset_slots" and t.name.startswith("rec"),
-            other_device="meta" if device == "cpu" else "cpu",
+            other_device="meta" if device == "cpu" else "cpu", packed=t.name != "state",
         )  # fmt: skip
         given[t.name] = value
         v.mark(ok, f"{t.name} {label}")
@@ -335,6 +335,8 @@ def build_lifecycle(draw, device):
         else:
             ids, values = draw_ids(draw, n, fake_pad, device, v, "slots", distinct=True)
         state = given.get("state", tensors["state"])  # (what the op was given: a variant is a copy)
+        if not isinstance(state, torch.Tensor):  # (a None state variant: the pool's shape)
+            state = tensors["state"]
         initial = draw_initial_state(draw, state, values, device, v)
 
         def run():

@@ -247,7 +247,8 @@ def _pool_variant(draw, sc: Scenario, name: str, v: Validity) -> object:
     layout = next(t for t in sc.cache.layout.tensors() if t.name == name)
     optional = not sc.replay and name != "state"
     t, ok, label = slot_tensor_variant(draw, sc.cache.tensors[name], layout.alignment,
-                                       optional=optional, other_device=_other_device(sc.device))  # fmt: skip
+                                       optional=optional, other_device=_other_device(sc.device),
+                                       packed=name != "state")  # fmt: skip
     v.mark(ok, f"{name} {label}")
     return t
 
@@ -416,7 +417,10 @@ def draw_decode_call(draw, sc: Scenario) -> Call:
     watch_args = {k: a for k, a in args.items() if k != "out"}
     before_all = {k: t.clone() for k, t in sc.cache.tensors.items()}
     pool_before = {k: t.clone() for k, t in pool.items() if isinstance(t, torch.Tensor)}
-    inputs_before = snapshot({k: a for k, a in watch_args.items() if isinstance(a, torch.Tensor)})
+    # The workspace is scratch a successful step may overwrite (the split kernel does); a call
+    # that raises must still leave it unchanged (it stays in `_watch`).
+    inputs_before = snapshot({k: a for k, a in watch_args.items()
+                              if isinstance(a, torch.Tensor) and k != "workspace"})  # fmt: skip
 
     def run():
         tensors = pool if sc.route == "op" else None
