@@ -75,6 +75,89 @@ __device__ __forceinline__ float suffix_log_sums(const float* log_decay, float* 
   return carry;
 }
 
+// The log-decays of a verify row's windows, with its dots (after a barrier since the records and
+// parents were staged): the committed records' suffix sums and their total (one warp, the second
+// where there are two), the tree's ancestor sets and each draft's path sum.
+template <int T, int THREADS>
+__device__ __forceinline__ void window_logs(DraftTree<T>& tree, const float* log_decay, float* log_after, int m, int t,
+                                            float* committed_total) {
+  if (threadIdx.x / 32 == (THREADS > 32 ? 1 : 0)) {
+    const float sum = suffix_log_sums(log_decay, log_after, m);
+    if (threadIdx.x % 32 == 0) *committed_total = sum;
+  }
+  if (threadIdx.x == 0) tree.link();
+  if (threadIdx.x < t) tree.path_log[threadIdx.x] = tree.log_after(log_decay + m, threadIdx.x, -1);
+}
+
+// a(i+1 .. j) over draft j's window, for record i of a row holding m committed records (at
+// [0, m), mc of them replayed) and its drafts (at [m, m + t)): 0 where i is off the window.
+template <int T>
+__device__ __forceinline__ float window_decay(const DraftTree<T>& tree, const float* log_decay, const float* log_after,
+                                              int m, int mc, int j, int i) {
+  if (i < mc) return expf(log_after[i] + tree.path_log[j]);
+  if (i >= m && tree.on_path(j, i - m)) return expf(tree.log_after(log_decay + m, j, i - m));
+  return 0.f;
+}
+
+// A verify or snapshot row this CTA must not run: its T drafts' outputs zero (a pad row) or NaN
+// (a slot id out of range), nothing else touched. True where the CTA is then done.
+template <int T, int ROWS, int THREADS, class OutOf>
+__device__ __forceinline__ bool skip_unusable_draft_row(int slot, int pad_slot_id, int num_slots, const OutOf& out_of) {
+  if (slot_usable(slot, pad_slot_id, num_slots)) return false;
+  for (int j = 0; j < T; ++j) fill_outputs<ROWS, THREADS>(out_of(j), slot == pad_slot_id ? 0.f : fault_output());
+  return true;
+}
+
+// A faulted verify row (its cursor is one no launch leaves): NaN in every draft's outputs.
+template <int T, int ROWS, int THREADS, class OutOf>
+__device__ __forceinline__ void fault_draft_row(const OutOf& out_of) {
+  for (int j = 0; j < T; ++j) fill_outputs<ROWS, THREADS>(out_of(j), fault_output());
+}
+
+// The CTA's state tile in FP32, scaled by `scale`, plus (where `fold`) sum_k w[k][r] v[k] over
+// `count` records: per-row weights w [count][ROWS] and row vectors v [count][COLS] in shared
+// memory, exact FP32 FMAs (an early flush's fold).
+template <class Tile, int ROWS>
+__device__ __forceinline__ void fold_tile(const typename Tile::Regs& s_raw,
+                                          float (&s)[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec], float scale,
+                                          bool fold, const float (*w)[ROWS], const float (*v)[Tile::kCols], int count) {
+  #pragma unroll
+  for (int i = 0; i < Tile::kPasses; ++i)
+    #pragma unroll
+    for (int c = 0; c < Tile::kChunksPerLane; ++c)
+      #pragma unroll
+      for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * scale;
+  if (!fold) return;
+  for (int k = 0; k < count; ++k) {
+    float wk[Tile::kPasses];
+    Tile::row_values(&w[k][0], wk);
+    #pragma unroll
+    for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+      float v_c[Tile::kVec];
+      Tile::chunk(&v[k][0], c, v_c);
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i)
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(wk[i], v_c[e], s[i][c][e]);
+    }
+  }
+}
+
+// Writes the CTA's tile (rows row0.. of head `head`, HEAD_ROWS rows a head) back, stochastically
+// rounded where SR with the standard steps' key (slot and epoch; the element's index in the slot).
+template <class Tile, bool SR, int HEAD_ROWS, typename state_t>
+__device__ __forceinline__ void store_tile(state_t* rows,
+                                           const float (&s)[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec],
+                                           uint64_t seed, int slot, uint64_t epoch, int head, int row0) {
+  #pragma unroll
+  for (int i = 0; i < Tile::kPasses; ++i)
+    #pragma unroll
+    for (int c = 0; c < Tile::kChunksPerLane; ++c)
+      store_chunk<state_t, SR>(rows + int64_t(Tile::row(i)) * Tile::kCols + Tile::col(c), s[i][c], seed,
+                               (uint64_t(slot) << 32) | epoch,
+                               (uint64_t(head) * HEAD_ROWS + row0 + Tile::row(i)) * Tile::kCols + Tile::col(c));
+}
+
 // Dot products of rows of `rows` ([count][LEN], shared memory) with each of t draft rows
 // (`drafts`, [t][LEN]): out[j * stride + i] = rows[i] . drafts[j], and (where `norms`)
 // norms[i] = rows[i] . rows[i]. A warp per row and lanes over columns, with the drafts' columns

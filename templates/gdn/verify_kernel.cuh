@@ -80,10 +80,7 @@ struct Verify {
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_v_heads + vhead) * V + row0; };
-    if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) {
-      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), slot == p.pad_slot_id ? 0.f : fault_output());
-      return;
-    }
+    if (skip_unusable_draft_row<T, ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out_of)) return;
     typename Tile::Regs s_raw;
     state_t* rows = load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
 
@@ -106,8 +103,8 @@ struct Verify {
 
     int32_t* cursor = slot_cursor(p.cursors, slot);
     const VerifyRow vr = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
-    if (!vr.valid) {
-      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), fault_output());
+    if (!vr.valid) {  // a corrupted cursor: the row touches nothing
+      fault_draft_row<T, ROWS, kThreads>(out_of);
       return;
     }
     const int m = vr.committed, t = vr.drafts, count = m + t;
@@ -143,24 +140,14 @@ struct Verify {
     dots_with_drafts<K, T, WARPS>(sm.k, count, sm.k + m, t, &sm.kk[0][0], kRecords, sm.k2);
     dots_with_drafts<K, T, WARPS>(sm.k, count, sm.q, t, &sm.kq[0][0], kRecords, nullptr);
     dots_with_drafts<K, T, WARPS>(sm.q, t, sm.q, 0, nullptr, 0, sm.q2);
-    if (threadIdx.x / 32 == (kThreads > 32 ? 1 : 0)) {  // a warp of its own where there are two
-      const float sum = suffix_log_sums(sm.g, sm.log_after, m);
-      if (threadIdx.x % 32 == 0) sm.fold_total = sum;
-    }
-    if (threadIdx.x == 0) sm.tree.link();
-    if (threadIdx.x < t) sm.tree.path_log[threadIdx.x] = sm.tree.log_after(sm.g + m, threadIdx.x, -1);
+    window_logs<T, kThreads>(sm.tree, sm.g, sm.log_after, m, t, &sm.fold_total);
     __syncthreads();
 
     // Weights of u_i in pred_j (kk) and in o_j (kq), in place; zero off committed + W_j.
     const float committed_log = vr.flush ? 0.f : sm.fold_total;
     for (int pair = threadIdx.x; pair < t * count; pair += kThreads) {
       const int j = pair / count, i = pair % count;
-      float dec = 0.f;
-      if (i < mc) {
-        dec = expf(sm.log_after[i] + sm.tree.path_log[j]);
-      } else if (i >= m && sm.tree.on_path(j, i - m)) {
-        dec = expf(sm.tree.log_after(sm.g + m, j, i - m));
-      }
+      const float dec = window_decay(sm.tree, sm.g, sm.log_after, m, mc, j, i);
       const float rk_i = inv_norm(sm.k2[i]), rk_j = inv_norm(sm.k2[m + j]);
       const float rq_j = inv_norm(sm.q2[j]) * p.scale;
       sm.kk[j][i] = i == m + j ? 0.f : dec * sm.kk[j][i] * rk_i * rk_j;
@@ -188,36 +175,9 @@ struct Verify {
 
     // Rows: the early flush's fold (written back), then the drafts in order, u in registers.
     float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    const float fold_total = vr.flush ? expf(sm.fold_total) : 1.f;
-    #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i)
-      #pragma unroll
-      for (int c = 0; c < Tile::kChunksPerLane; ++c)
-        #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * fold_total;
-    if (vr.flush) {
-      for (int mi = 0; mi < m; ++mi) {
-        float w[Tile::kPasses];
-        Tile::row_values(&sm.u[mi][0], w);
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
-          float k_c[Tile::kVec];
-          Tile::chunk(&sm.k[mi][0], c, k_c);
-          #pragma unroll
-          for (int i = 0; i < Tile::kPasses; ++i)
-            #pragma unroll
-            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w[i], k_c[e], s[i][c][e]);
-        }
-      }
-      const uint64_t seed = rounding_seed<SR>(p);
-      #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i)
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          store_chunk<state_t, SR>(rows + int64_t(Tile::row(i)) * K + Tile::col(c), s[i][c], seed,
-                                   (uint64_t(slot) << 32) | uint64_t(SR ? vr.epoch : 0),
-                                   (uint64_t(vhead) * V + row0 + Tile::row(i)) * K + Tile::col(c));
-    }
+    fold_tile<Tile, ROWS>(s_raw, s, vr.flush ? expf(sm.fold_total) : 1.f, vr.flush, sm.u, sm.k, m);
+    if (vr.flush)
+      store_tile<Tile, SR, V>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? vr.epoch : 0), vhead, row0);
     const int first = vr.flush ? 0 : m;
     float* u_ring = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * kCap * V + row0;
     float du[T][Tile::kPasses];  // the drafts' u of this lane's rows
@@ -306,10 +266,7 @@ struct Snapshot {
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_v_heads + vhead) * V + row0; };
-    if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) {
-      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), slot == p.pad_slot_id ? 0.f : fault_output());
-      return;
-    }
+    if (skip_unusable_draft_row<T, ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out_of)) return;
     typename Tile::Regs s_raw;
     load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
     RowStager<act_t, K, T, kThreads> k_draft, q_draft;

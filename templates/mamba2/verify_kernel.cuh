@@ -75,10 +75,7 @@ struct Verify {
     const int slot = p.slot_indices[row];
     // out [batch, T, H, P]: draft j's rows of this CTA.
     const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_heads + head) * P + row0; };
-    if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) {
-      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), slot == p.pad_slot_id ? 0.f : fault_output());
-      return;
-    }
+    if (skip_unusable_draft_row<T, ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out_of)) return;
     typename Tile::Regs s_raw;
     state_t* rows = load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
 
@@ -100,8 +97,8 @@ struct Verify {
 
     int32_t* cursor = slot_cursor(p.cursors, slot);
     const VerifyRow v = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
-    if (!v.valid) {
-      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), fault_output());
+    if (!v.valid) {  // a corrupted cursor: the row touches nothing
+      fault_draft_row<T, ROWS, kThreads>(out_of);
       return;
     }
     const int m = v.committed, t = v.drafts, count = m + t;
@@ -137,24 +134,14 @@ struct Verify {
 
     // Dots B_i . C_j, the committed records' suffix log-decays, each draft's path log-decay.
     dots_with_drafts<N, T, WARPS>(sm.b, count, sm.q, t, &sm.dot[0][0], kRecords, nullptr);
-    if (threadIdx.x / 32 == (kThreads > 32 ? 1 : 0)) {  // a warp of its own where there are two
-      const float sum = suffix_log_sums(sm.log_decay, sm.log_after, m);
-      if (threadIdx.x % 32 == 0) sm.fold_total = sum;
-    }
-    if (threadIdx.x == 0) sm.tree.link();
-    if (threadIdx.x < t) sm.tree.path_log[threadIdx.x] = sm.tree.log_after(sm.log_decay + m, threadIdx.x, -1);
+    window_logs<T, kThreads>(sm.tree, sm.log_decay, sm.log_after, m, t, &sm.fold_total);
     __syncthreads();
 
     // Weights: coef[j][i] = a(i+1..j) dt_i (B_i . C_j) over committed records and j's path.
     const float committed_log = v.flush ? 0.f : sm.fold_total;
     for (int pair = threadIdx.x; pair < t * count; pair += kThreads) {
       const int j = pair / count, i = pair % count;
-      float w = 0.f;
-      if (i < mc) {
-        w = expf(sm.log_after[i] + sm.tree.path_log[j]);
-      } else if (i >= m && sm.tree.on_path(j, i - m)) {
-        w = expf(sm.tree.log_after(sm.log_decay + m, j, i - m));
-      }
+      const float w = window_decay(sm.tree, sm.log_decay, sm.log_after, m, mc, j, i);
       sm.coef[j][i] = w * sm.dt[i] * sm.dot[j][i];
     }
     if (threadIdx.x < t) sm.total[threadIdx.x] = expf(committed_log + sm.tree.path_log[threadIdx.x]);
@@ -177,36 +164,9 @@ struct Verify {
 
     // Rows: the early flush's fold (written back), then every draft's output from the state.
     float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    const float fold_total = v.flush ? expf(sm.fold_total) : 1.f;
-    #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i)
-      #pragma unroll
-      for (int c = 0; c < Tile::kChunksPerLane; ++c)
-        #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * fold_total;
-    if (v.flush) {
-      for (int k = 0; k < m; ++k) {
-        float w[Tile::kPasses];
-        Tile::row_values(&sm.x[k][0], w);
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
-          float b_c[Tile::kVec];
-          Tile::chunk(&sm.b[k][0], c, b_c);
-          #pragma unroll
-          for (int i = 0; i < Tile::kPasses; ++i)
-            #pragma unroll
-            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w[i], b_c[e], s[i][c][e]);
-        }
-      }
-      const uint64_t seed = rounding_seed<SR>(p);
-      #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i)
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          store_chunk<state_t, SR>(rows + int64_t(Tile::row(i)) * N + Tile::col(c), s[i][c], seed,
-                                   (uint64_t(slot) << 32) | uint64_t(SR ? v.epoch : 0),
-                                   (uint64_t(head) * P + row0 + Tile::row(i)) * N + Tile::col(c));
-    }
+    fold_tile<Tile, ROWS>(s_raw, s, v.flush ? expf(sm.fold_total) : 1.f, v.flush, sm.x, sm.b, m);
+    if (v.flush)
+      store_tile<Tile, SR, P>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? v.epoch : 0), head, row0);
     #pragma unroll
     for (int j = 0; j < T; ++j) {
       act_t* out = out_of(j);
@@ -283,10 +243,7 @@ struct Snapshot {
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_heads + head) * P + row0; };
-    if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) {
-      for (int j = 0; j < T; ++j) fill_outputs<ROWS, kThreads>(out_of(j), slot == p.pad_slot_id ? 0.f : fault_output());
-      return;
-    }
+    if (skip_unusable_draft_row<T, ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out_of)) return;
     typename Tile::Regs s_raw;
     load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
     RowStager<act_t, ROWS, T, kThreads> x_draft, z_draft;
