@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -190,3 +191,24 @@ def resolve_device(device: object) -> torch.device:
     else:
         raise ValueError(f"device: expected 'cuda' or 'cpu', got {device}")
     return device
+
+
+def check_disjoint(written: Mapping[str, torch.Tensor | None]) -> None:
+    """The tensors a step writes (slot tensors, out, workspace) share no memory: one written
+    through another's storage would corrupt slots no row names. Compared by byte extents
+    ([first, last + 1) of each view; torch strides are >= 0), so two views interleaved in one
+    buffer count as overlapping."""
+    spans = []
+    for name, t in written.items():
+        if t is None or t.numel() == 0:
+            continue
+        start = t.data_ptr()
+        span = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+        spans.append((t.get_device(), start, start + (span + 1) * t.element_size(), name))
+    spans.sort()
+    for (device, _, end, first), (device2, start, _, second) in itertools.pairwise(spans):
+        if device == device2 and start < end:
+            raise ValueError(
+                f"{second}: expected memory disjoint from {first} (every tensor a step writes "
+                f"needs its own), got overlapping storage"
+            )

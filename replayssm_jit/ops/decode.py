@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from replayssm_jit.checks import check_slot_indices, check_tensor
+from replayssm_jit.checks import check_disjoint, check_slot_indices, check_tensor
 from replayssm_jit.families.base import Family
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops.plan import DecodePlan
@@ -57,10 +57,13 @@ def check_slot_tensors(
     slot_indices: torch.Tensor,
     *,
     optional: tuple[str, ...] = (),
+    written: Mapping[str, torch.Tensor | None] | None = None,
 ) -> int:
-    """The slot tensors against the plan's layout (those in `optional` may be None) and the slot
-    ids (values where `reads_device_values`); returns the slot count."""
+    """The slot tensors against the plan's layout (those in `optional` may be None), the slot
+    ids (values where `reads_device_values`), and that the slot tensors and the other tensors
+    the step writes (`written`: out, workspace) share no memory; returns the slot count."""
     num_slots = plan.layout.check_tensors(tensors, device=plan.device, optional=optional)
+    check_disjoint({**tensors, **(written or {})})
     check_slot_indices(
         slot_indices, plan.batch_size, num_slots, plan.pad_slot_id, plan.device,
         read_values=reads_device_values(plan),
@@ -94,7 +97,9 @@ def run_step(
     family's token inputs in its bindings' order (already checked)."""
     # A conventional step reads and writes only the state.
     optional = () if plan.replay else (*plan.layout.ring_names, "cursors")
-    check_slot_tensors(plan, tensors, slot_indices, optional=optional)
+    scratch = workspace if isinstance(workspace, torch.Tensor) else None  # (checked below)
+    check_slot_tensors(plan, tensors, slot_indices, optional=optional,
+                       written={"out": out, "workspace": scratch})  # fmt: skip
     seed_value, seed_tensor = resolve_seed(plan, seed)
     if workspace is None:
         workspace = torch.empty(plan.workspace_floats, dtype=torch.float32, device=plan.device)

@@ -168,7 +168,7 @@ def _verify(
     """Check the slot tensors, ids, draft tensors and seed (and the device values where read),
     then launch."""
     T = plan.layout.drafts
-    check_slot_tensors(plan, tensors, slot_indices)
+    check_slot_tensors(plan, tensors, slot_indices, written={"out": out})
     num_drafts = _check_index(plan, "num_drafts", num_drafts, ())
     parents = _check_index(plan, "parents", parents, (T,))
     num_accepted = _check_index(plan, "num_accepted", num_accepted, ())
@@ -411,7 +411,8 @@ def _snapshot(
     T = plan.layout.drafts
     tensors = {"state": state}
     optional = (*plan.layout.ring_names, "cursors")
-    num_slots = check_slot_tensors(plan, tensors, slot_indices, optional=optional)
+    num_slots = check_slot_tensors(plan, tensors, slot_indices, optional=optional,
+                                   written={"out": out})  # fmt: skip
     snapshot_slots = _check_index(plan, "snapshot_slots", snapshot_slots, (T,), required=True)
     num_drafts = _check_index(plan, "num_drafts", num_drafts, ())
     if reads_device_values(plan):
