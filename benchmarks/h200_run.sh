@@ -3,8 +3,9 @@
 # Prepare here:  ../shared/tools/device-bundle .device
 #                python -m replayssm_jit aot --out .device/aot --preset h200
 #                (FlashInfer peers) anchor_bench.py --precompile .device/fi_aot, anchors copied into .device/
-# On the device: bash benchmarks/h200_run.sh [tests|bench|bench-mamba2|bench-gdn|gdn|peers|all]...
-#   tests: every gpu-marked test; bench: both benchmarks; gdn: the GDN GPU tests + bench_gdn.
+# On the device: bash benchmarks/h200_run.sh [tests|bench|bench-mamba2|bench-gdn|gdn|verify|peers|all]...
+#   tests: every gpu-marked test; bench: both benchmarks; gdn: the GDN GPU tests + bench_gdn;
+#   verify: the speculative GPU tests (a process per model) + bench_verify.
 #   Extra arguments: PYTEST_ARGS, BENCH_ARGS (bench_mamba2), GDN_BENCH_ARGS (bench_gdn), PEER_ARGS;
 #   select tests with PYTEST_ADDOPTS (pytest splits it with shell quoting): PYTEST_ADDOPTS="-k '256 or pad'".
 #   Launch choices for a benchmark go in its arguments: BENCH_ARGS="--launch kernel=split,rows_per_cta=16"
@@ -41,6 +42,18 @@ for step in $what; do
     gdn)
       python3 -m pytest tests/test_gdn_gpu.py tests/test_gdn_peers_gpu.py -m gpu -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} \
         2>&1 | tee "$OUT/pytest-gdn.log" | tail -40
+      rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
+    verify)
+      # Needs the verify-tests and verify-bench presets in REPLAYSSM_AOT_DIR (about 100 s to build there
+      # with --jobs 16). One pytest process per model keeps the device busy while the next one stages.
+      for m in super120b nano4b qwen4b qwen122b; do
+        python3 -m pytest tests/test_verify_gpu.py -m gpu -q -p no:cacheprovider -k "$m" ${PYTEST_ARGS:-} \
+          > "$OUT/pytest-verify-$m.log" 2>&1 &
+      done
+      wait
+      tail -n 3 "$OUT"/pytest-verify-*.log
+      grep -q "failed\|error" "$OUT"/pytest-verify-*.log && rc=1
+      python3 benchmarks/bench_verify.py --out "$OUT" ${VERIFY_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-verify.log" | tail -60
       rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
     peers|all)
       if [ -f "$DEV/anchor_more.py" ]; then
