@@ -8,6 +8,8 @@ Public API:
                                             speculative decoding (docs/speculative.md)
     mamba2_snapshot_verify, gdn_snapshot_verify, commit_snapshots
                                             the conventional spec baseline to compare with
+    torch.ops.replayssm.*                   the same ops as torch.library ops, for torch.compile
+                                            (replayssm_jit.ops.plan_handle gives a plan's handle)
     LaunchConfig                            launch choices a plan may fix ("auto" by default)
     Mamba2DecodeCache, Mamba2DecodeWrapper  convenience cache + plan()/run() objects
     GDNDecodeCache, GDNDecodeWrapper

@@ -10,12 +10,15 @@
     commit_drafts(plan, tensors, num_accepted=, slot_indices=, accepted_path=None)
     mamba2_snapshot_verify / gdn_snapshot_verify, commit_snapshots
                                            the conventional spec baseline (state snapshots)
+    plan_handle(plan) -> int, then torch.ops.replayssm.<op>(handle, ..., out=out)
+                                           the same ops as torch.library custom ops (ops/library.py)
 
 Tensors come from the layout (families.layout.mamba2_layout / gdn_layout). On CPU tensors the
 same calls run a PyTorch implementation of the same cursor, ring and flush semantics.
 """
 
 from replayssm_jit.ops.gdn import gdn_decode
+from replayssm_jit.ops.library import lookup_plan, plan_handle, release_plan
 from replayssm_jit.ops.lifecycle import copy_slots, reset_slots
 from replayssm_jit.ops.mamba2 import mamba2_decode
 from replayssm_jit.ops.plan import DecodePlan, plan_decode
@@ -36,9 +39,12 @@ __all__ = [
     "gdn_decode",
     "gdn_snapshot_verify",
     "gdn_verify",
+    "lookup_plan",
     "mamba2_decode",
     "mamba2_snapshot_verify",
     "mamba2_verify",
     "plan_decode",
+    "plan_handle",
+    "release_plan",
     "reset_slots",
 ]

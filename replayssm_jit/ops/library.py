@@ -1,0 +1,250 @@
+"""The functional ops as torch.library custom ops (namespace `replayssm`), for torch.compile and
+CUDA graphs:
+
+    handle = plan_handle(plan)                       # once, where the plan is made
+    torch.ops.replayssm.mamba2_decode(handle, state=..., x=..., ..., out=out)   # returns None
+
+A custom op's schema holds tensors and scalars only, so a plan reaches its op as an int handle:
+plan_handle() files the plan in a process-wide registry (the same plan object keeps its handle)
+and the op looks it up when it runs. Keep the handle a constant of the compiled code (a module
+attribute, a closure value): dynamo then bakes it into the graph like any int constant, and a
+CUDA graph replays the launch the lookup chose at capture. release_plan() drops the entry.
+
+Every op mutates `out` (required) and the caller's slot tensors in place and returns nothing;
+its schema marks each tensor it may write, so functionalization and reinplacing see them. The
+kernel is the functional op itself (one code path, same checks); the fake kernel writes and
+allocates nothing. `workspace` may be left out only where plan.workspace_floats == 0 (a
+zero-element tensor made at plan_handle() stands in), so no op allocates. A seed comes as an
+int (`seed`) or an int64 device tensor (`seed_tensor`), not both. commit_drafts takes the
+layout's rings by position: ring0..ring2 in plan.layout.ring_names order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import string
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+from replayssm_jit.ops.gdn import gdn_decode
+from replayssm_jit.ops.mamba2 import mamba2_decode
+from replayssm_jit.ops.plan import DecodePlan
+from replayssm_jit.ops.verify import (
+    commit_drafts,
+    commit_snapshots,
+    gdn_snapshot_verify,
+    gdn_verify,
+    mamba2_snapshot_verify,
+    mamba2_verify,
+)
+
+NAMESPACE = "replayssm"
+
+__all__ = ["NAMESPACE", "OPS", "lookup_plan", "plan_handle", "release_plan"]
+
+# ---------------------------------------------------------------------------------------------
+# Plan registry: the handle an op's schema carries in place of the DecodePlan
+# ---------------------------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_plans: dict[int, DecodePlan] = {}
+_handles: dict[int, int] = {}  # id(plan) -> handle; the entry in _plans keeps the id unique
+_scratch: dict[int, torch.Tensor] = {}  # handle -> zero-element float32 workspace
+_next = itertools.count(1)
+
+
+def plan_handle(plan: DecodePlan) -> int:
+    """The int handle of `plan` for the registered ops (the same one for the same object)."""
+    if not isinstance(plan, DecodePlan):
+        raise TypeError(f"plan: expected a DecodePlan, got {type(plan).__name__}")
+    with _lock:
+        handle = _handles.get(id(plan))
+        if handle is None:
+            handle = next(_next)
+            _plans[handle], _handles[id(plan)] = plan, handle
+            # Made here, not in the op, so that no registered op allocates.
+            _scratch[handle] = torch.empty(0, dtype=torch.float32, device=plan.device)
+        return handle
+
+
+def lookup_plan(handle: int) -> DecodePlan:
+    """The plan filed under `handle` by plan_handle()."""
+    plan = _plans.get(handle) if isinstance(handle, int) else None
+    if plan is None:
+        raise ValueError(f"plan: expected a handle from plan_handle(), got {handle!r}")
+    return plan
+
+
+def release_plan(handle: int) -> None:
+    """Forget `handle` (ops called with it raise afterwards); compiled code that holds it must
+    be dropped first."""
+    with _lock:
+        plan = _plans.pop(handle, None)
+        if plan is not None:
+            _handles.pop(id(plan), None)
+            _scratch.pop(handle, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The one registration helper
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse(arg: str) -> tuple[str, str, bool]:
+    """(name, schema type, mutated) of one spec entry: "x" a tensor, "x?" an optional tensor,
+    "x!" / "x!?" a written (optional) tensor, "x:SymInt?" an optional scalar."""
+    name, _, scalar = arg.partition(":")
+    if scalar:
+        return name, scalar, False
+    optional, name = name.endswith("?"), name.rstrip("?")
+    mutated, name = name.endswith("!"), name.rstrip("!")
+    return name, "Tensor?" if optional else "Tensor", mutated
+
+
+def _ordered(args: Sequence[str]) -> list[tuple[str, str, bool]]:
+    """The parsed `args`, required ones first (a schema puts no default before a non-default)."""
+    return sorted(map(_parse, args), key=lambda arg: arg[1].endswith("?"))
+
+
+def _schema(args: Sequence[str]) -> tuple[str, list[str]]:
+    """The schema "(int plan, ...) -> ()" of `args` and the names it marks written."""
+    parts, mutated = ["int plan"], []
+    aliases = iter(string.ascii_lowercase)
+    for name, kind, writes in _ordered(args):
+        if writes:
+            base, opt = kind.rstrip("?"), kind[len(kind.rstrip("?")) :]
+            kind = f"{base}({next(aliases)}!){opt}"
+            mutated.append(name)
+        parts.append(f"{kind} {name}" + ("=None" if kind.endswith("?") else ""))
+    return f"({', '.join(parts)}) -> ()", mutated
+
+
+def _seeded(kwargs: dict) -> dict:
+    """kwargs with `seed` / `seed_tensor` merged into the functional ops' one `seed`."""
+    seed, seed_tensor = kwargs.pop("seed", None), kwargs.pop("seed_tensor", None)
+    if seed is not None and seed_tensor is not None:
+        raise ValueError("seed, seed_tensor: expected at most one of them, got both")
+    return {**kwargs, "seed": seed_tensor if seed_tensor is not None else seed}
+
+
+def _with_workspace(plan: DecodePlan, handle: int, kwargs: dict) -> dict:
+    """kwargs with the plan's zero-element workspace where none is given and none is needed."""
+    if kwargs.get("workspace") is None:
+        if plan.workspace_floats:
+            raise ValueError(
+                f"workspace: expected a float32 tensor of at least {plan.workspace_floats} "
+                "elements (the registered ops allocate nothing), got None"
+            )
+        kwargs = {**kwargs, "workspace": _scratch[handle]}
+    return kwargs
+
+
+def register_op(
+    name: str, args: Sequence[str], call: Callable[[DecodePlan, int, dict], None]
+) -> torch.library.CustomOpDef:
+    """Register replayssm::`name` with a plan handle then `args` (see _parse; custom_op takes no
+    keyword-only tensors, so callers should pass them by keyword); `call(plan, handle, kwargs)`
+    runs the functional op."""
+    schema, mutated = _schema(args)
+    names = [name for name, _, _ in _ordered(args)]
+
+    def kernel(plan: int, *given, **kwargs) -> None:
+        call(lookup_plan(plan), plan, {**dict(zip(names, given)), **kwargs})
+
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", kernel, mutates_args=mutated,
+                                 schema=schema)  # fmt: skip
+
+    @op.register_fake
+    def _fake(plan, *given, **kwargs) -> None:
+        # A stale handle fails at trace time rather than at the first real call.
+        if isinstance(plan, int):
+            lookup_plan(plan)
+        # Writes in place and returns nothing: no shapes to produce, no tensor to allocate.
+
+    return op
+
+
+# ---------------------------------------------------------------------------------------------
+# The ops
+# ---------------------------------------------------------------------------------------------
+
+_SEED = ("seed:SymInt?", "seed_tensor?")
+_MAMBA2_TOKEN = ("x", "dt", "A", "B", "C", "slot_indices", "out!", "D?", "z?", "dt_bias?")
+_GDN_TOKEN = ("q", "k", "v", "slot_indices", "out!", "a?", "b?", "A_log?", "dt_bias?", "g?",
+              "beta?")  # fmt: skip
+_DRAFTS = ("num_drafts?", "parents?", "num_accepted?")
+_M2_SLOTS = ("state!", "rec_x!", "rec_b!", "rec_dt!", "cursors!")
+_GDN_SLOTS = ("state!", "rec_u!", "rec_k!", "rec_g!", "cursors!")
+
+
+def _optional(args: Sequence[str]) -> tuple[str, ...]:
+    # A conventional step leaves the rings and cursors out.
+    return tuple(f"{arg}?" for arg in args)
+
+
+def _step(fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
+    return lambda plan, handle, kw: fn(plan, **_seeded(_with_workspace(plan, handle, kw)))
+
+
+def _verify(fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
+    return lambda plan, handle, kw: fn(plan, **_seeded(kw))
+
+
+def _plain(fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
+    return lambda plan, handle, kw: fn(plan, **kw)
+
+
+def _commit_drafts(plan: DecodePlan, handle: int, kw: dict) -> None:
+    rings = [kw.pop(f"ring{i}") for i in range(len(plan.layout.ring_names))]
+    tensors = {"cursors": kw.pop("cursors"), **dict(zip(plan.layout.ring_names, rings))}
+    commit_drafts(plan, tensors, **kw)
+
+
+OPS = {
+    "mamba2_decode": register_op(
+        "mamba2_decode",
+        (_M2_SLOTS[0], *_MAMBA2_TOKEN, *_optional(_M2_SLOTS[1:]), "workspace!?", *_SEED),
+        _step(mamba2_decode),
+    ),
+    "gdn_decode": register_op(
+        "gdn_decode",
+        (_GDN_SLOTS[0], *_GDN_TOKEN, *_optional(_GDN_SLOTS[1:]), "workspace!?", *_SEED),
+        _step(gdn_decode),
+    ),
+    "mamba2_verify": register_op(
+        "mamba2_verify", (*_M2_SLOTS, *_MAMBA2_TOKEN, *_DRAFTS, *_SEED), _verify(mamba2_verify)
+    ),
+    "gdn_verify": register_op(
+        "gdn_verify", (*_GDN_SLOTS, *_GDN_TOKEN, *_DRAFTS, *_SEED), _verify(gdn_verify)
+    ),
+    "commit_drafts": register_op(
+        "commit_drafts",
+        (
+            "cursors!",
+            "ring0!",
+            "ring1!",
+            "ring2!",
+            "num_accepted",
+            "slot_indices",
+            "accepted_path?",
+        ),
+        _commit_drafts,
+    ),
+    "mamba2_snapshot_verify": register_op(
+        "mamba2_snapshot_verify",
+        ("state!", *_MAMBA2_TOKEN, "snapshot_slots", "num_drafts?"),
+        _plain(mamba2_snapshot_verify),
+    ),
+    "gdn_snapshot_verify": register_op(
+        "gdn_snapshot_verify",
+        ("state!", *_GDN_TOKEN, "snapshot_slots", "num_drafts?"),
+        _plain(gdn_snapshot_verify),
+    ),
+    "commit_snapshots": register_op(
+        "commit_snapshots",
+        ("state!", "snapshot_slots", "num_accepted", "slot_indices"),
+        _plain(commit_snapshots),
+    ),
+}
