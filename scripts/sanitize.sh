@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # compute-sanitizer's memcheck, racecheck, initcheck and synccheck over every kernel choice of every
-# family (scripts/sanitize_kernels.py), in one device call of about 9 minutes, with prebuilt modules.
+# family, verify, commit and snapshot kernels included (scripts/sanitize_kernels.py), in one device
+# call of about 9 minutes, with prebuilt modules.
 # Prepare here (line information in the modules, so that reports name source lines; the device side
 # uses the same REPLAYSSM_JIT_DEBUG, which enters the modules' digests):
 #   ../shared/tools/device-bundle .device
@@ -15,8 +16,9 @@
 #   PLAIN_ARGS (replace the defaults below). Limits in seconds: MEMCHECK_LIMIT, RACECHECK_LIMIT,
 #   INITCHECK_LIMIT, SYNCCHECK_LIMIT, PLAIN_LIMIT. More compute-sanitizer options for every tool:
 #   SANITIZER_ARGS. INITCHECK_SPACE: global, shared or all (compute-sanitizer 2025.4+; default: the tool's). KERNEL_FILTER: the
-#   --kernel-name filter (default kns=per_item_kernel, the one __global__ function every kernel
-#   of ours instantiates; empty: check every kernel, the script launches no PyTorch kernel).
+#   --kernel-name filter (default kns=_kernel, the substring of our two __global__ functions:
+#   per_item_kernel, which every step, verify and snapshot kernel instantiates, and commit_kernel;
+#   empty: check every kernel, the script launches no PyTorch kernel).
 set -uo pipefail
 tools=${*:-memcheck racecheck initcheck synccheck}
 DEV=${DEVICE_DIR:-$PWD/.device}
@@ -50,7 +52,7 @@ fi
 tail -1 "$OUT/sanitizer-preflight.log"
 
 filter=()
-KERNEL_FILTER=${KERNEL_FILTER-kns=per_item_kernel}
+KERNEL_FILTER=${KERNEL_FILTER-kns=_kernel}
 [ -n "$KERNEL_FILTER" ] && filter=(--kernel-name "$KERNEL_FILTER")
 summaries=()
 rc=0

@@ -20,8 +20,19 @@ After each config: live rows' outputs finite, pad rows exactly zero, faulted row
 live slots' checkpoints finite and cursors as counted, every other slot's checkpoint, rings and
 cursors bit-identical (the corrupted cursor as last written).
 
+The speculative configs (family x verify/snapshot x T = 2 and 4 drafts x verify row tile x
+checkpoint dtype, on L = 4 replay plans) run the same rows with per-row draft counts cycling
+through 0..T: verify alternates chains (committed by the next verify's fused commit, or by
+commit_drafts) and trees (committed by commit_drafts with an accepted path that compacts), and
+the schedule must reach early flushes, launches mixing flush and non-flush rows, and ring rows
+rewritten after a flush; slot 5's cursor is corrupted in every word pair no launch leaves. The
+snapshot baseline writes each live slot's T snapshot slots (one out-of-range snapshot slot on
+CUDA, its write skipped) and must leave the rows' own slots, rings and cursors bit-identical.
+commit_snapshots is not run: it is PyTorch ops, not a kernel of ours.
+
     python scripts/sanitize_kernels.py --list            # the configs and their spec URIs (CPU)
     python scripts/sanitize_kernels.py --check-preset    # every URI is in the AOT preset (CPU)
+    python scripts/sanitize_kernels.py --ops verify snapshot ...  # the speculative configs only
     compute-sanitizer --tool memcheck python scripts/sanitize_kernels.py [--quick] ...
 
 scripts/sanitize.sh runs it under each tool on the H200; the modules come from the AOT preset
@@ -46,7 +57,17 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from replayssm_jit import LaunchConfig, gdn_decode, mamba2_decode, plan_decode
+from replayssm_jit import (
+    LaunchConfig,
+    commit_drafts,
+    gdn_decode,
+    gdn_snapshot_verify,
+    gdn_verify,
+    mamba2_decode,
+    mamba2_snapshot_verify,
+    mamba2_verify,
+    plan_decode,
+)
 from replayssm_jit.families import FAMILIES, get_family
 from replayssm_jit.families.base import Family, HeadShape
 from replayssm_jit.families.layout import CacheLayout, family_layout
@@ -60,7 +81,9 @@ from replayssm_jit.launch.policy import (
     FLAG_SPLIT,
     can_split,
     choose_launch,
+    choose_rows_per_cta,
 )
+from replayssm_jit.reference import root_path
 from replayssm_jit.spec import KernelSpec, spec_tilings
 
 PRESET = "sanitizer"
@@ -80,6 +103,19 @@ STEP_SEED = 777  # the device-tensor seed passed on odd steps
 STATES = (("f32", False), ("bf16", False), ("bf16", True), ("f16", False))
 QUICK_STATES = (("f32", False), ("bf16", True))
 REPLAY_KERNELS = ("per-item", "flush-every-step", "split")
+SPEC_DRAFTS = (2, 4)  # draft lengths T of the speculative configs (ring capacity L + T)
+SPEC_OPS = ("verify", "snapshot")
+# Corrupted (n, p) cursor words of a T-draft layout: n out of [0, L + T), p out of [0, T], and
+# n + p past L + T - 1, each a state no launch leaves.
+SPEC_CORRUPT = (
+    lambda T: (WINDOW + T, 0),
+    lambda T: (-1, 0),
+    lambda T: (0, T + 1),
+    lambda T: (0, -1),
+    lambda T: (WINDOW + T - 1, 1),
+    lambda T: (2**31 - 1, 0),
+    lambda T: (-(2**31), 2),
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,6 +177,8 @@ class Case:
     decode: Callable[..., torch.Tensor]
     params: Callable[[HeadShape, torch.Generator], dict[str, torch.Tensor]]
     token: Callable[[HeadShape, int, torch.dtype, torch.Generator], dict[str, torch.Tensor]]
+    verify: Callable[..., torch.Tensor]
+    snapshot: Callable[..., torch.Tensor]
 
 
 # Small heads that keep the split step possible. GDN's K = 128 makes its 64-row, 4-warp tile the
@@ -152,6 +190,8 @@ CASES: dict[str, Case] = {
         decode=mamba2_decode,
         params=_mamba2_params,
         token=_mamba2_token,
+        verify=mamba2_verify,
+        snapshot=mamba2_snapshot_verify,
     ),
     "gdn": Case(
         shape=dict(num_k_heads=1, num_v_heads=2, head_k_dim=128, head_v_dim=64),
@@ -159,6 +199,8 @@ CASES: dict[str, Case] = {
         decode=gdn_decode,
         params=_gdn_params,
         token=_gdn_token,
+        verify=gdn_verify,
+        snapshot=gdn_snapshot_verify,
     ),
 }
 
@@ -177,9 +219,9 @@ def sr_option(fam: Family) -> str:
     return next(opt for opt, (flag, _) in fam.plan_options.items() if flag == "sr")
 
 
-def make_layout(family: str, state: str) -> CacheLayout:
+def make_layout(family: str, state: str, drafts: int = DRAFTS) -> CacheLayout:
     return family_layout(
-        family, window=WINDOW, drafts=DRAFTS, state_dtype=state, act_dtype=ACT,
+        family, window=WINDOW, drafts=drafts, state_dtype=state, act_dtype=ACT,
         **case_of(family).shape,
     )  # fmt: skip
 
@@ -321,10 +363,73 @@ def family_configs(family: str, quick: bool) -> list[list[Config]]:
     return [[cfg for _, cfg in sorted(group, key=lambda e: e[0])] for group in groups.values()]
 
 
-def all_configs(families: list[str], quick: bool) -> list[Config]:
-    """Every config, interleaved across families and launch variants, so that a run cut short
-    by its time budget has covered every variant on its first tiles and dtypes."""
-    groups = [g for family in families for g in family_configs(family, quick)]
+@dataclass(frozen=True)
+class SpecConfig:
+    """A speculative config: verify (with its commits) or the snapshot baseline, on a replay plan
+    of a T-draft layout, with the verify kernels' row tile fixed."""
+
+    family: str
+    op: str  # "verify" (verify_step and commit_step) or "snapshot" (snapshot_step)
+    drafts: int
+    rows_per_cta: int
+    state: str
+    sr: bool
+    spec: KernelSpec | None = field(default=None, compare=False, repr=False)
+
+    mode = "replay"
+
+    @property
+    def uri(self) -> str:
+        return self.spec.uri
+
+    def launch_config(self) -> LaunchConfig:
+        return LaunchConfig(rows_per_cta=self.rows_per_cta)
+
+    @property
+    def name(self) -> str:
+        state = self.state + ("+sr" if self.sr else "")
+        return (f"{self.family:<6} {self.op:<16} rows={self.rows_per_cta:<3} state={state:<7} "
+                f"drafts={self.drafts}")  # fmt: skip
+
+
+def spec_configs(family: str, quick: bool) -> list[list[SpecConfig]]:
+    """The family's speculative configs, grouped by (op, T), each group in diagonals of its
+    tiles x dtypes grid as family_configs orders them."""
+    groups: dict[tuple, list[tuple[tuple[int, int], SpecConfig]]] = {}
+    for si, (state, sr) in enumerate(QUICK_STATES if quick else STATES):
+        for drafts in SPEC_DRAFTS:
+            layout = make_layout(family, state, drafts)
+            spec = plan_decode(layout, BATCH, device="cpu", **plan_options(family, sr)).spec
+            if not spec.has_verify:
+                raise SystemExit(f"sanitize_kernels: {spec.uri} compiles no verify kernels")
+            rows = [r for r, _ in spec_tilings(spec)]
+            if quick:
+                rows = sorted({rows[0], rows[-1]}, reverse=True)
+            for op in SPEC_OPS:
+                for ti, r in enumerate(rows):
+                    cfg = SpecConfig(family, op, drafts, r, state, sr, spec=spec)
+                    got = choose_rows_per_cta(spec, "per-item", BATCH, layout.shape.value_heads,
+                                              DEFAULT_SM_COUNT, cfg.launch_config())  # fmt: skip
+                    if got != r:
+                        raise SystemExit(
+                            f"sanitize_kernels: the launch policy plans verify rows {got} for "
+                            f"{cfg.name}, expected {r}"
+                        )
+                    order = ((ti - si) % len(rows), si)
+                    groups.setdefault((op, drafts), []).append((order, cfg))
+    return [[cfg for _, cfg in sorted(group, key=lambda e: e[0])] for group in groups.values()]
+
+
+def op_of(cfg: Config | SpecConfig) -> str:
+    return cfg.op if isinstance(cfg, SpecConfig) else "decode"
+
+
+def all_configs(families: list[str], quick: bool) -> list[Config | SpecConfig]:
+    """Every config, interleaved across families, launch variants and speculative ops, so that
+    a run cut short by its time budget has covered every variant on its first tiles and dtypes."""
+    groups: list[list] = []
+    for family in families:
+        groups += family_configs(family, quick) + spec_configs(family, quick)
     return [c for batch in itertools.zip_longest(*groups) for c in batch if c is not None]
 
 
@@ -432,6 +537,169 @@ def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
         check(got == want, f"cursors {got}, expected {want}")
 
 
+def _check_draft_outputs(got: torch.Tensor, rows: list[int], counts: list[int], live: list[int],
+                         faulted: list[int], step: int) -> None:  # fmt: skip
+    """Live rows: drafts j < t finite, the rest zero; pad rows zero; faulted rows all NaN."""
+    for b, s in enumerate(rows):
+        if s in live:
+            t = counts[b]
+            check(bool(torch.isfinite(got[b, :t]).all()), f"step {step}: row {b} not finite")
+            check(bool((got[b, t:] == 0).all()), f"step {step}: row {b} drafts past {t} not zero")
+        elif s == PAD:
+            check(bool((got[b] == 0).all()), f"step {step}: pad row {b} not zero")
+        elif s in faulted:
+            check(bool(torch.isnan(got[b]).all()), f"step {step}: faulted row {b} not all NaN")
+
+
+def run_spec_config(cfg: SpecConfig, *, device: torch.device, steps: int, outputs: str) -> None:
+    """A speculative config's schedule: the decode schedule's rows (live slots joining at steps
+    0, 1 and 3, pad rows, an out-of-range id on CUDA, slot 5's corrupted cursor for verify),
+    per-row draft counts cycling through 0..T. verify: chains on even steps (every fourth one
+    committed by commit_drafts, the others by the next verify's fused commit), trees on odd
+    steps committed by commit_drafts with the deepest draft's root path; commits mostly accept
+    everything, so that held records reach the early flush and later drafts rewrite ring rows.
+    snapshot: each live slot's T snapshot slots after the pool's six, an out-of-range snapshot
+    slot on CUDA (a write skipped), and slot 0 named by the rows that must not read theirs."""
+    case = case_of(cfg.family)
+    gen = torch.Generator().manual_seed(zlib.crc32(cfg.name.encode()))
+    T, verify = cfg.drafts, cfg.op == "verify"
+    layout = make_layout(cfg.family, cfg.state, T)
+    plan = plan_decode(
+        layout, BATCH, device=device, config=cfg.launch_config(), seed=PLAN_SEED,
+        check_slot_values=False, **plan_options(cfg.family, cfg.sr),
+    )  # fmt: skip
+    check(plan.spec.uri == cfg.uri, f"planned {plan.spec.uri}, expected {cfg.uri}")
+    if device.type == "cuda":
+        rows = plan.verify_rows_per_cta
+        check(rows == cfg.rows_per_cta, f"planned verify rows {rows}, expected {cfg.rows_per_cta}")
+    num_slots = NUM_SLOTS + len(LIVE_SLOTS) * T
+    host: dict[str, torch.Tensor] = {}
+    for t in layout.tensors():
+        if t.name == "cursors":
+            host[t.name] = torch.zeros(t.shape(num_slots), dtype=t.dtype)
+        else:  # (rings always initialised: which rows the verify kernels load is theirs to pick)
+            host[t.name] = torch.randn(t.shape(num_slots), generator=gen).to(t.dtype)
+    slot_tensors = {name: t.to(device) for name, t in host.items()}
+    shape, act = layout.shape, layout.act_dtype
+    params = {k: v.to(device) for k, v in case.params(shape, gen).items()}
+    out_shape = (BATCH, T, shape.value_heads, shape.value_dim)
+    held = dict.fromkeys(LIVE_SLOTS, 0)
+    pending = dict.fromkeys(LIVE_SLOTS, 0)
+    epochs = dict.fromkeys(LIVE_SLOTS, 0)
+    snap_of = {s: [NUM_SLOTS + i * T + j for j in range(T)] for i, s in enumerate(LIVE_SLOTS)}
+    written: set[int] = set()
+    flushed: set[int] = set()
+    seen = {"flush": 0, "mixed": 0, "rewrite": 0, "tree": 0, "fused": 0, "zero": 0}
+    for step in range(steps):
+        active = [s for s, join in zip(LIVE_SLOTS, JOIN_STEPS) if join <= step]
+        faulted = [FAULT_SLOT] if verify else []
+        if device.type == "cuda":  # (ids past this pool's end: the snapshot slots follow 0..5)
+            out_of_range = (num_slots, *OUT_OF_RANGE_IDS[1:])
+            faulted.append(out_of_range[step % len(out_of_range)])
+        rows = active + faulted + [PAD] * (BATCH - len(active) - len(faulted))
+        rows = [rows[i] for i in torch.randperm(BATCH, generator=gen).tolist()]
+        slot_indices = torch.tensor(rows, dtype=torch.int32).to(device)
+        counts = [(step + b) % (T + 1) for b in range(BATCH)]
+        num_drafts = torch.tensor(counts, dtype=torch.int32).to(device)
+        tok = case.token(shape, BATCH * T, act, gen)
+        inputs = {k: v.view(BATCH, T, *v.shape[1:]).to(device) for k, v in tok.items()}
+        if outputs == "empty":
+            out = torch.empty(out_shape, dtype=act, device=device)
+        else:
+            out = torch.full(out_shape, float("nan"), dtype=act).to(device)
+        live_rows = [(b, s) for b, s in enumerate(rows) if s in active]
+        seen["zero"] += sum(counts[b] == 0 for b, _ in live_rows)
+        if not verify:
+            table = [[0] * T if s not in active else list(snap_of[s]) for s in rows]
+            if device.type == "cuda" and step % 2 and live_rows:
+                table[live_rows[0][0]][0] = num_slots + step  # (its write is skipped)
+            snapshot_slots = torch.tensor(table, dtype=torch.int32).to(device)
+            case.snapshot(plan, state=slot_tensors["state"], **params, **inputs,
+                          slot_indices=slot_indices, snapshot_slots=snapshot_slots, out=out,
+                          num_drafts=num_drafts)  # fmt: skip
+            _check_draft_outputs(out.cpu(), rows, counts, active, faulted, step)
+            for b, _ in live_rows:
+                written.update(x for x in table[b][: counts[b]] if 0 <= x < num_slots)
+            continue
+        # A corrupted cursor before each step (a host-to-device copy of its row, not a kernel).
+        bad_n, bad_p = SPEC_CORRUPT[step % len(SPEC_CORRUPT)](T)
+        host["cursors"][FAULT_SLOT, 0], host["cursors"][FAULT_SLOT, 3] = bad_n, bad_p
+        slot_tensors["cursors"][FAULT_SLOT].copy_(host["cursors"][FAULT_SLOT])
+        tree = step % 2 == 1
+        parents = None
+        if tree and step % 4 == 1:  # two interleaved chains: every deeper path compacts
+            table = [[-1, -1, *range(T - 2)] for _ in rows]
+        elif tree:
+            table = [[-1] + [int(torch.randint(-1, j, (1,), generator=gen)) for j in range(1, T)]
+                     for _ in rows]  # fmt: skip
+        if tree:
+            parents = torch.tensor(table, dtype=torch.int32)
+        accept = [pending.get(s, 0) - (pending.get(s, 0) // 2 if (step + b) % 3 == 0 else 0)
+                  for b, s in enumerate(rows)]  # fmt: skip
+        seed = None
+        if step % 2 and cfg.sr:
+            seed = torch.tensor([STEP_SEED + step], dtype=torch.int64).to(device)
+        case.verify(
+            plan, **slot_tensors, **params, **inputs, slot_indices=slot_indices, out=out,
+            num_drafts=num_drafts, parents=None if parents is None else parents.to(device),
+            num_accepted=torch.tensor(accept, dtype=torch.int32).to(device), seed=seed,
+        )  # fmt: skip
+        _check_draft_outputs(out.cpu(), rows, counts, active, faulted, step)
+        flushes = []
+        for b, s in live_rows:
+            seen["fused"] += int(accept[b] > 0)
+            held[s] += min(accept[b], pending[s])
+            flush = held[s] + counts[b] >= WINDOW + T
+            flushes.append(flush)
+            if flush:
+                held[s], epochs[s] = 0, epochs[s] + 1
+                flushed.add(s)
+            elif s in flushed and counts[b]:
+                seen["rewrite"] += 1
+            pending[s] = counts[b]
+        seen["flush"] += sum(flushes)
+        seen["mixed"] += int(any(flushes) and not all(flushes))
+        if tree or step % 4 == 2:  # explicit commits: the tree's deepest path, or a chain's all
+            paths = []
+            for b, s in enumerate(rows):
+                p = pending.get(s, 0) if s in active else 0
+                if tree and p:
+                    paths.append(root_path(table[b][:p], p - 1))
+                else:
+                    paths.append(list(range(p)))
+            seen["tree"] += int(any(p != list(range(len(p))) for p in paths))  # (a compaction)
+            accepted = torch.tensor([len(p) for p in paths], dtype=torch.int32).to(device)
+            path = None
+            if tree:
+                padded = [p + [0] * (T - len(p)) for p in paths]
+                path = torch.tensor(padded, dtype=torch.int32).to(device)
+            commit_drafts(plan, slot_tensors, num_accepted=accepted, slot_indices=slot_indices,
+                          accepted_path=path)  # fmt: skip
+            for b, s in live_rows:
+                held[s] += len(paths[b])
+                pending[s] = 0
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    final = {name: t.cpu() for name, t in slot_tensors.items()}
+    live = list(LIVE_SLOTS)
+    if verify:
+        check(bool(torch.isfinite(final["state"][live].float()).all()), "checkpoints not finite")
+        want = [[held[s], epochs[s], 0, pending[s]] for s in LIVE_SLOTS]
+        got = final["cursors"][live].tolist()
+        check(got == want, f"cursors {got}, expected {want}")
+        untouched = [s for s in range(num_slots) if s not in LIVE_SLOTS]
+        if steps >= 2 * WINDOW + 2:  # the full schedule reaches every case it is written for
+            check(all(seen.values()), f"the schedule missed a case: {seen}")
+    else:
+        check(bool(torch.isfinite(final["state"][sorted(written)].float()).all()),
+              "snapshots not finite")  # fmt: skip
+        untouched = [s for s in range(num_slots) if s not in written]
+        for name in layout.ring_names + ("cursors",):  # (a snapshot writes checkpoints alone)
+            check(torch.equal(final[name], host[name]), f"snapshot changed {name}")
+    for name, t in final.items():
+        check(torch.equal(t[untouched], host[name][untouched]), f"unwritten slots' {name} changed")
+
+
 # ---------------------------------------------------------------------------------------------
 # Command line
 # ---------------------------------------------------------------------------------------------
@@ -480,6 +748,10 @@ def main(argv: list[str] | None = None) -> int:
         "--quick", action="store_true",
         help="largest and smallest row tiles only, FP32 and BF16+SR checkpoints only",
     )  # fmt: skip
+    parser.add_argument(
+        "--ops", nargs="+", choices=("decode", *SPEC_OPS), default=["decode", *SPEC_OPS],
+        help="the steps to run: decode (every kernel choice), verify (with commits), snapshot",
+    )  # fmt: skip
     parser.add_argument("--list", action="store_true", help="print the configs and exit (CPU)")
     parser.add_argument(
         "--check-preset", action="store_true",
@@ -518,8 +790,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, AssertionError):
         parser.error(f"--shard: expected K/N with 0 <= K < N, got {args.shard!r}")
     families = [f for f in FAMILIES if f in args.families]  # registry order
-    configs = all_configs(families, args.quick)
-    complete = not args.quick and families == list(FAMILIES)
+    configs = [c for c in all_configs(families, args.quick) if op_of(c) in args.ops]
+    complete = not args.quick and families == list(FAMILIES) and len(args.ops) == 1 + len(SPEC_OPS)
     if args.check_preset:
         return check_preset(configs, complete)
     configs = configs[k::n]
@@ -561,8 +833,11 @@ def main(argv: list[str] | None = None) -> int:
         # The config's name first: a sanitizer report printed while it runs lands after it.
         print(f"[{i + 1:4d}/{len(configs)}] {cfg.name} ", end="", flush=True)
         try:
-            run_config(cfg, device=device, steps=args.steps, outputs=args.outputs,
-                       empty_rings=args.empty_rings)  # fmt: skip
+            if isinstance(cfg, SpecConfig):
+                run_spec_config(cfg, device=device, steps=args.steps, outputs=args.outputs)
+            else:
+                run_config(cfg, device=device, steps=args.steps, outputs=args.outputs,
+                           empty_rings=args.empty_rings)  # fmt: skip
             ok += 1
             status = "ok"
         except Exception as exc:

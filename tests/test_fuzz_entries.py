@@ -52,8 +52,8 @@ def test_entry_on_cpu(name, no_launch_env):
 @pytest.mark.parametrize("name", CUDA)
 def test_entry_on_cuda(name, no_launch_env):
     """The same entries on CUDA tensors: the kernels (JIT-built with nvcc, or the AOT
-    `sanitizer` preset's modules, whose shapes, windows, dtypes and flags the decode and plan
-    entries keep to on CUDA)."""
+    `sanitizer` preset's modules, whose shapes, windows, drafts, dtypes and flags the decode,
+    plan, verify and snapshot entries keep to on CUDA)."""
     assert torch.cuda.is_available()
     _fuzz(name, "cuda")
 
@@ -174,3 +174,28 @@ def test_commit_drafts_rejects_padded_cursors():
         commit_drafts(plan, tensors, num_accepted=torch.zeros(2, dtype=torch.int32),
                       slot_indices=torch.tensor([2, 0], dtype=torch.int32))  # fmt: skip
     assert torch.equal(tensors["cursors"], before)
+
+
+# --- the CUDA speculative entries keep to the AOT `sanitizer` preset --------------------------
+
+
+@settings(max_examples=60)
+@given(data=st.data())
+def test_cuda_speculative_entries_load_only_sanitizer_specs(data):
+    """Every module the CUDA verify.op / snapshot.op entries can plan (the T = 1 plan variant
+    too) is in the preset, so the GPU run needs no other build."""
+    from fuzz.families import ADAPTERS
+    from fuzz.verify import DTYPES, STATE_DTYPES
+
+    from replayssm_jit.jit.aot import PRESETS
+
+    preset = {s.uri for s in PRESETS["sanitizer"]()}
+    fam = ADAPTERS[data.draw(st.sampled_from(sorted(ADAPTERS)))]
+    shape = data.draw(st.sampled_from(fam.shapes["cuda"]))
+    state = data.draw(st.sampled_from(STATE_DTYPES))
+    options = fam.draw_options(data.draw, "cuda", state)
+    for drafts in (1, 2, 4):
+        layout = fam.cache_cls.make_layout(**shape, window=4, drafts=drafts, state_dtype=state,
+                                           act_dtype=DTYPES["cuda"][0])  # fmt: skip
+        spec = plan_decode(layout, 2, device="cpu", **options).spec
+        assert spec.uri in preset, spec.uri

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from replayssm_jit.checks import check_bool, check_int, check_tensor
+from replayssm_jit.checks import check_bool, check_disjoint, check_int, check_tensor
 from replayssm_jit.families.layout import CacheLayout
 
 __all__ = ["copy_slots", "reset_slots", "slot_id_list"]
@@ -83,7 +83,7 @@ def _slot_tensors(
     layout: CacheLayout, tensors: object, *, optional: tuple[str, ...] = ()
 ) -> tuple[dict[str, torch.Tensor], int, torch.device]:
     """(the tensors by name, num_slots, device), each tensor checked against the layout (those
-    in `optional` may be missing)."""
+    in `optional` may be missing) and the given ones sharing no memory (steps write each)."""
     if not isinstance(tensors, Mapping):
         raise TypeError(
             f"tensors: expected a mapping of the layout's tensors by name, "
@@ -96,6 +96,7 @@ def _slot_tensors(
     state = check_tensor("state", tensors.get("state"))
     num_slots = layout.check_tensors(tensors, device=state.device, optional=optional)
     present = {name: tensors[name] for name in names if tensors.get(name) is not None}
+    check_disjoint(present)
     return present, num_slots, state.device
 
 

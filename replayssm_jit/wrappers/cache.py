@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from replayssm_jit.checks import check_at_most, check_positive_int, check_tensor
+from replayssm_jit.checks import check_at_most, check_disjoint, check_positive_int, check_tensor
 from replayssm_jit.families.layout import MAX_SLOTS, CacheLayout
 from replayssm_jit.ops.lifecycle import copy_slots, reset_slots, slot_id_list
 from replayssm_jit.ops.plan import check_pad_slot_id, resolve_device
@@ -164,6 +164,7 @@ def _check_tensors(
     state = check_tensor("state", tensors["state"])
     num_slots = check_positive_int("num_slots", state.shape[0] if state.dim() else 0)
     layout.check_tensors(tensors, device=state.device, num_slots=num_slots)
+    check_disjoint(tensors)  # (the cache's steps and lifecycle calls write every one)
     return num_slots, state.device
 
 

@@ -1,8 +1,9 @@
 """Speculative entries (docs/speculative.md): mamba2_verify / gdn_verify and commit_drafts on a
 cache with a history of verifies and commits, and the conventional baseline
 (mamba2_snapshot_verify / gdn_snapshot_verify, commit_snapshots), each with zero to two
-arguments replaced by a drawn variant, against the float64 references. CPU only: the modules
-the CUDA entries load (the AOT `sanitizer` preset) have T = 1 and compile no verify kernels."""
+arguments replaced by a drawn variant, against the float64 references. On CUDA the entries keep
+to the AOT `sanitizer` preset: its head shapes and flags, L = 4, T = 2 or 4, BF16 activations,
+replay plans (the preset has no conventional module with drafts)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class Spec:
     its pending verify: t and parents, or None) per live slot."""
 
     fam: Adapter
+    device: str
     shape: dict
     options: dict
     act: torch.dtype
@@ -65,12 +67,25 @@ class Spec:
 
     def drafts(self, batch: int) -> dict:
         """Fresh per-row inputs with a draft dim: [batch, T, ...]."""
-        tok = self.fam.token(self.gen, batch * self.T, self.shape, self.options, self.act, "cpu")
+        tok = self.fam.token(self.gen, batch * self.T, self.shape, self.options, self.act,
+                             self.device)  # fmt: skip
         return {k: v.view(batch, self.T, *v.shape[1:]) for k, v in tok.items()}
+
+    def ix(self, values) -> torch.Tensor:
+        """An int32 index tensor of `values` on the entry's device."""
+        return torch.tensor(values, dtype=I32, device=self.device)
+
+    @property
+    def other_device(self) -> str:
+        return "meta" if self.device == "cpu" else "cpu"
+
+    @property
+    def ref_params(self) -> dict:
+        return {k: v.cpu() for k, v in self.params.items()}
 
     def ref_inputs(self, args: dict, index) -> dict:
         """The reference's inputs of rows / drafts `index` from the call's arguments."""
-        a = {k: v.detach() for k, v in args.items() if isinstance(v, torch.Tensor)}
+        a = {k: v.detach().cpu() for k, v in args.items() if isinstance(v, torch.Tensor)}
         if self.fam.name == "mamba2":
             z = a.get("z")
             return dict(x=a["x"][index], dt=a["dt"][index], B=a["B"][index], C=a["C"][index],
@@ -82,7 +97,7 @@ class Spec:
         return dict(q=a["q"][index], k=a["k"][index], v=a["v"][index], g=g, beta=beta)
 
     def sequence(self, checkpoint: torch.Tensor):
-        p, o = self.params, self.options
+        p, o = self.ref_params, self.options
         if self.fam.name == "mamba2":
             return Mamba2Sequence(checkpoint, p["A"], p.get("D"), p.get("dt_bias"),
                                   o.get("dt_softplus", True), L=self.L, T=self.T)  # fmt: skip
@@ -92,7 +107,7 @@ class Spec:
 
     def conv(self, state: torch.Tensor, inputs: dict):
         """One float64 conventional step of one row: (output, new state)."""
-        p, o = self.params, self.options
+        p, o = self.ref_params, self.options
         one = {k: None if v is None else v[None] for k, v in inputs.items()}
         if self.fam.name == "mamba2":
             y, s = mamba2_step(state[None], one["x"], one["dt"], p["A"], one["B"], one["C"],
@@ -104,32 +119,38 @@ class Spec:
         return y[0], s[0]
 
 
-def _draw_spec(draw, *, snapshot: bool = False) -> Spec:
+def _draw_spec(draw, device: str, *, snapshot: bool = False) -> Spec:
     fam = ADAPTERS[draw(st.sampled_from(sorted(ADAPTERS)))]
-    shape = draw(st.sampled_from(fam.shapes["cpu"]))
-    L, T = draw(st.sampled_from([1, 2, 4])), draw(st.integers(2, 4))
-    act, state_dtype = draw(st.sampled_from(DTYPES["cpu"])), draw(st.sampled_from(STATE_DTYPES))
-    options = fam.draw_options(draw, "cpu", state_dtype)
+    shape = draw(st.sampled_from(fam.shapes[device]))
+    if device == "cuda":  # the sanitizer preset's speculative specs: L = 4, T = 2 and 4
+        L, T = 4, draw(st.sampled_from([2, 4]))
+    else:
+        L, T = draw(st.sampled_from([1, 2, 4])), draw(st.integers(2, 4))
+    act, state_dtype = draw(st.sampled_from(DTYPES[device])), draw(st.sampled_from(STATE_DTYPES))
+    options = fam.draw_options(draw, device, state_dtype)
     pad = draw(st.sampled_from([-1, 0]))
     nlive = draw(st.integers(1, 3))
     num_slots = 1 + nlive + (nlive * T + 1 if snapshot else 2)
     layout = fam.cache_cls.make_layout(**shape, window=L, drafts=T, state_dtype=state_dtype,
                                        act_dtype=act)  # fmt: skip
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))
-    tensors = layout.allocate(num_slots, "cpu")
+    tensors = layout.allocate(num_slots, device)
     tensors["state"].copy_(0.3 * torch.randn(tensors["state"].shape, generator=gen))
     for name in layout.ring_names:  # a read of a row no record was written to shows NaN
         tensors[name].fill_(float("nan"))
-    tensors["cursors"][:, 1] = torch.randint(-(2**31), 2**31, (num_slots,), generator=gen).to(I32)
-    mode = draw(st.sampled_from(["replay", "conventional"])) if snapshot else "replay"
+    epoch0 = torch.randint(-(2**31), 2**31, (num_slots,), generator=gen)
+    tensors["cursors"][:, 1] = epoch0.to(device=device, dtype=I32)
+    # (on CUDA a conventional plan of a T-draft layout would load a module the preset lacks)
+    modes = ["replay", "conventional"] if snapshot and device == "cpu" else ["replay"]
+    mode = draw(st.sampled_from(modes))
     batch = nlive + draw(st.integers(0, 1))
-    plan = plan_decode(layout, batch, device="cpu", mode=mode, pad_slot_id=pad, **options)
+    plan = plan_decode(layout, batch, device=device, mode=mode, pad_slot_id=pad, **options)
     live = draw(st.permutations([s for s in range(num_slots) if s != pad]))[:nlive]
-    params = fam.params(gen, shape, options, "cpu")
+    params = fam.params(gen, shape, options, device)
     epochs = {s: int(tensors["cursors"][s, 1]) for s in live}
-    sc = Spec(fam, shape, options, act, state_dtype, L, T, pad, tensors, plan, params, gen, live,
-              {}, dict.fromkeys(live), epochs)  # fmt: skip
-    sc.seqs = {s: sc.sequence(tensors["state"][s].to(F64)) for s in live}
+    sc = Spec(fam, device, shape, options, act, state_dtype, L, T, pad, tensors, plan, params,
+              gen, live, {}, dict.fromkeys(live), epochs)  # fmt: skip
+    sc.seqs = {s: sc.sequence(tensors["state"][s].cpu().to(F64)) for s in live}
     return sc
 
 
@@ -156,17 +177,15 @@ def _chain_prefix(pending) -> int:
 def _verify_args(draw, sc: Spec, rows: list[int], *, trees: bool) -> dict:
     """Valid verify arguments; a fused commit only where every pending verify is a chain."""
     T, batch = sc.T, len(rows)
-    args = {**sc.drafts(batch), **sc.params, "slot_indices": torch.tensor(rows, dtype=I32)}
+    args = {**sc.drafts(batch), **sc.params, "slot_indices": sc.ix(rows)}
     if draw(st.booleans()):
-        args["num_drafts"] = torch.tensor([draw(st.integers(0, T)) for _ in rows], dtype=I32)
+        args["num_drafts"] = sc.ix([draw(st.integers(0, T)) for _ in rows])
     if trees and draw(st.booleans()):
-        args["parents"] = torch.tensor(
-            [[draw(st.integers(-1, j - 1)) for j in range(T)] for _ in rows], dtype=I32
-        )
+        args["parents"] = sc.ix([[draw(st.integers(-1, j - 1)) for j in range(T)] for _ in rows])
     if draw(st.booleans()):
         fused = [draw(st.integers(0, _chain_prefix(sc.pending[s]))) if sc.pending.get(s) else 0
                  for s in rows]  # fmt: skip
-        args["num_accepted"] = torch.tensor(fused, dtype=I32)
+        args["num_accepted"] = sc.ix(fused)
     return args
 
 
@@ -181,12 +200,10 @@ def _commit_args(draw, sc: Spec, rows: list[int]) -> dict:
         else:
             node = draw(st.integers(-1, p[0] - 1))
             paths.append([] if node < 0 else root_path(p[1], node))
-    args = {"num_accepted": torch.tensor([len(p) for p in paths], dtype=I32),
-            "slot_indices": torch.tensor(rows, dtype=I32)}  # fmt: skip
+    args = {"num_accepted": sc.ix([len(p) for p in paths]), "slot_indices": sc.ix(rows)}
     if any(sc.pending.get(s) and sc.pending[s][1] for s in rows) or draw(st.booleans()):
         fill = draw(st.integers(0, sc.T - 1))  # (entries past a are never read)
-        args["accepted_path"] = torch.tensor([p + [fill] * (sc.T - len(p)) for p in paths],
-                                             dtype=I32)  # fmt: skip
+        args["accepted_path"] = sc.ix([p + [fill] * (sc.T - len(p)) for p in paths])
     return args
 
 
@@ -196,6 +213,8 @@ def _check_verify(sc: Spec, args: dict, before: dict, out) -> None:
     T, rows = sc.T, args["slot_indices"].tolist()
     assert isinstance(out, torch.Tensor) and out.dtype == sc.act
     assert out.shape == (len(rows), T, *before["state"].shape[1:3])
+    assert out.device.type == sc.device
+    out = out.cpu()
     tol = tolerance(sc.act, sc.state_dtype)
     nd, par, acc = (args.get(k) for k in ("num_drafts", "parents", "num_accepted"))
     got, want = [], []
@@ -220,7 +239,9 @@ def _check_verify(sc: Spec, args: dict, before: dict, out) -> None:
         if flush:
             err = rel_err(sc.tensors["state"][s], seq.checkpoint)
             assert err <= tol, f"slot {s}: checkpoint relative error {err:.2e} after a flush"
-            seq.checkpoint = sc.tensors["state"][s].to(F64)  # (the stored rounding, from here)
+            seq.checkpoint = (
+                sc.tensors["state"][s].cpu().to(F64)
+            )  # (the stored rounding, from here)
         else:
             assert tensors_identical(sc.tensors["state"][s], before["state"][s]), f"state {s}"
     if got:
@@ -318,7 +339,7 @@ def _value_variant(draw, sc: Spec, args: dict, v: Validity) -> None:
         return  # (another variant already replaced one of them)
     b = draw(st.sampled_from(live))
     if kind == "num_drafts":
-        nd = _or(args.get("num_drafts"), torch.full((len(rows),), T, dtype=I32)).clone()
+        nd = _or(args.get("num_drafts"), sc.ix([T] * len(rows))).clone()
         nd[b] = draw(st.sampled_from([T + 1, -1, 2**31 - 1]))
         args["num_drafts"] = nd
         v.mark(False, f"num_drafts {int(nd[b])}")
@@ -326,7 +347,7 @@ def _value_variant(draw, sc: Spec, args: dict, v: Validity) -> None:
         t = T if args.get("num_drafts") is None else int(args["num_drafts"][b])
         if t == 0:
             return
-        par = _or(args.get("parents"), torch.tensor([list(range(-1, T - 1))] * len(rows)))
+        par = _or(args.get("parents"), sc.ix([list(range(-1, T - 1))] * len(rows)))
         par = par.to(I32)
         j = draw(st.integers(0, t - 1))
         par[b, j] = draw(st.sampled_from([j, j + 1, -2]))
@@ -334,7 +355,7 @@ def _value_variant(draw, sc: Spec, args: dict, v: Validity) -> None:
         v.mark(False, f"parents[{b}, {j}] = {int(par[b, j])}")
     else:
         p = sc.pending.get(rows[b])
-        acc = _or(args.get("num_accepted"), torch.zeros(len(rows), dtype=I32)).clone()
+        acc = _or(args.get("num_accepted"), sc.ix([0] * len(rows))).clone()
         acc[b] = draw(st.sampled_from([(p[0] if p else 0) + 1, -1]))
         args["num_accepted"] = acc
         v.mark(False, f"num_accepted {int(acc[b])} with {p[0] if p else 0} pending")
@@ -349,7 +370,7 @@ def _common_variant(
         name = draw(st.sampled_from(sorted(n for n, (per_row, _) in sc.fam.inputs.items()
                                            if per_row and n in args)))  # fmt: skip
         _, req = sc.fam.inputs[name]
-        t, ok, label = tensor_variant(draw, args[name], req, other_device="meta")
+        t, ok, label = tensor_variant(draw, args[name], req, other_device=sc.other_device)
         args[name] = t
         v.mark(ok, f"{name} {label}")
     elif kind == "drafts_dim":
@@ -370,26 +391,27 @@ def _common_variant(
         else:
             ids[draw(st.sampled_from(live))] = sc.tensors["state"].shape[0]
             v.mark(False, "slot id out of range")
-        args["slot_indices"] = torch.tensor(ids, dtype=I32)
+        args["slot_indices"] = sc.ix(ids)
     elif kind == "out":
         out_shape = (len(args["slot_indices"]), sc.T, *sc.tensors["state"].shape[1:3])
         wrong = draw(st.sampled_from(["ok", "shape", "dtype"]))
         shape = out_shape if wrong != "shape" else out_shape[:1] + out_shape[2:]
         dtype = sc.act if wrong != "dtype" else torch.float64
-        args["out"] = torch.full(shape, float("nan"), dtype=dtype)
+        args["out"] = torch.full(shape, float("nan"), dtype=dtype, device=sc.device)
         v.mark(wrong == "ok", f"out {wrong}")
     elif kind == "plan":
         layout = sc.plan.layout
-        if draw(st.booleans()):
+        # (on CUDA the other mode's module, L = 1 with drafts, is not in the preset)
+        if sc.device == "cuda" or draw(st.booleans()):
             v.mark(False, "a T = 1 plan")
             one = sc.fam.cache_cls.make_layout(
                 **sc.shape, window=sc.L, drafts=1, state_dtype=sc.state_dtype, act_dtype=sc.act
             )
-            return plan_decode(one, sc.plan.batch_size, device="cpu", pad_slot_id=sc.pad,
+            return plan_decode(one, sc.plan.batch_size, device=sc.device, pad_slot_id=sc.pad,
                                **sc.options)  # fmt: skip
         other = "conventional" if sc.plan.mode == "replay" else "replay"
         v.mark(any_mode, f"a {other} plan")
-        return plan_decode(layout, sc.plan.batch_size, device="cpu", mode=other,
+        return plan_decode(layout, sc.plan.batch_size, device=sc.device, mode=other,
                            pad_slot_id=sc.pad, **sc.options)  # fmt: skip
     return None
 
@@ -399,10 +421,9 @@ def _variants(draw, v: Validity, kinds: list[str]) -> list[str]:
     return list(dict.fromkeys(draw(st.sampled_from(kinds)) for _ in range(count)))
 
 
-@entry("verify.op", covers=("mamba2_verify", "gdn_verify", "commit_drafts"), devices=("cpu",),
-       weight=0.5)  # fmt: skip
+@entry("verify.op", covers=("mamba2_verify", "gdn_verify", "commit_drafts"), weight=0.5)
 def build_verify(draw, device):
-    sc = _draw_spec(draw)
+    sc = _draw_spec(draw, device)
     target = draw(st.sampled_from(["verify", "commit"]))
     _history(draw, sc, leave_pending=target == "commit")
     rows, v = _rows(draw, sc), Validity()
@@ -429,9 +450,9 @@ def build_verify(draw, device):
             b = draw(st.sampled_from([b for b, s in enumerate(ids) if s != sc.pad]))
             p = sc.pending.get(ids[b])
             if p and p[0] >= 2 and draw(st.booleans()):
-                acc, path = args["num_accepted"].clone(), torch.zeros(len(ids), sc.T, dtype=I32)
+                acc, path = args["num_accepted"].clone(), sc.ix([[0] * sc.T] * len(ids))
                 acc[b] = 2
-                path[b, :2] = torch.tensor(draw(st.sampled_from([[1, 1], [1, 0], [0, p[0]]])))
+                path[b, :2] = sc.ix(draw(st.sampled_from([[1, 1], [1, 0], [0, p[0]]])))
                 args["num_accepted"], args["accepted_path"] = acc, path
                 v.mark(False, f"path {path[b, :2].tolist()} of {p[0]} pending")
             else:
@@ -466,13 +487,14 @@ def _snapshot_slots(draw, sc: Spec, rows: list[int]) -> torch.Tensor:
     spare = draw(st.permutations([s for s in range(sc.tensors["state"].shape[0])
                                   if s not in sc.live and s != sc.pad]))  # fmt: skip
     it = iter(spare)
-    return torch.tensor([[next(it) if s != sc.pad else sc.pad for _ in range(sc.T)] for s in rows],
-                        dtype=I32)  # fmt: skip
+    return sc.ix([[next(it) if s != sc.pad else sc.pad for _ in range(sc.T)] for s in rows])
 
 
 def _check_snapshot(sc: Spec, args: dict, before: dict, out) -> None:
-    T, rows, snaps = sc.T, args["slot_indices"].tolist(), args["snapshot_slots"]
+    T, rows, snaps = sc.T, args["slot_indices"].tolist(), args["snapshot_slots"].cpu()
     assert isinstance(out, torch.Tensor) and out.dtype == sc.act
+    assert out.device.type == sc.device
+    out = out.cpu()
     tol = tolerance(sc.act, sc.state_dtype)
     nd = args.get("num_drafts")
     written = set()
@@ -480,7 +502,7 @@ def _check_snapshot(sc: Spec, args: dict, before: dict, out) -> None:
         if s == sc.pad:
             assert bool((out[b] == 0).all()), "pad row not zero"
             continue
-        t, state = T if nd is None else int(nd[b]), before["state"][s].to(F64)
+        t, state = T if nd is None else int(nd[b]), before["state"][s].cpu().to(F64)
         for j in range(t):
             y, state = sc.conv(state, sc.ref_inputs(args, (b, j)))
             assert rel_err(out[b, j], y) <= tol, f"row {b} draft {j}"
@@ -510,24 +532,23 @@ def _check_commit_snapshots(sc: Spec, args: dict, before: dict) -> None:
 
 
 @entry("snapshot.op", covers=("mamba2_snapshot_verify", "gdn_snapshot_verify", "commit_snapshots"),
-       devices=("cpu",), weight=0.5)  # fmt: skip
+       weight=0.5)  # fmt: skip
 def build_snapshot(draw, device):
-    sc = _draw_spec(draw, snapshot=True)
+    sc = _draw_spec(draw, device, snapshot=True)
     target = draw(st.sampled_from(["snapshot", "commit"]))
     rows, v = _rows(draw, sc), Validity()
     snaps = _snapshot_slots(draw, sc, rows)
     if target == "snapshot":
-        args = {**sc.drafts(len(rows)), **sc.params, "slot_indices": torch.tensor(rows, dtype=I32),
+        args = {**sc.drafts(len(rows)), **sc.params, "slot_indices": sc.ix(rows),
                 "snapshot_slots": snaps}  # fmt: skip
         if draw(st.booleans()):
-            args["num_drafts"] = torch.tensor([draw(st.integers(0, sc.T)) for _ in rows],
-                                              dtype=I32)  # fmt: skip
+            args["num_drafts"] = sc.ix([draw(st.integers(0, sc.T)) for _ in rows])
         kinds = ["snapshot_value", "snapshot_slots", "num_drafts", "input", "drafts_dim",
                  "slots", "out", "plan"]  # fmt: skip
     else:
-        acc = torch.tensor([draw(st.integers(0, sc.T)) for _ in rows], dtype=I32)
+        acc = sc.ix([draw(st.integers(0, sc.T)) for _ in rows])
         args = {"state": sc.tensors["state"], "snapshot_slots": snaps, "num_accepted": acc,
-                "slot_indices": torch.tensor(rows, dtype=I32)}  # fmt: skip
+                "slot_indices": sc.ix(rows)}  # fmt: skip
         kinds = ["snapshot_value", "snapshot_slots", "num_accepted", "slots"]
     plan = sc.plan
     for kind in _variants(draw, v, kinds):
