@@ -109,8 +109,8 @@ class CacheLayout:
         optional: Collection[str] = (),
         num_slots: int | None = None,
     ) -> int:
-        """Each slot tensor (those named in `optional` may be missing or None) against this
-        layout: a [num_slots, *per_slot_shape] tensor of its dtype on `device`, each slot's
+        """Each slot tensor (those named in `optional` may be missing or None; no other name may
+        be given) against this layout: a [num_slots, *per_slot_shape] tensor of its dtype on `device`, each slot's
         block contiguous and aligned, the slots packed where the layout says so, every one with
         the state's slot count (or `num_slots`, where given). Returns it."""
         if not isinstance(tensors, Mapping):
@@ -118,6 +118,10 @@ class CacheLayout:
                 f"tensors: expected a mapping of the layout's tensors by name, "
                 f"got {type(tensors).__name__}"
             )
+        names = [t.name for t in self.tensors()]
+        unknown = sorted(str(name) for name in tensors if name not in names)
+        if unknown:
+            raise ValueError(f"tensors: expected names from {names}, got {unknown}")
         if num_slots is not None and (
             not isinstance(num_slots, int) or isinstance(num_slots, bool)
         ):

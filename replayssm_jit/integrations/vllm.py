@@ -22,6 +22,7 @@ import torch
 
 from replayssm_jit.families.layout import CacheLayout, family_layout
 from replayssm_jit.ops import commit_drafts, gdn_decode, gdn_verify, mamba2_decode, mamba2_verify
+from replayssm_jit.ops.decode import reads_device_values
 from replayssm_jit.ops.plan import DecodePlan
 
 __all__ = [
@@ -241,10 +242,7 @@ def _check_uniform(cu_seqlens: object, batch: int, T: int, plan: DecodePlan) -> 
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.shape != (batch + 1,):
         got = list(cu_seqlens.shape) if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens
         raise ValueError(f"cu_seqlens: expected shape [{batch + 1}], got {got}")
-    reads = plan.backend == "cpu" or (
-        plan.check_slot_values and not torch.cuda.is_current_stream_capturing()
-    )
-    if reads and cu_seqlens.tolist() != [T * i for i in range(batch + 1)]:
+    if reads_device_values(plan) and cu_seqlens.tolist() != [T * i for i in range(batch + 1)]:
         raise ValueError(
             f"cu_seqlens: expected {T} tokens per row (0, {T}, {2 * T}, ...): the ops take a "
             f"fixed draft count, got {cu_seqlens.tolist()}"

@@ -89,13 +89,9 @@ def _slot_tensors(
             f"tensors: expected a mapping of the layout's tensors by name, "
             f"got {type(tensors).__name__}"
         )
-    names = [t.name for t in layout.tensors()]
-    unknown = sorted(str(k) for k in tensors if k not in names)
-    if unknown:
-        raise ValueError(f"tensors: expected names from {names}, got {unknown}")
     state = check_tensor("state", tensors.get("state"))
     num_slots = layout.check_tensors(tensors, device=state.device, optional=optional)
-    present = {name: tensors[name] for name in names if tensors.get(name) is not None}
+    present = {name: t for name, t in tensors.items() if t is not None}
     check_disjoint(present)
     return present, num_slots, state.device
 

@@ -35,7 +35,8 @@ class DecodePlan:
     and flush semantics). kernel: "conventional", "split", "per-item" or "flush-every-step".
     workspace_floats: float32 elements of scratch a step needs (the split step's hand-over
     between its two kernels; 0 otherwise). verify_rows_per_cta: the row tile of the
-    speculative kernels (verify and snapshot steps; 0 on the CPU or without them). options: per-family scalars (GDN: scale).
+    speculative kernels (verify and snapshot steps; 0 on the CPU or without them). options:
+    per-family scalars (GDN: scale).
     """
 
     layout: CacheLayout
