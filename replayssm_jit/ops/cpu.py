@@ -343,11 +343,7 @@ def mamba2_step(
     def compute(rows, slots, held, flush, epochs):
         x_j = x[rows].to(_F32)  # [b, H, P]
         c = C[rows].to(_F32)  # [b, G, N]
-        dt_j = dt[rows].to(_F32)  # [b, H]
-        if has_bias:
-            dt_j = dt_j + dt_bias.to(_F32)
-        if softplus:
-            dt_j = _softplus(dt_j)
+        dt_j = _mamba2_gates(dt[rows].to(_F32), dt_bias, has_bias, softplus)  # [b, H]
         xs = _with_current(rec_x, slots, held, x_j)  # [b, H, j, P]
         bs = _with_current(rec_b, slots, held, B[rows])  # [b, G, j, N]
         dts = _with_current(rec_dt, slots, held, dt_j)  # [b, H, j]
@@ -428,24 +424,15 @@ def gdn_step(
         q_j = q[rows].to(_F32)  # [b, H, K]
         k_j = k[rows].to(_F32)
         v_j = v[rows].to(_F32)  # [b, HV, V]
-        g_j = gate_a[rows].to(_F32)  # [b, HV]
-        beta = gate_b[rows].to(_F32)
-        if gates_in_kernel:
-            g_j = -torch.exp(A_log.to(_F32)) * _softplus(g_j + dt_bias.to(_F32))
-            beta = _sigmoid(beta)
+        g_j, beta = _gdn_gates(gate_a[rows], gate_b[rows], A_log, dt_bias, gates_in_kernel)
         ks = _with_current(rec_k, slots, held, k_j)  # [b, H, j, K]
         gs = _with_current(rec_g, slots, held, g_j)  # [b, HV, j]
         decay, total = _suffix_decays(gs)  # [b, HV, j], [b, HV]
         # Dots per key head, then read by its value heads: k_i . k_j, k_i . q, |k_i|^2, |q|^2.
         kk = (ks @ k_j[..., None]).squeeze(-1).repeat_interleave(per_key, dim=1)  # [b, HV, j]
         kq = (ks @ q_j[..., None]).squeeze(-1).repeat_interleave(per_key, dim=1)
-        if l2norm:
-            rk = torch.rsqrt((ks * ks).sum(-1) + NORM_EPS).repeat_interleave(per_key, dim=1)
-            rq = torch.rsqrt((q_j * q_j).sum(-1) + NORM_EPS).repeat_interleave(per_key, dim=1)
-            rq = rq * scale
-        else:
-            rk = torch.ones_like(kk)
-            rq = torch.full_like(total, scale)
+        rk = _key_norms(ks, l2norm, per_key)  # [b, HV, j]
+        rq = _query_scale(q_j, l2norm, per_key, scale)  # [b, HV]
         rk_j = rk[..., held]  # [b, HV]
         keys = ks.repeat_interleave(per_key, dim=1)  # [b, HV, j, K] raw
         query = q_j.repeat_interleave(per_key, dim=1)  # [b, HV, K] raw
