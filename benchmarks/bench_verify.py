@@ -100,6 +100,11 @@ def bench_config(name, batch, T, args, rng):
     tensors = pool(layout, nsets * batch, dev, gen)
     plan = plan_decode(layout, batch, device=dev, check_slot_values=False)
     sets = slot_sets(nsets, batch, dev)
+
+    def scratch(plan):
+        return torch.empty(plan.workspace_floats, dtype=torch.float32, device=dev)
+
+    workspace = scratch(plan)
     for kind in ("mixed", "paper"):
         if kind == "paper" and T not in PAPER_ACCEPTANCE:
             continue
@@ -110,7 +115,7 @@ def bench_config(name, batch, T, args, rng):
         calls = [
             (
                 lambda s=s, a=a, out=out: fam.verify(
-                    plan, tensors, params, drafts, s, out=out, num_accepted=a
+                    plan, tensors, params, drafts, s, out=out, num_accepted=a, workspace=workspace
                 )
             )
             for a in accepted
@@ -123,7 +128,29 @@ def bench_config(name, batch, T, args, rng):
         t = time_graph(calls, **kw)
         mean_acc = sum(sum(a.tolist()) for a in accepted) / (steps * batch)
         row(f"verify_{kind}", t["us"], flush_rate=rate, mean_accepted=mean_acc,
-            rows_per_cta=plan.verify_rows_per_cta)  # fmt: skip
+            rows_per_cta=plan.verify_rows_per_cta, verify_kernel=plan.verify_kernel)  # fmt: skip
+
+    # The verify kernels the policy did not pick (--verify-kernels), mixed acceptance.
+    for kernel in [k for k in args.verify_kernels.split(",") if k]:
+        other = plan_decode(layout, batch, device=dev, check_slot_values=False,
+                            config=LaunchConfig(kernel=kernel))  # fmt: skip
+        if other.verify_kernel == plan.verify_kernel:
+            continue
+        ws = scratch(other)
+        out = torch.empty(batch, T, *fam.state_shape()[:2], dtype=torch.bfloat16, device=dev)
+        accepted = [torch.tensor(acceptance("mixed", T, batch, rng), dtype=torch.int32, device=dev)
+                    for _ in range(args.cycle_steps)]  # fmt: skip
+        calls = [
+            (lambda s=s, a=a, out=out, other=other, ws=ws: fam.verify(
+                other, tensors, params, drafts, s, out=out, num_accepted=a, workspace=ws))
+            for a in accepted
+            for s in sets
+        ]  # fmt: skip
+        for _ in range(3):
+            for c in calls:
+                c()
+        row(f"verify_mixed_{other.verify_kernel}", time_graph(calls, **kw)["us"],
+            rows_per_cta=other.verify_rows_per_cta, verify_kernel=other.verify_kernel)  # fmt: skip
 
     # The other compiled row tiles of the verify kernel (--verify-tiles), mixed acceptance.
     for rows_per_cta in [int(r) for r in args.verify_tiles.split(",") if r]:
@@ -133,11 +160,12 @@ def bench_config(name, batch, T, args, rng):
         tiled = plan_decode(layout, batch, device=dev, check_slot_values=False,
                             config=LaunchConfig(rows_per_cta=rows_per_cta))  # fmt: skip
         out = torch.empty(batch, T, *fam.state_shape()[:2], dtype=torch.bfloat16, device=dev)
+        ws = scratch(tiled)
         accepted = [torch.tensor(acceptance("mixed", T, batch, rng), dtype=torch.int32, device=dev)
                     for _ in range(args.cycle_steps)]  # fmt: skip
         calls = [
-            (lambda s=s, a=a, out=out, tiled=tiled: fam.verify(
-                tiled, tensors, params, drafts, s, out=out, num_accepted=a))
+            (lambda s=s, a=a, out=out, tiled=tiled, ws=ws: fam.verify(
+                tiled, tensors, params, drafts, s, out=out, num_accepted=a, workspace=ws))
             for a in accepted
             for s in sets
         ]  # fmt: skip
@@ -170,7 +198,7 @@ def bench_config(name, batch, T, args, rng):
         for p, c in zip(paths, counts):
             for s in sets:
                 calls.append(lambda s=s: fam.verify(plan, tensors, params, drafts, s, out=out,
-                                                    parents=parents))  # fmt: skip
+                                                    parents=parents, workspace=workspace))  # fmt: skip
                 calls.append(lambda s=s, p=p, c=c: commit_drafts(plan, tensors, num_accepted=c,
                                                                  slot_indices=s, accepted_path=p))  # fmt: skip
         for _ in range(3):
@@ -229,6 +257,8 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", default="super120b,nano4b,qwen4b,qwen122b")
     p.add_argument("--batches", default="256,64,8,1")
     p.add_argument("--ts", default="2,4,8")
+    p.add_argument("--verify-kernels", default="split,per-item",
+                   help="verify kernels also timed where the policy picks another")  # fmt: skip
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--cycle-steps", type=int, default=8)

@@ -80,6 +80,7 @@ from replayssm_jit.launch.policy import (
     FLAG_SPECULATIVE_RECORDS,
     FLAG_SPLIT,
     can_split,
+    can_split_verify,
     choose_launch,
     choose_rows_per_cta,
 )
@@ -375,6 +376,7 @@ class SpecConfig:
     state: str
     sr: bool
     spec: KernelSpec | None = field(default=None, compare=False, repr=False)
+    kernel: str = "per-item"  # the verify step's: "per-item" or "split" (where compiled)
 
     mode = "replay"
 
@@ -383,12 +385,13 @@ class SpecConfig:
         return self.spec.uri
 
     def launch_config(self) -> LaunchConfig:
-        return LaunchConfig(rows_per_cta=self.rows_per_cta)
+        return LaunchConfig(rows_per_cta=self.rows_per_cta, kernel=self.kernel)
 
     @property
     def name(self) -> str:
         state = self.state + ("+sr" if self.sr else "")
-        return (f"{self.family:<6} {self.op:<16} rows={self.rows_per_cta:<3} state={state:<7} "
+        op = self.op + (" split" if self.kernel == "split" else "")
+        return (f"{self.family:<6} {op:<16} rows={self.rows_per_cta:<3} state={state:<7} "
                 f"drafts={self.drafts}")  # fmt: skip
 
 
@@ -405,10 +408,13 @@ def spec_configs(family: str, quick: bool) -> list[list[SpecConfig]]:
             rows = [r for r, _ in spec_tilings(spec)]
             if quick:
                 rows = sorted({rows[0], rows[-1]}, reverse=True)
-            for op in SPEC_OPS:
+            split = ["split"] if can_split_verify(spec) else []
+            for op, kernel in [(op, "per-item") for op in SPEC_OPS] + [
+                ("verify", k) for k in split
+            ]:
                 for ti, r in enumerate(rows):
-                    cfg = SpecConfig(family, op, drafts, r, state, sr, spec=spec)
-                    got = choose_rows_per_cta(spec, "per-item", BATCH, layout.shape.value_heads,
+                    cfg = SpecConfig(family, op, drafts, r, state, sr, spec=spec, kernel=kernel)
+                    got = choose_rows_per_cta(spec, kernel, BATCH, layout.shape.value_heads,
                                               DEFAULT_SM_COUNT, cfg.launch_config())  # fmt: skip
                     if got != r:
                         raise SystemExit(
@@ -416,7 +422,7 @@ def spec_configs(family: str, quick: bool) -> list[list[SpecConfig]]:
                             f"{cfg.name}, expected {r}"
                         )
                     order = ((ti - si) % len(rows), si)
-                    groups.setdefault((op, drafts), []).append((order, cfg))
+                    groups.setdefault((op, kernel, drafts), []).append((order, cfg))
     return [[cfg for _, cfg in sorted(group, key=lambda e: e[0])] for group in groups.values()]
 
 
@@ -572,6 +578,9 @@ def run_spec_config(cfg: SpecConfig, *, device: torch.device, steps: int, output
     if device.type == "cuda":
         rows = plan.verify_rows_per_cta
         check(rows == cfg.rows_per_cta, f"planned verify rows {rows}, expected {cfg.rows_per_cta}")
+        if verify:
+            check(plan.verify_kernel == cfg.kernel,
+                  f"planned verify kernel {plan.verify_kernel}, expected {cfg.kernel}")  # fmt: skip
     num_slots = NUM_SLOTS + len(LIVE_SLOTS) * T
     host: dict[str, torch.Tensor] = {}
     for t in layout.tensors():

@@ -123,8 +123,8 @@ def test_every_op_is_registered_with_its_written_tensors_declared():
     written = {
         "mamba2_decode": {"state", "rec_x", "rec_b", "rec_dt", "cursors", "out", "workspace"},
         "gdn_decode": {"state", "rec_u", "rec_k", "rec_g", "cursors", "out", "workspace"},
-        "mamba2_verify": {"state", "rec_x", "rec_b", "rec_dt", "cursors", "out"},
-        "gdn_verify": {"state", "rec_u", "rec_k", "rec_g", "cursors", "out"},
+        "mamba2_verify": {"state", "rec_x", "rec_b", "rec_dt", "cursors", "out", "workspace"},
+        "gdn_verify": {"state", "rec_u", "rec_k", "rec_g", "cursors", "out", "workspace"},
         "commit_drafts": {"cursors", "ring0", "ring1", "ring2"},
         "mamba2_snapshot_verify": {"state", "out"},
         "gdn_snapshot_verify": {"state", "out"},

@@ -33,16 +33,24 @@ def test_list_names_every_speculative_config(sk, capsys):
     assert f"{len({c.uri for c in configs})} specs" in lines[-1]
     spec = [c for c in configs if isinstance(c, sk.SpecConfig)]
     decode = [c for c in configs if not isinstance(c, sk.SpecConfig)]
-    # Every family x op x drafts x checkpoint dtype, each in every compiled verify tile.
+    # Every family x op x verify kernel x drafts x checkpoint dtype, each in every compiled
+    # verify tile; the split verify wherever the family has one.
     for family in FAMILIES:
         for op in sk.SPEC_OPS:
             for drafts in sk.SPEC_DRAFTS:
                 for state, sr in sk.STATES:
                     got = [c for c in spec if (c.family, c.op, c.drafts, c.state, c.sr)
                            == (family, op, drafts, state, sr)]  # fmt: skip
+                    kernels = ["per-item"]
+                    if op == "verify" and sk.can_split_verify(got[0].spec):
+                        kernels.append("split")
+                    assert sorted({c.kernel for c in got}) == sorted(kernels)
                     tiles = [r for r, _ in sk.spec_tilings(got[0].spec)]
-                    assert sorted(c.rows_per_cta for c in got) == sorted(tiles)
+                    for kernel in kernels:
+                        rows = [c.rows_per_cta for c in got if c.kernel == kernel]
+                        assert sorted(rows) == sorted(tiles)
                     assert all(f"_L{sk.WINDOW}_T{drafts}_" in c.uri for c in got)
+    assert any(c.kernel == "split" for c in spec if c.family == "mamba2")
     assert {c.spec.drafts for c in decode} == {1}
     listed = "\n".join(lines)
     assert all(c.name in listed for c in spec)
@@ -52,7 +60,9 @@ def test_list_selects_ops(sk, capsys):
     assert sk.main(["--list", "--ops", "verify", "--quick"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert all(" verify " in line for line in lines[:-1])
-    assert len(lines) - 1 == len(FAMILIES) * len(sk.SPEC_DRAFTS) * len(sk.QUICK_STATES) * 2
+    per_kernel = len(sk.SPEC_DRAFTS) * len(sk.QUICK_STATES) * 2  # two tiles each
+    assert len(lines) - 1 == per_kernel * (len(FAMILIES) + 1)  # Mamba-2's split verify too
+    assert sum(" verify split " in line for line in lines) == per_kernel
 
 
 def test_check_preset_matches_the_configs(sk, capsys):
@@ -77,7 +87,7 @@ def test_check_preset_names_a_missing_speculative_spec(sk, capsys, monkeypatch):
 def test_speculative_schedules_run_on_the_cpu(sk, capsys):
     """Pad rows, the corrupted cursor, every draft count, early flushes, mixed launches, ring
     rows rewritten, tree compactions and fused commits: a config that misses one fails."""
-    argv = ["--device", "cpu", "--ops", "verify", "snapshot", "--quick", "--shard", "0/5"]
+    argv = ["--device", "cpu", "--ops", "verify", "snapshot", "--quick", "--shard", "0/4"]
     assert sk.main([*argv, "--outputs", "nan"]) == 0
     out = capsys.readouterr().out
     assert "0 failed, 0 not run" in out

@@ -13,7 +13,7 @@ import pytest
 import torch
 from verify_schedule import GDNFamily, Mamba2Family, rel_err, run_schedule
 
-from replayssm_jit import commit_drafts, commit_snapshots, plan_decode, reset_slots
+from replayssm_jit import LaunchConfig, commit_drafts, commit_snapshots, plan_decode, reset_slots
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")
 
@@ -52,6 +52,20 @@ def test_verify_chain_fused_commit(model, T, L, batch):
     steps = 40 if batch <= 64 else 16
     worst = run_schedule(MODELS[model], device="cuda", batch=batch, T=T, L=L, steps=steps,
                          seed=batch * 31 + T, fused=True, act_dtype=torch.float32)  # fmt: skip
+    assert worst["flushes"] > 0, worst
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["super120b", "nano4b"])
+@pytest.mark.parametrize("T", [2, 4, 8])
+@pytest.mark.parametrize("kernel", ["split", "per-item"])
+@pytest.mark.parametrize("mode", ["fused-chain", "tree-variable"])
+def test_mamba2_verify_kernels(model, T, kernel, mode):
+    """Each of Mamba-2's verify kernels, whatever the policy would pick at this batch."""
+    tree = mode == "tree-variable"
+    worst = run_schedule(MODELS[model], device="cuda", batch=7, T=T, L=16, steps=30, seed=T + 5,
+                         fused=not tree, trees=tree, variable=tree, act_dtype=torch.float32,
+                         config=LaunchConfig(kernel=kernel), verify_kernel=kernel)  # fmt: skip
     assert worst["flushes"] > 0, worst
 
 

@@ -173,9 +173,10 @@ def random_path(rng: random.Random, parents: list[int]) -> list[int]:
 
 def run_schedule(fam, *, device, batch, T, L, steps, seed, state_dtype=torch.float32,
                  act_dtype=torch.bfloat16, trees=False, fused=True, variable=False,
-                 pad_slot_id=-1, tol=1e-5, config=None) -> dict:  # fmt: skip
+                 pad_slot_id=-1, tol=1e-5, config=None, verify_kernel=None) -> dict:  # fmt: skip
     """`steps` verify steps (with fused or explicit commits) of `batch` live rows (a pad row
-    added where batch > 1) against the oracle. Returns the worst errors seen."""
+    added where batch > 1) against the oracle. Returns the worst errors seen. verify_kernel:
+    where given, the kernel the plan must have chosen."""
     dev = torch.device(device)
     gen = torch.Generator(device=dev).manual_seed(seed)
     rng = random.Random(seed)
@@ -195,6 +196,8 @@ def run_schedule(fam, *, device, batch, T, L, steps, seed, state_dtype=torch.flo
     truth = tensors["state"][live].double().clone()
     params = fam.params(gen, dev)
     plan = plan_decode(layout, rows, device=dev, pad_slot_id=pad_slot_id, config=config)
+    if verify_kernel is not None:
+        assert plan.verify_kernel == verify_kernel, (plan.verify_kernel, verify_kernel)
     cursors = [Cursor() for _ in live]
     accepted = None  # the previous verify's accepted counts (fused commit)
     worst = {"out": 0.0, "checkpoint": 0.0, "flushes": 0}

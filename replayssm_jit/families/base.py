@@ -174,6 +174,11 @@ class Family:
         """Upper bound on the split step's records-kernel shared memory for `spec`."""
         raise NotImplementedError
 
+    def verify_records_shared_bytes(self, spec) -> int | None:
+        """Shared memory of the split verify step's records kernel for `spec`, or None where the
+        family has no split verify step."""
+        return None
+
     @staticmethod
     def held_rows_where_they_fit(base: int, held_rows: int, placeholder: int) -> int:
         """A records CTA's shared bytes: `base` plus its held record rows where a full SM of

@@ -17,6 +17,15 @@ class Mamba2Family(Family):
         base += 6 * 16  # 16-byte alignment of the record arrays
         return self.held_rows_where_they_fit(base, heads * ring * p * act, p * act)
 
+    def verify_records_shared_bytes(self, spec) -> int | None:
+        """VerifyRecords::Smem of templates/mamba2/verify_split_kernel.cuh: B and C rows, dots,
+        per-head decays and weights, all 4-byte words."""
+        T, n, heads = spec.drafts, spec.dim("n"), spec.dim("hpg")
+        records = spec.capacity - 1 + T
+        words = (records + T) * n + T * records + 3 * heads * records + heads * T * records
+        words += heads * T + heads + 3 * T  # path sums, committed sums, the draft tree
+        return 4 * words
+
 
 MAMBA2 = Mamba2Family(
     name="mamba2",

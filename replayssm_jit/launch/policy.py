@@ -108,6 +108,25 @@ def choose_replay_kernel(
     return "flush-every-step" if spec.state_dtype == "f32" else "per-item"
 
 
+def can_split_verify(spec: KernelSpec) -> bool:
+    """Whether `spec`'s family has a split verify step and its records kernel fits one CTA."""
+    needed = get_family(spec.family).verify_records_shared_bytes(spec)
+    return needed is not None and needed <= MAX_CTA_SHARED_BYTES
+
+
+def choose_verify_kernel(
+    spec: KernelSpec, batch: int, heads: int, sms: int, config: LaunchConfig
+) -> str:
+    """The verify step's kernel: "split" (a records kernel per group, then the state kernel)
+    where the spec can, from SPLIT_MIN_PAIRS_PER_SM pairs per SM as the standard step, or
+    wherever config.kernel asks for "split"; else "per-item"."""
+    if not can_split_verify(spec):
+        return "per-item"
+    if config.kernel != AUTO:
+        return "split" if config.kernel == "split" else "per-item"
+    return "split" if batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms else "per-item"
+
+
 def _largest_filling_tile(options: list[int], rows: int, batch: int, heads: int, sms: int,
                           targets: Sequence[int]) -> int:  # fmt: skip
     """The largest tile (options largest first) whose CTAs cover every SM as many times as the

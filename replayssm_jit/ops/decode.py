@@ -82,6 +82,20 @@ def cpu_setup(plan: DecodePlan, seed_value: int, seed_tensor: torch.Tensor | Non
     )  # fmt: skip
 
 
+def resolve_workspace(plan: DecodePlan, workspace: torch.Tensor | None) -> torch.Tensor:
+    """`workspace` (checked: float32 on the plan's device, contiguous, at least
+    plan.workspace_floats elements) or a new one."""
+    if workspace is None:
+        return torch.empty(plan.workspace_floats, dtype=torch.float32, device=plan.device)
+    check_tensor("workspace", workspace, dtype=torch.float32, device=plan.device, contiguous=True)
+    if workspace.numel() < plan.workspace_floats:
+        raise ValueError(
+            f"workspace: expected at least {plan.workspace_floats} float32 elements "
+            f"(plan.workspace_floats), got {workspace.numel()}"
+        )
+    return workspace
+
+
 def run_step(
     plan: DecodePlan,
     tensors: Mapping[str, torch.Tensor | None],
@@ -101,17 +115,7 @@ def run_step(
     check_slot_tensors(plan, tensors, slot_indices, optional=optional,
                        written={"out": out, "workspace": scratch})  # fmt: skip
     seed_value, seed_tensor = resolve_seed(plan, seed)
-    if workspace is None:
-        workspace = torch.empty(plan.workspace_floats, dtype=torch.float32, device=plan.device)
-    else:
-        check_tensor(
-            "workspace", workspace, dtype=torch.float32, device=plan.device, contiguous=True
-        )
-        if workspace.numel() < plan.workspace_floats:
-            raise ValueError(
-                f"workspace: expected at least {plan.workspace_floats} float32 elements "
-                f"(plan.workspace_floats), got {workspace.numel()}"
-            )
+    workspace = resolve_workspace(plan, workspace)
     rings = [tensors[name] for name in plan.layout.ring_names]
     if plan.backend == "cpu":
         setup = cpu_setup(plan, seed_value, seed_tensor)

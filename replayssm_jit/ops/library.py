@@ -188,10 +188,6 @@ def _step(fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
     return lambda plan, handle, kw: fn(plan, **_seeded(_with_workspace(plan, handle, kw)))
 
 
-def _verify(fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
-    return lambda plan, handle, kw: fn(plan, **_seeded(kw))
-
-
 def _plain(fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
     return lambda plan, handle, kw: fn(plan, **kw)
 
@@ -214,10 +210,12 @@ OPS = {
         _step(gdn_decode),
     ),
     "mamba2_verify": register_op(
-        "mamba2_verify", (*_M2_SLOTS, *_MAMBA2_TOKEN, *_DRAFTS, *_SEED), _verify(mamba2_verify)
+        "mamba2_verify",
+        (*_M2_SLOTS, *_MAMBA2_TOKEN, *_DRAFTS, "workspace!?", *_SEED),
+        _step(mamba2_verify),
     ),
     "gdn_verify": register_op(
-        "gdn_verify", (*_GDN_SLOTS, *_GDN_TOKEN, *_DRAFTS, *_SEED), _verify(gdn_verify)
+        "gdn_verify", (*_GDN_SLOTS, *_GDN_TOKEN, *_DRAFTS, "workspace!?", *_SEED), _step(gdn_verify)
     ),
     "commit_drafts": register_op(
         "commit_drafts",

@@ -15,7 +15,13 @@ from replayssm_jit.checks import (
 )
 from replayssm_jit.families.layout import CacheLayout
 from replayssm_jit.launch.config import resolve_config
-from replayssm_jit.launch.policy import FLAG_SPLIT, choose_launch, choose_rows_per_cta, sm_count
+from replayssm_jit.launch.policy import (
+    FLAG_SPLIT,
+    choose_launch,
+    choose_rows_per_cta,
+    choose_verify_kernel,
+    sm_count,
+)
 from replayssm_jit.spec import KernelSpec, make_spec
 
 MODES = ("replay", "conventional")
@@ -33,10 +39,11 @@ class DecodePlan:
 
     backend: "cuda" (the JIT/AOT kernels) or "cpu" (the PyTorch path with the same cursor, ring
     and flush semantics). kernel: "conventional", "split", "per-item" or "flush-every-step".
-    workspace_floats: float32 elements of scratch a step needs (the split step's hand-over
-    between its two kernels; 0 otherwise). verify_rows_per_cta: the row tile of the
-    speculative kernels (verify and snapshot steps; 0 on the CPU or without them). options:
-    per-family scalars (GDN: scale).
+    workspace_floats: float32 elements of scratch a step or verify needs (the split kernels'
+    hand-over between their two launches; 0 otherwise). verify_kernel: "split" or "per-item"
+    for the verify step ("" on the CPU or without drafts). verify_rows_per_cta: the row tile of
+    the speculative kernels (verify and snapshot steps; 0 on the CPU or without them).
+    options: per-family scalars (GDN: scale).
     """
 
     layout: CacheLayout
@@ -53,6 +60,7 @@ class DecodePlan:
     seed: int
     check_slot_values: bool
     verify_rows_per_cta: int = 0
+    verify_kernel: str = ""
     options: dict = field(default_factory=dict, compare=False)
     module: object = field(default=None, compare=False, repr=False)
 
@@ -126,23 +134,28 @@ def plan_decode(
             else 0
         )
         kernel, rows, bits = launch.kernel, launch.rows_per_cta, launch.flags
-        verify_rows = 0
+        verify_rows, verify_kernel = 0, ""
         if spec.has_verify:
-            step = "per-item" if replay else "conventional"
-            verify_rows = choose_rows_per_cta(
-                spec, step, batch_size, heads, sm_count(device), config
+            sms = sm_count(device)
+            verify_kernel = (
+                choose_verify_kernel(spec, batch_size, heads, sms, config) if replay else "per-item"
             )
+            # The split verify's state kernel takes the split step's tiles.
+            step = "conventional" if not replay else verify_kernel
+            verify_rows = choose_rows_per_cta(spec, step, batch_size, heads, sms, config)
+            if verify_kernel == "split":
+                floats = max(floats, int(module.verify_workspace_floats(batch_size, heads)))
     else:
         # One PyTorch step serves every kernel's semantics; only an asked-for flush-every-step
         # differs (the policy's small-batch choice of it is a GPU latency rule).
-        module, floats, rows, bits, verify_rows = None, 0, 0, 0, 0
+        module, floats, rows, bits, verify_rows, verify_kernel = None, 0, 0, 0, 0, ""
         kernel = (
             "conventional"
             if not replay
             else ("flush-every-step" if config.kernel == "flush-every-step" else "per-item")
         )
     choice = dict(kernel=kernel, rows_per_cta=rows, flags=bits, workspace_floats=floats,
-                  verify_rows_per_cta=verify_rows)  # fmt: skip
+                  verify_rows_per_cta=verify_rows, verify_kernel=verify_kernel)  # fmt: skip
     return DecodePlan(
         layout, spec, mode, batch_size, device, device.type, **choice, pad_slot_id=pad_slot_id,
         seed=seed & (2**63 - 1), check_slot_values=check_slot_values, options=extras, module=module,

@@ -36,6 +36,7 @@ import torch
 from replayssm_jit.checks import check_tensor
 from replayssm_jit.families import GDN, MAMBA2
 from replayssm_jit.families.base import MAX_VERIFY_DRAFTS, Family
+from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops import gdn as gdn_ops
 from replayssm_jit.ops import mamba2 as mamba2_ops
@@ -46,6 +47,7 @@ from replayssm_jit.ops.decode import (
     output_buffer,
     reads_device_values,
     resolve_seed,
+    resolve_workspace,
 )
 from replayssm_jit.ops.plan import DecodePlan
 
@@ -159,16 +161,19 @@ def _verify(
     parents: object,
     num_accepted: object,
     seed: object,
+    workspace: torch.Tensor | None,
     cpu_verify,
 ) -> torch.Tensor:
-    """Check the slot tensors, ids, draft tensors and seed (and the device values where read),
-    then launch."""
+    """Check the slot tensors, ids, draft tensors, workspace and seed (and the device values
+    where read), then launch."""
     T = plan.layout.drafts
-    check_slot_tensors(plan, tensors, slot_indices, written={"out": out})
+    scratch = workspace if isinstance(workspace, torch.Tensor) else None  # (checked below)
+    check_slot_tensors(plan, tensors, slot_indices, written={"out": out, "workspace": scratch})
     num_drafts = _check_index(plan, "num_drafts", num_drafts, ())
     parents = _check_index(plan, "parents", parents, (T,))
     num_accepted = _check_index(plan, "num_accepted", num_accepted, ())
     seed_value, seed_tensor = resolve_seed(plan, seed)
+    workspace = resolve_workspace(plan, workspace)
     if reads_device_values(plan):
         live = _live_rows(plan, slot_indices)
         drafts = _draft_counts(plan, live, num_drafts)
@@ -194,7 +199,7 @@ def _verify(
     plan.module.verify_step(
         tensors["state"], *rings, tensors["cursors"], *inputs.values(), out, slot_indices,
         plan.pad_slot_id, seed_value, seed_tensor, num_drafts, parents, num_accepted,
-        plan.verify_rows_per_cta,
+        plan.verify_rows_per_cta, FLAG_SPLIT if plan.verify_kernel == "split" else 0, workspace,
     )  # fmt: skip
     return out
 
@@ -223,6 +228,7 @@ def mamba2_verify(
     parents: torch.Tensor | None = None,
     num_accepted: torch.Tensor | None = None,
     seed: int | torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Verify T Mamba-2 draft tokens per row; returns out [batch, T, H, P] (allocated when None).
 
@@ -231,6 +237,8 @@ def mamba2_verify(
     leave the ring no free row. out[b, j] is the output of draft j after the committed records
     and its root path; zero for j >= num_drafts[b]. The drafts' records stay pending until a
     commit (commit_drafts, or the next verify's num_accepted). seed: as in mamba2_decode.
+    workspace: float32, at least plan.workspace_floats elements (allocated when None): scratch
+    the split verify overwrites.
     """
     T = _check_speculative_plan(plan, MAMBA2, "replay", "mamba2_verify")
     shape = plan.layout.shape
@@ -240,7 +248,8 @@ def mamba2_verify(
     tensors = {"state": state, "rec_x": rec_x, "rec_b": rec_b, "rec_dt": rec_dt, "cursors": cursors}
     return _verify(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, num_drafts=num_drafts,
-        parents=parents, num_accepted=num_accepted, seed=seed, cpu_verify=cpu.mamba2_verify,
+        parents=parents, num_accepted=num_accepted, seed=seed, workspace=workspace,
+        cpu_verify=cpu.mamba2_verify,
     )  # fmt: skip
 
 
@@ -268,6 +277,7 @@ def gdn_verify(
     parents: torch.Tensor | None = None,
     num_accepted: torch.Tensor | None = None,
     seed: int | torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Verify T GDN draft tokens per row; returns out [batch, T, HV, V] (allocated when None).
 
@@ -282,7 +292,8 @@ def gdn_verify(
     tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     return _verify(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, num_drafts=num_drafts,
-        parents=parents, num_accepted=num_accepted, seed=seed, cpu_verify=cpu.gdn_verify,
+        parents=parents, num_accepted=num_accepted, seed=seed, workspace=workspace,
+        cpu_verify=cpu.gdn_verify,
     )  # fmt: skip
 
 

@@ -134,7 +134,7 @@ class DecodeWrapper:
         plan = self._planned("verify")
         if inputs.get("out") is None:
             inputs["out"] = self._verify_out
-        return op(plan, **self.cache.tensors, **inputs)
+        return op(plan, **self.cache.tensors, **inputs, workspace=self._workspace)
 
     def commit(
         self,

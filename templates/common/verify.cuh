@@ -91,12 +91,37 @@ __device__ __forceinline__ void window_logs(DraftTree<T>& tree, const float* log
 
 // a(i+1 .. j) over draft j's window, for record i of a row holding m committed records (at
 // [0, m), mc of them replayed) and its drafts (at [m, m + t)): 0 where i is off the window.
+// `path_log` is the drafts' path sums of these log-decays (the tree's own where omitted; a split
+// verify keeps one array per head).
+template <int T>
+__device__ __forceinline__ float window_decay(const DraftTree<T>& tree, const float* path_log, const float* log_decay,
+                                              const float* log_after, int m, int mc, int j, int i) {
+  if (i < mc) return expf(log_after[i] + path_log[j]);
+  if (i >= m && tree.on_path(j, i - m)) return expf(tree.log_after(log_decay + m, j, i - m));
+  return 0.f;
+}
 template <int T>
 __device__ __forceinline__ float window_decay(const DraftTree<T>& tree, const float* log_decay, const float* log_after,
                                               int m, int mc, int j, int i) {
-  if (i < mc) return expf(log_after[i] + tree.path_log[j]);
-  if (i >= m && tree.on_path(j, i - m)) return expf(tree.log_after(log_decay + m, j, i - m));
-  return 0.f;
+  return window_decay(tree, tree.path_log, log_decay, log_after, m, mc, j, i);
+}
+
+// A verify row as a split verify's records kernel read it, handed to its state kernel in four
+// int32 words (the records kernel writes no cursor).
+__device__ __forceinline__ void store_verify_row(int32_t* words, const VerifyRow& v) {
+  words[0] = v.committed;
+  words[1] = v.drafts;
+  words[2] = v.epoch;
+  words[3] = int(v.flush) | int(v.valid) << 1;
+}
+__device__ __forceinline__ VerifyRow load_verify_row(const int32_t* words) {
+  VerifyRow v;
+  v.committed = words[0];
+  v.drafts = words[1];
+  v.epoch = words[2];
+  v.flush = (words[3] & 1) != 0;
+  v.valid = (words[3] & 2) != 0;
+  return v;
 }
 
 // A verify or snapshot row this CTA must not run: its T drafts' outputs zero (a pad row) or NaN
@@ -116,11 +141,11 @@ __device__ __forceinline__ void fault_draft_row(const OutOf& out_of) {
 
 // The CTA's state tile in FP32, scaled by `scale`, plus (where `fold`) sum_k w[k][r] v[k] over
 // `count` records: per-row weights w [count][ROWS] and row vectors v [count][COLS] in shared
-// memory, exact FP32 FMAs (an early flush's fold).
-template <class Tile, int ROWS>
+// memory (FP32 or as stored), exact FP32 FMAs (an early flush's fold).
+template <class Tile, int ROWS, typename V>
 __device__ __forceinline__ void fold_tile(const typename Tile::Regs& s_raw,
                                           float (&s)[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec], float scale,
-                                          bool fold, const float (*w)[ROWS], const float (*v)[Tile::kCols], int count) {
+                                          bool fold, const float (*w)[ROWS], const V (*v)[Tile::kCols], int count) {
   #pragma unroll
   for (int i = 0; i < Tile::kPasses; ++i)
     #pragma unroll

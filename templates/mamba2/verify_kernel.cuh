@@ -38,6 +38,37 @@ __device__ __forceinline__ float draft_dt(const P& p, const DraftParams& d, int 
   return dt;
 }
 
+// The end of a verify row's CTA (rows row0.. of `head`, SPLITS row tiles a head), once it has
+// read the rings: its tile of the drafts' x rows (x_of(j, r)) goes to ring rows first.. (0 after
+// an early flush, else after the committed ones); the row's last CTA then writes every head's dt
+// and every group's B rows there, and the cursor.
+template <int P, int N, int CAP, int ROWS, int THREADS, bool HAS_DT_BIAS, bool DT_SOFTPLUS, typename act_t,
+          typename state_t, class XOf>
+__device__ __forceinline__ void append_drafts(const VerifyParams<act_t, state_t>& vp, const VerifyRow& v, int row,
+                                              int slot, int head, int row0, int num_groups, int splits, int* flag,
+                                              XOf x_of) {
+  const auto& p = vp.base;
+  const auto& d = vp.d;
+  const int t = v.drafts, first = v.flush ? 0 : v.committed;
+  act_t* x_ring = p.rec_x + (int64_t(slot) * p.num_heads + head) * CAP * P + row0;
+  for (int e = threadIdx.x; e < t * ROWS; e += THREADS) {
+    const int j = e / ROWS, r = e % ROWS;
+    x_ring[int64_t(first + j) * P + r] = x_of(j, r);
+  }
+  int32_t* cursor = slot_cursor(p.cursors, slot);
+  if (!last_arrival(cursor, p.num_heads * splits, flag)) return;
+  for (int e = threadIdx.x; e < t * p.num_heads; e += THREADS) {
+    const int j = e / p.num_heads, h = e % p.num_heads;
+    p.rec_dt[(int64_t(slot) * p.num_heads + h) * CAP + first + j] = draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, j, h);
+  }
+  copy_rows<act_t, N, THREADS>(
+      t * num_groups,
+      [&](int i) { return p.B + int64_t(row) * p.b_stride_b + int64_t(i / num_groups) * d.b_stride_t +
+                          int64_t(i % num_groups) * p.b_stride_g; },
+      [&](int i) { return p.rec_b + ((int64_t(slot) * num_groups + i % num_groups) * CAP + first + i / num_groups) * N; });
+  finish_verify_cursor(cursor, v);
+}
+
 template <int P, int N, int HPG, int L, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool HAS_D,
           bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR>
 struct Verify {
@@ -194,25 +225,9 @@ struct Verify {
       }
     }
 
-    // Records: this CTA's x rows of the drafts, then (last CTA of the row) dt and B for all heads.
-    const int first = v.flush ? 0 : m;
-    act_t* x_ring = p.rec_x + (int64_t(slot) * p.num_heads + head) * kCap * P + row0;
-    for (int e = threadIdx.x; e < t * ROWS; e += kThreads) {
-      const int j = e / ROWS, r = e % ROWS;
-      x_ring[int64_t(first + j) * P + r] = from_float<act_t>(sm.x[m + j][r]);
-    }
-    if (last_arrival(cursor, p.num_heads * kSplits, &sm.last)) {
-      for (int e = threadIdx.x; e < t * p.num_heads; e += kThreads) {
-        const int j = e / p.num_heads, h = e % p.num_heads;
-        p.rec_dt[(int64_t(slot) * p.num_heads + h) * kCap + first + j] = draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, j, h);
-      }
-      copy_rows<act_t, N, kThreads>(
-          t * num_groups,
-          [&](int i) { return p.B + int64_t(row) * p.b_stride_b + int64_t(i / num_groups) * d.b_stride_t +
-                              int64_t(i % num_groups) * p.b_stride_g; },
-          [&](int i) { return p.rec_b + ((int64_t(slot) * num_groups + i % num_groups) * kCap + first + i / num_groups) * N; });
-      finish_verify_cursor(cursor, v);
-    }
+    append_drafts<P, N, kCap, ROWS, kThreads, HAS_DT_BIAS, DT_SOFTPLUS>(
+        vp, v, row, slot, head, row0, num_groups, kSplits, &sm.last,
+        [&](int j, int r) { return from_float<act_t>(sm.x[m + j][r]); });
   }
 };
 
