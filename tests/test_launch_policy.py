@@ -395,3 +395,24 @@ def test_launch_env_reaches_plan(monkeypatch):
     assert plan_decode(layout, 2, device="cpu", mode="conventional").kernel == "conventional"
     config = LaunchConfig(kernel="per-item")
     assert plan_decode(layout, 2, device="cpu", config=config).kernel == "per-item"
+
+
+def test_verify_kernel_choice():
+    """Mamba-2 verifies with the split kernel from VERIFY_SPLIT_MIN_PAIRS_PER_SM pairs per SM,
+    per item below it or wherever config.kernel names another kernel; GDN always per item."""
+    sms = 132
+    spec = super120b(window=16, drafts=4)
+    threshold = policy.VERIFY_SPLIT_MIN_PAIRS_PER_SM * sms
+    assert policy.can_split_verify(spec)
+    choose = policy.choose_verify_kernel
+    below = -(-threshold // 128) - 1  # the largest batch under the threshold at 128 heads
+    assert choose(spec, below, 128, sms, LaunchConfig()) == "per-item"
+    assert choose(spec, below + 1, 128, sms, LaunchConfig()) == "split"
+    assert choose(spec, 1, 128, sms, LaunchConfig(kernel="split")) == "split"
+    for kernel in ("per-item", "flush-every-step"):
+        assert choose(spec, 256, 128, sms, LaunchConfig(kernel=kernel)) == "per-item"
+    gdn = qwen4b(window=16, drafts=4)
+    assert not policy.can_split_verify(gdn)
+    assert choose(gdn, 256, 32, sms, LaunchConfig(kernel="split")) == "per-item"
+    # The records kernel's shared memory bounds where it is compiled to run.
+    assert get_family("mamba2").verify_records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
