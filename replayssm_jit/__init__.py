@@ -4,6 +4,7 @@ Public API:
     mamba2_layout, gdn_layout, CacheLayout  the per-slot tensors of a layer (engines allocate)
     plan_decode, mamba2_decode, gdn_decode  functional ops on caller-owned tensors
     reset_slots, copy_slots                 slot lifecycle on them: new sequences, forks
+    materialize_slots                       a slot's exact FP32 state (prefix caching)
     mamba2_verify, gdn_verify, commit_drafts
                                             speculative decoding (docs/speculative.md)
     mamba2_snapshot_verify, gdn_snapshot_verify, commit_snapshots
@@ -31,6 +32,7 @@ from replayssm_jit.ops import (
     mamba2_decode,
     mamba2_snapshot_verify,
     mamba2_verify,
+    materialize_slots,
     plan_decode,
     reset_slots,
 )
@@ -63,6 +65,7 @@ __all__ = [
     "mamba2_snapshot_verify",
     "mamba2_spec",
     "mamba2_verify",
+    "materialize_slots",
     "plan_decode",
     "reset_slots",
 ]

@@ -5,6 +5,7 @@
     gdn_decode(plan, state=..., rec_u=..., rec_k=..., rec_g=..., cursors=..., q=..., ...)
     reset_slots(layout, tensors, slots, initial_state=None)   start sequences in slots
     copy_slots(layout, tensors, src, dst)                     fork slots (prefix sharing)
+    materialize_slots(plan, tensors, slots, A=...)            a slot's FP32 state at any position
     mamba2_verify / gdn_verify(plan, ..., num_drafts=, parents=, num_accepted=)
                                            verify draft tokens (docs/speculative.md)
     commit_drafts(plan, tensors, num_accepted=, slot_indices=, accepted_path=None)
@@ -22,6 +23,7 @@ from replayssm_jit.ops.library import lookup_plan, plan_handle, release_plan
 from replayssm_jit.ops.lifecycle import copy_slots, reset_slots
 from replayssm_jit.ops.mamba2 import mamba2_decode
 from replayssm_jit.ops.plan import DecodePlan, plan_decode
+from replayssm_jit.ops.prefix import materialize_slots
 from replayssm_jit.ops.verify import (
     commit_drafts,
     commit_snapshots,
@@ -43,6 +45,7 @@ __all__ = [
     "mamba2_decode",
     "mamba2_snapshot_verify",
     "mamba2_verify",
+    "materialize_slots",
     "plan_decode",
     "plan_handle",
     "release_plan",

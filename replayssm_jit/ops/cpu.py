@@ -603,7 +603,7 @@ def _mamba2_gates(dt, dt_bias, has_bias: bool, softplus: bool) -> torch.Tensor:
     return _softplus(dt) if softplus else dt
 
 
-def _mamba2_fold(s, xs, bs, dts, a, per_group) -> torch.Tensor:
+def mamba2_fold(s, xs, bs, dts, a, per_group) -> torch.Tensor:
     """S <- a(1:n) S + sum_i a(i+1:n) dt_i x_i B_i^T over n records (xs [b, H, n, P], bs [b, G,
     n, N], dts [b, H, n]), in FP32."""
     decay, total = _suffix_decays(dts * a[:, None])
@@ -658,7 +658,7 @@ def mamba2_verify(
         c_d = _draft_inputs(C, rows, live)
         s = state[slots].to(_F32)  # [r, H, P, N]
         if flush:  # early flush: the committed records only, never the drafts
-            s = _mamba2_fold(s, rec_x[slots, :, :held].to(_F32), rec_b[slots, :, :held].to(_F32),
+            s = mamba2_fold(s, rec_x[slots, :, :held].to(_F32), rec_b[slots, :, :held].to(_F32),
                              rec_dt[slots, :, :held].to(_F32), a, per_group)  # fmt: skip
             _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs)
             held = 0
@@ -713,7 +713,7 @@ def _query_scale(q: torch.Tensor, l2norm: bool, per_key: int, scale: float) -> t
     return torch.rsqrt((q * q).sum(-1) + NORM_EPS).repeat_interleave(per_key, dim=1) * scale
 
 
-def _delta_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:
+def delta_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:
     """S <- a(1:n) S + sum_i a(i+1:n) u_i k^_i^T over n records (us [b, HV, n, V], raw ks [b, H,
     n, K], gs [b, HV, n]), in FP32."""
     decay, total = _suffix_decays(gs)
@@ -773,7 +773,7 @@ def gdn_verify(
         g_d = torch.where(live[..., None], g_d, 0.0)  # [r, T, HV]
         s = state[slots].to(_F32)  # [r, HV, V, K]
         if flush:  # early flush: the committed records only, never the drafts
-            s = _delta_fold(s, rec_u[slots, :, :held].to(_F32), rec_k[slots, :, :held].to(_F32),
+            s = delta_fold(s, rec_u[slots, :, :held].to(_F32), rec_k[slots, :, :held].to(_F32),
                             rec_g[slots, :, :held].to(_F32), l2norm, per_key)  # fmt: skip
             _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs)
             held = 0

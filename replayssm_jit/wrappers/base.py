@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from replayssm_jit.checks import check_bool
 from replayssm_jit.families.base import Family
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops.plan import MODES, DecodePlan, plan_decode
+from replayssm_jit.ops.prefix import materialize_slots
 from replayssm_jit.ops.verify import commit_drafts
 from replayssm_jit.spec import KernelSpec
 from replayssm_jit.wrappers.cache import SlotCache
@@ -135,6 +138,14 @@ class DecodeWrapper:
         if inputs.get("out") is None:
             inputs["out"] = self._verify_out
         return op(plan, **self.cache.tensors, **inputs, workspace=self._workspace)
+
+    def materialize(
+        self, slots: torch.Tensor | Sequence[int], **params: torch.Tensor
+    ) -> torch.Tensor:
+        """The FP32 state of each slot at its current position, changing nothing
+        (ops.prefix.materialize_slots; Mamba-2 takes A). Store it as a prefix state; load it
+        with cache.reset(slots, state)."""
+        return materialize_slots(self._planned("materialize"), self.cache.tensors, slots, **params)
 
     def commit(
         self,

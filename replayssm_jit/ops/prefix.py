@@ -1,0 +1,107 @@
+"""Prefix caching: read the exact state of a slot at any position, and start slots from one.
+
+    state = materialize_slots(plan, tensors, slots, A=A)   FP32 [n, *S], nothing changed
+    reset_slots(layout, tensors, slots, state)             load: decode on from that state
+
+A ReplaySSM slot's state is its checkpoint plus the records it holds since the last flush;
+materialize_slots folds those records into a copy of the checkpoint in FP32, as the next flush
+would, so an engine can store a prefix's state at any position, not only at flush boundaries.
+Pending speculative drafts (cursor word 3) are not part of it: they are not committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from replayssm_jit.checks import check_tensor
+from replayssm_jit.ops import cpu
+from replayssm_jit.ops.lifecycle import slot_id_list
+from replayssm_jit.ops.plan import DecodePlan
+
+__all__ = ["materialize_slots"]
+
+_F32 = torch.float32
+
+
+def _fold_mamba2(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
+    A = params.get("A")
+    heads = plan.layout.shape.value_heads
+    check_tensor("A", A, shape=(heads,), dtype=_F32, device=tensors["state"].device)
+    state = tensors["state"][slot : slot + 1].to(_F32)
+    if held == 0:
+        return state
+    per_group = heads // plan.layout.shape.key_heads
+    rings = [tensors[name][slot : slot + 1, :, :held].to(_F32) for name in plan.layout.ring_names]
+    return cpu.mamba2_fold(state, *rings, A, per_group)
+
+
+def _fold_delta(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
+    state = tensors["state"][slot : slot + 1].to(_F32)
+    if held == 0:
+        return state
+    shape = plan.layout.shape
+    rings = [tensors[name][slot : slot + 1, :, :held].to(_F32) for name in plan.layout.ring_names]
+    l2norm = "qk_l2norm" in plan.spec.flags
+    return cpu.delta_fold(state, *rings, l2norm, shape.value_heads // shape.key_heads)
+
+
+# Per family: the model parameters its fold needs besides the records, and the fold.
+_FOLDS = {"mamba2": (("A",), _fold_mamba2), "gdn": ((), _fold_delta)}
+
+
+@torch.no_grad()
+def materialize_slots(
+    plan: DecodePlan,
+    tensors: Mapping[str, torch.Tensor],
+    slots: torch.Tensor | Sequence[int],
+    **params: torch.Tensor,
+) -> torch.Tensor:
+    """The current FP32 state of each slot in `slots`: its checkpoint with the records it holds
+    folded in (exact FP32, in the order the flush folds them). Nothing is written.
+
+    plan: a plan of the layer (its layout, flags and mode; a conventional plan's state is the
+        checkpoint itself). tensors: the layer's slot tensors by name. slots: [n] slot ids (an
+        int tensor on any device or a list of ints; repeats allowed). params: Mamba-2 takes
+        A [H] float32 on the state's device (its records hold dt, not the decay); GDN none.
+    Returns [n, *S] float32 on the state's device (Mamba-2 S = [H, P, N], GDN [HV, V, K]).
+    Reads the cursors on the host (a sync): a prefix-cache operation, not a decode step's.
+    """
+    if not isinstance(plan, DecodePlan):
+        raise TypeError(f"plan: expected a DecodePlan, got {type(plan).__name__}")
+    family = plan.family.name
+    if family not in _FOLDS:
+        raise ValueError(f"plan: expected a plan of one of {sorted(_FOLDS)}, got family {family!r}")
+    names, fold = _FOLDS[family]
+    unknown, missing = sorted(set(params) - set(names)), sorted(set(names) - set(params))
+    if unknown or missing:
+        raise TypeError(
+            f"{family} materialize_slots: expected the parameters {list(names)}, got "
+            f"{sorted(params)} ({', '.join(unknown + missing)})"
+        )
+    num_slots = plan.layout.check_tensors(tensors, device=plan.device)
+    ids = slot_id_list("slots", slots, num_slots, distinct=False)
+    if not plan.replay:
+        return (
+            torch.stack([tensors["state"][s].to(_F32) for s in ids])
+            if ids
+            else _empty(plan, tensors)
+        )
+    held_limit = plan.layout.capacity - 1
+    cursors = tensors["cursors"][ids].tolist() if ids else []
+    out = []
+    for slot, words in zip(ids, cursors):
+        held = words[0]
+        if not 0 <= held <= held_limit:
+            raise ValueError(
+                f"slots: slot {slot}'s cursor holds {held} records, expected 0..{held_limit} "
+                "(a corrupted or never reset cursor)"
+            )
+        out.append(fold(plan, tensors, slot, held, params))
+    return torch.cat(out) if out else _empty(plan, tensors)
+
+
+def _empty(plan: DecodePlan, tensors) -> torch.Tensor:
+    state = tensors["state"]
+    return torch.empty((0, *state.shape[1:]), dtype=_F32, device=state.device)
