@@ -12,7 +12,12 @@ For each (shape, batch, T), FP32 checkpoints, L = 16, BF16 activations:
   * snapshot: the conventional spec baseline, snapshot_step then commit_snapshots;
   * tree (T = 8 only): a binary draft tree of depth 3 ([-1, 0, 0, 1, 1, 2, 2, 3]) verified and
     committed along a random root path (explicit commit), against the chain of 8 with fused
-    commits.
+    commits;
+  * GDN shapes, where fla-core is installed: fla_per_token_states, fla's
+    fused_recurrent_gated_delta_rule run token by token from an initial state with each draft's
+    state written (what a snapshot engine needs: T reads and T writes of the state; fla 0.6 has no
+    per-token state output), and fla_T_tokens, one call over the T drafts with the final state
+    only (1 read + 1 write; it cannot roll back, a floor for a conventional engine).
 Every call is captured in a CUDA graph over disjoint slot sets (pool >= --min-pool-bytes) and
 timed with CUDA events (harness.time_graph: median of --reps x --rounds replays).
 
@@ -22,6 +27,7 @@ timed with CUDA events (harness.time_graph: median of --reps x --rounds replays)
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import random
 import sys
@@ -248,7 +254,49 @@ def bench_config(name, batch, T, args, rng):
     row("snapshot", t["us"] * 2)
     t = time_graph(calls[0::2], **kw)
     row("snapshot_kernel_only", t["us"])
+    if model.family == "gdn" and args.fla:
+        for name, us in fla_rows(fam, batch, T, drafts, params, nsets_c, gen, args):
+            row(name, us)
     torch.cuda.empty_cache()
+    return rows
+
+
+def fla_rows(fam, batch, T, drafts, params, nsets, gen, args) -> list[tuple[str, float]]:
+    """fla's two spec forms (see the module docstring) over `nsets` rotating FP32 states."""
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_fn
+    except ImportError as exc:
+        print(f"  fla unavailable: {exc}", flush=True)
+        return []
+    v_first = "state_v_first" in inspect.signature(fla_fn).parameters
+    shape = (batch, fam.HV, fam.V, fam.K) if v_first else (batch, fam.HV, fam.K, fam.V)
+    states = [torch.randn(shape, generator=gen, device="cuda") for _ in range(nsets)]
+    kw = dict(state_v_first=True) if v_first else {}
+    q, k, v, a, b = (drafts[n] for n in ("q", "k", "v", "a", "b"))
+
+    def run(h, lo, hi):
+        return fla_fn(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], g=a[:, lo:hi], beta=b[:, lo:hi],
+                      scale=fam.K**-0.5, initial_state=h, output_final_state=True,
+                      use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                      A_log=params["A_log"], dt_bias=params["dt_bias"],
+                      use_beta_sigmoid_in_kernel=True, **kw)  # fmt: skip
+
+    def per_token(h):
+        def call():
+            state = h
+            for j in range(T):
+                _, state = run(state, j, j + 1)
+
+        return call
+
+    rows = []
+    for name, calls in (
+        ("fla_per_token_states", [per_token(h) for h in states]),
+        ("fla_T_tokens", [lambda h=h: run(h, 0, T) for h in states]),
+    ):
+        rows.append((name, time_graph(calls, reps=args.reps, rounds=args.rounds)["us"]))
+    o, _ = run(states[0], 0, T)
+    assert torch.isfinite(o.float()).all(), "fla: non-finite output"
     return rows
 
 
@@ -266,6 +314,7 @@ def main(argv=None) -> int:
         "--verify-tiles", default="", help="other verify row tiles to time (batch >= 64)"
     )
     p.add_argument("--min-pool-bytes", type=float, default=1.0e9)
+    p.add_argument("--no-fla", dest="fla", action="store_false", help="skip fla's GDN peers")
     p.add_argument("--out", type=Path, default=SCRATCH_DIR)
     args = p.parse_args(argv)
     rng = random.Random(0)

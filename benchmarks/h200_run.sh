@@ -54,7 +54,15 @@ for step in $what; do
       tail -n 3 "$OUT"/pytest-verify-*.log
       grep -q "failed\|error" "$OUT"/pytest-verify-*.log && rc=1
       python3 benchmarks/bench_verify.py --out "$OUT" ${VERIFY_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-verify.log" | tail -60
-      rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
+      rc=$(( rc | ${PIPESTATUS[0]} ))
+      # FlashInfer's spec peers (Mamba-2, super120b) in the same device session, where the anchor
+      # and its modules were carried: $DEV/anchors/anchor_lp_spec.py and $DEV/fi_spec.
+      if [ -f "$DEV/anchors/anchor_lp_spec.py" ]; then
+        python3 "$DEV/anchors/anchor_lp_spec.py" --aot-dir "$DEV/fi_spec" --skip lp,tune \
+          --spec-batches "${FI_SPEC_BATCHES:-256,64,8,1}" --spec-ts 2,4,8 --out "$OUT/fi-spec" 2>&1 \
+          | tee "$OUT/fi-spec.log" | tail -40
+        rc=$(( rc | ${PIPESTATUS[0]} ))
+      fi ;;&
     peers|all)
       if [ -f "$DEV/anchor_more.py" ]; then
         python3 "$DEV/anchor_more.py" --aot-dir "$DEV/fi_aot" --delay-fallback --out "$OUT/fi" ${PEER_ARGS:-} 2>&1 \

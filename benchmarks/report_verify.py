@@ -21,20 +21,24 @@ def table(rows: list[dict]) -> str:
     lines = [
         "| shape | batch | T | verify kernel | verify mixed | verify paper | other verify kernel "
         "(mixed) | T = 1 step | mixed / T1 | snapshot baseline | snapshot / mixed | tree (T = 8) "
-        "| flushes per row-step |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| flushes per row-step | fla per-token states / T tokens (GDN) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (shape, batch, T), k in sorted(by.items(), key=lambda x: (x[0][0], -x[0][1], x[0][2])):
         mixed, t1, snap = k["verify_mixed"]["us"], k["t1"]["us"], k["snapshot"]["us"]
         paper = k.get("verify_paper", {}).get("us")
         tree = k.get("tree_verify_commit", {}).get("us")
         kernel = k["verify_mixed"].get("verify_kernel", "per-item")
+        fla = " / ".join(
+            f"{k[n]['us']:.1f}" for n in ("fla_per_token_states", "fla_T_tokens") if n in k
+        )
         other = next((f"{r['us']:.1f} ({r['verify_kernel']})" for name, r in k.items()
                       if name.startswith("verify_mixed_") and "verify_kernel" in r), "")  # fmt: skip
         lines.append(
             f"| {shape} | {batch} | {T} | {kernel} | {mixed:.1f} | {paper:.1f} | {other} | {t1:.1f} | "
             f"{mixed / t1:.2f} | {snap:.1f} | {snap / mixed:.2f} | "
-            f"{'' if tree is None else f'{tree:.1f}'} | {k['verify_mixed']['flush_rate']:.3f} |"
+            f"{'' if tree is None else f'{tree:.1f}'} | {k['verify_mixed']['flush_rate']:.3f} | "
+            f"{fla} |"
         )
     return "\n".join(lines)
 
