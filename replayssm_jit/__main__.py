@@ -1,4 +1,4 @@
-"""`python -m replayssm_jit {demo,aot} ...`"""
+"""`python -m replayssm_jit {demo,aot,autotune} ...`"""
 
 from __future__ import annotations
 
@@ -11,15 +11,22 @@ def main(argv: list[str] | None = None) -> int:
     ):
         raise TypeError(f"argv: expected a list of str, got {argv!r}")
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"demo": "replayssm_jit.demo", "aot": "replayssm_jit.jit.aot"}
+    commands = {
+        "demo": "replayssm_jit.demo",
+        "aot": "replayssm_jit.jit.aot",
+        "autotune": "replayssm_jit.launch.autotune",
+    }
     if not argv or argv[0] not in commands:
         helped = bool(argv) and argv[0] in ("-h", "--help")
         print(
-            "usage: python -m replayssm_jit {demo,aot} [options]   (--help after a command for its options)",
+            "usage: python -m replayssm_jit {demo,aot,autotune} [options]   (--help after a command for its options)",
             file=sys.stdout if helped else sys.stderr,  # (an error's usage goes to stderr)
         )
         if argv and not helped:
-            print(f"error: expected a command, demo or aot, got {argv[0]!r}", file=sys.stderr)
+            print(
+                f"error: expected a command, demo, aot or autotune, got {argv[0]!r}",
+                file=sys.stderr,
+            )
         return 0 if helped else 2
     module = __import__(commands[argv[0]], fromlist=["main"])
     return module.main(argv[1:])

@@ -136,7 +136,7 @@ def test_materialize_checks_its_arguments_and_changes_nothing():
     with pytest.raises(TypeError, match="plan"):
         materialize_slots(layout, tensors, slots, A=params["A"])
     tensors["cursors"][2, 0] = 99  # a cursor no step leaves
-    with pytest.raises(ValueError, match="slot 2's cursor holds 99"):
+    with pytest.raises(ValueError, match="got 99 in slot 2"):
         materialize_slots(plan, tensors, [2], A=params["A"])
     tensors["cursors"][2, 0] = 0
     for k, v in tensors.items():

@@ -14,6 +14,7 @@ from replayssm_jit.checks import (
     resolve_device,
 )
 from replayssm_jit.families.layout import CacheLayout
+from replayssm_jit.launch.autotune import tuned_config
 from replayssm_jit.launch.config import resolve_config
 from replayssm_jit.launch.policy import (
     FLAG_SPLIT,
@@ -92,6 +93,7 @@ def plan_decode(
     check_slot_values: bool = True,
     config=None,
     seed: int = 0,
+    tuning=None,
     **options,
 ) -> DecodePlan:
     """Plan a decode step of `batch_size` rows over tensors laid out as `layout` on `device`.
@@ -100,8 +102,10 @@ def plan_decode(
     the launch policy's). seed: the stochastic-rounding seed (a run may pass a device tensor
     instead). options: the family's plan() flags (Mamba-2: has_D, has_z, has_dt_bias,
     dt_softplus, stochastic_rounding; GDN: use_qk_l2norm, gates_in_kernel, scale,
-    stochastic_rounding). On a CUDA device the module is loaded (AOT, else JIT); on the CPU
-    nothing is compiled.
+    stochastic_rounding). tuning: a file of `python -m replayssm_jit autotune` (default:
+    the REPLAYSSM_TUNING environment variable; none: the built-in policy), whose choice for this
+    device, spec, mode and batch fills the fields `config` leaves "auto". On a CUDA device the
+    module is loaded (AOT, else JIT); on the CPU nothing is compiled.
     """
     if not isinstance(layout, CacheLayout):
         raise TypeError(f"layout: expected a CacheLayout, got {type(layout).__name__}")
@@ -120,7 +124,7 @@ def plan_decode(
         fam.name, layout.shape, window=layout.window if replay else 1, drafts=layout.drafts,
         act_dtype=layout.act_dtype, state_dtype=layout.state_dtype, flags=flags,
     )  # fmt: skip
-    config = resolve_config(config)
+    config = tuned_config(resolve_config(config), tuning, spec, mode, batch_size, device)
     heads = layout.shape.value_heads
     # The policy's checks of `config` hold on every device (a CPU plan checks as for an H200).
     launch = choose_launch(spec, batch_size, heads, sm_count(device), replay=replay, config=config)

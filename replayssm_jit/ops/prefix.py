@@ -25,16 +25,19 @@ __all__ = ["materialize_slots"]
 _F32 = torch.float32
 
 
-def _fold_mamba2(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
-    A = params.get("A")
+def _check_mamba2(plan: DecodePlan, tensors, params) -> None:
     heads = plan.layout.shape.value_heads
-    check_tensor("A", A, shape=(heads,), dtype=_F32, device=tensors["state"].device)
+    check_tensor("A", params["A"], shape=(heads,), dtype=_F32, device=tensors["state"].device)
+
+
+def _fold_mamba2(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
     state = tensors["state"][slot : slot + 1].to(_F32)
     if held == 0:
         return state
+    heads = plan.layout.shape.value_heads
     per_group = heads // plan.layout.shape.key_heads
     rings = [tensors[name][slot : slot + 1, :, :held].to(_F32) for name in plan.layout.ring_names]
-    return cpu.mamba2_fold(state, *rings, A, per_group)
+    return cpu.mamba2_fold(state, *rings, params["A"], per_group)
 
 
 def _fold_delta(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
@@ -47,8 +50,11 @@ def _fold_delta(plan: DecodePlan, tensors, slot: int, held: int, params) -> torc
     return cpu.delta_fold(state, *rings, l2norm, shape.value_heads // shape.key_heads)
 
 
-# Per family: the model parameters its fold needs besides the records, and the fold.
-_FOLDS = {"mamba2": (("A",), _fold_mamba2), "gdn": ((), _fold_delta)}
+# Per family: the model parameters its fold needs besides the records, their check, the fold.
+_FOLDS = {
+    "mamba2": (("A",), _check_mamba2, _fold_mamba2),
+    "gdn": ((), lambda plan, tensors, params: None, _fold_delta),
+}
 
 
 @torch.no_grad()
@@ -73,14 +79,13 @@ def materialize_slots(
     family = plan.family.name
     if family not in _FOLDS:
         raise ValueError(f"plan: expected a plan of one of {sorted(_FOLDS)}, got family {family!r}")
-    names, fold = _FOLDS[family]
-    unknown, missing = sorted(set(params) - set(names)), sorted(set(names) - set(params))
-    if unknown or missing:
-        raise TypeError(
-            f"{family} materialize_slots: expected the parameters {list(names)}, got "
-            f"{sorted(params)} ({', '.join(unknown + missing)})"
-        )
+    names, check_params, fold = _FOLDS[family]
+    for name in sorted(set(params) - set(names)):
+        raise TypeError(f"{name}: expected only {list(names)} for {family}, got {name} too")
+    for name in sorted(set(names) - set(params)):
+        raise TypeError(f"{name}: expected a tensor ({family}'s records need it), got None")
     num_slots = plan.layout.check_tensors(tensors, device=plan.device)
+    check_params(plan, tensors, params)
     ids = slot_id_list("slots", slots, num_slots, distinct=False)
     if not plan.replay:
         return (
@@ -95,8 +100,8 @@ def materialize_slots(
         held = words[0]
         if not 0 <= held <= held_limit:
             raise ValueError(
-                f"slots: slot {slot}'s cursor holds {held} records, expected 0..{held_limit} "
-                "(a corrupted or never reset cursor)"
+                f"slots: expected cursors holding 0..{held_limit} records, got {held} in slot "
+                f"{slot} (a corrupted or never reset cursor)"
             )
         out.append(fold(plan, tensors, slot, held, params))
     return torch.cat(out) if out else _empty(plan, tensors)

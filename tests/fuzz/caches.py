@@ -1,6 +1,6 @@
 """Cache entries: SlotCache(...), the family caches, SlotCache.from_tensors; a cache's
 allocate / free / reset / records_held / fork; the lifecycle ops reset_slots / copy_slots on
-engine-owned tensors."""
+engine-owned tensors; materialize_slots (prefix states)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from fuzz.core import Call, Validity, entry, tensors_identical
 from fuzz.families import ADAPTERS
 from fuzz.layouts import SMALL, draw_device, draw_small_layout
 from fuzz.values import INT32_MAX, INT32_MIN, draw_bool, draw_int, is_int, slot_tensor_variant
-from replayssm_jit import SlotCache, copy_slots, reset_slots
+from replayssm_jit import SlotCache, copy_slots, materialize_slots, plan_decode, reset_slots
+from replayssm_jit.ops import cpu
 
 BAD_COUNTS = (0, -1, 2**31, 2**63, True, 2.0, None, "3")
 
@@ -382,3 +383,86 @@ def build_lifecycle(draw, device):
 
     watch = lambda: {k: t for k, t in given.items() if isinstance(t, torch.Tensor)}  # noqa: E731
     return Call(run, names, watch=watch, check=check, valid=v.valid, why=v.why)
+
+
+@entry("prefix.materialize", covers=("materialize_slots",), devices=("cpu",))
+def build_materialize(draw, device):
+    """materialize_slots on a randomly filled pool: ids in every form, Mamba-2's A given, missing,
+    of a wrong dtype or extra, corrupted cursors. A success must equal the fold in float64 of
+    each named slot's held records and write nothing. (No kernel: CPU only; the CUDA tensors
+    take the same PyTorch ops, run in tests/test_prefix_states.py.)"""
+    v = Validity()
+    layout = draw_small_layout(draw)
+    n = draw(st.integers(1, 5))
+    tensors = layout.allocate(n, device)
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 99)))
+    random_fill(tensors, gen, layout.window)
+    if v.spend(draw):
+        tensors["cursors"][draw(st.integers(0, n - 1)), 0] = draw(
+            st.sampled_from([-1, layout.capacity, INT32_MAX])
+        )
+    plan = plan_decode(layout, 1, device=device)
+    ids, values = draw_ids(draw, n, -1, device, v, "slots", distinct=False)
+    for s in values or []:
+        held = int(tensors["cursors"][s, 0]) if 0 <= s < n else 0
+        if not 0 <= held < layout.capacity:
+            v.mark(False, f"slot {s}'s cursor holds {held}")
+    params: dict = {}
+    heads = layout.shape.value_heads
+    if layout.family.name == "mamba2":
+        kind = draw(st.sampled_from(["f64", "short", "none"])) if v.spend(draw) else "good"
+        if kind != "none":
+            size = heads - 1 if kind == "short" else heads
+            params["A"] = -torch.rand(
+                size, generator=gen, dtype=torch.float64 if kind == "f64" else torch.float32
+            )
+        v.mark(kind == "good", f"A {kind}")
+    elif v.spend(draw):
+        params["A"] = -torch.rand(heads)
+        v.mark(False, "A given to GDN")
+    if v.spend(draw):
+        params["D"] = torch.zeros(heads)
+        v.mark(False, "an unknown parameter")
+    before = {k: t.clone() for k, t in tensors.items()}
+
+    def run():
+        return materialize_slots(plan, tensors, ids, **params)
+
+    def check(result):
+        for k, t in tensors.items():
+            assert tensors_identical(t, before[k]), k
+        assert result.dtype == torch.float32 and result.shape == (
+            len(values),
+            *tensors["state"].shape[1:],
+        )
+        shape = layout.shape
+        for row, s in enumerate(values):
+            held = int(tensors["cursors"][s, 0])
+            state = tensors["state"][s : s + 1].double()
+            rings = [tensors[r][s : s + 1, :, :held].double() for r in layout.ring_names]
+            if held and layout.family.name == "mamba2":
+                want = cpu.mamba2_fold(
+                    state, *rings, params["A"].double(), heads // shape.key_heads
+                )
+            elif held:
+                want = cpu.delta_fold(
+                    state, *rings, "qk_l2norm" in plan.spec.flags, heads // shape.key_heads
+                )
+            else:
+                want = state
+            err = (result[row].double() - want[0]).norm() / want.norm().clamp_min(1e-300)
+            assert err < 1e-5 or not torch.isfinite(want).all(), (s, float(err))
+
+    names = {
+        "plan",
+        "tensors",
+        "slots",
+        "A",
+        "D",
+        "cursors",
+        *layout.ring_names,
+        "state",
+        "mamba2",
+        "gdn",
+    }
+    return Call(run, names, watch=lambda: tensors, check=check, valid=v.valid, why=v.why)
