@@ -1,7 +1,6 @@
 """JIT core on the CPU: specs, URIs, rendering, compile-only builds, AOT, disable-JIT, the
 module's split workspace size."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -240,18 +239,25 @@ def test_aot_cli_takes_a_list_of_specs(capsys):
         assert "usage:" in err and message in err and "Traceback" not in err
 
 
-def test_aot_entry_point_rejects_a_bogus_preset():
-    """`python -m replayssm_jit aot --preset bogus`: an argparse error (exit 2, usage and the
-    message on stderr), not a traceback; the old replayssm_jit.aot module is gone."""
+@pytest.mark.parametrize(
+    "command, prog",
+    [
+        (["replayssm_jit", "aot"], "python -m replayssm_jit aot"),
+        (["replayssm_jit.aot", "wheel"], "python -m replayssm_jit.aot wheel"),
+    ],
+)
+def test_aot_entry_point_rejects_a_bogus_preset(command, prog):
+    """`python -m replayssm_jit aot --preset bogus` (and the wheel command, through
+    `python -m replayssm_jit.aot`): an argparse error (exit 2, usage and the message on stderr),
+    not a traceback."""
     run = subprocess.run(
-        [sys.executable, "-m", "replayssm_jit", "aot", "--preset", "bogus", "--list"],
+        [sys.executable, "-m", *command, "--preset", "bogus", "--list"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert run.returncode == 2, run
-    assert "usage: python -m replayssm_jit aot" in run.stderr
+    assert f"usage: {prog}" in run.stderr
     assert "--preset: invalid choice: 'bogus'" in run.stderr
     assert "Traceback" not in run.stderr and not run.stdout
-    assert importlib.util.find_spec("replayssm_jit.aot") is None
 
 
 def _run_nvcc_program(tmp_path, name: str, body: str) -> list[int]:

@@ -1,8 +1,12 @@
 """Ahead-of-time builds: `python -m replayssm_jit aot --out DIR [--preset NAME ...] [--spec SPEC ...]`.
 
 DIR gets one folder per specialization (<uri>/<uri>.so and manifest.json). Point
-REPLAYSSM_AOT_DIR at DIR, or package DIR/.. as `replayssm_jit_cache` (modules under
-replayssm_jit_cache/modules/), and the loader uses these builds before any JIT.
+REPLAYSSM_AOT_DIR at DIR and the loader uses these builds before any JIT.
+
+`python -m replayssm_jit aot wheel --out DIST [--preset NAME ...] [--spec SPEC ...]` (or
+`python -m replayssm_jit.aot wheel ...`) builds the same modules, for sm_90a by default, into an
+installable `replayssm-jit-cache` wheel (jit/wheel.py) whose package `replayssm_jit_cache` the
+loader searches after REPLAYSSM_AOT_DIR.
 """
 
 from __future__ import annotations
@@ -203,17 +207,16 @@ def parse_spec(text: str) -> KernelSpec:
         raise ValueError(f"--spec {text!r}: {exc}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m replayssm_jit aot", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--out", type=Path, help="output directory (required unless --list)")
+def _parser(prog: str, description: str, out_help: str) -> argparse.ArgumentParser:
+    """The options both commands take: what to build, how many compiles at once, --list."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--out", type=Path, help=out_help)
     parser.add_argument(
         "--preset",
         action="append",
         default=[],
         choices=sorted(PRESETS),
-        help="a list of specializations; repeatable",
+        help="a list of specializations; repeatable (default: models, unless --spec is given)",
     )
     parser.add_argument(
         "--jobs",
@@ -228,6 +231,13 @@ def main(argv: list[str] | None = None) -> int:
         help="one specialization, FAMILY:key=value,... (flags joined by '+'); repeatable",
     )
     parser.add_argument("--list", action="store_true", help="print the URIs and exit")
+    return parser
+
+
+def _parse(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[argparse.Namespace, list[KernelSpec]]:
+    """The arguments and the specializations they name (each once); bad ones are usage errors."""
     args = parser.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
         parser.error(f"--jobs: expected >= 1, got {args.jobs}")
@@ -237,14 +247,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.preset or not chosen:
         chosen += preset_specs(args.preset or ["models"])
-    specs = list({spec.uri: spec for spec in chosen}.values())
-    if args.list:
-        print("\n".join(s.uri for s in specs))
-        return 0
+    return args, list({spec.uri: spec for spec in chosen}.values())
+
+
+def _build_settings(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, default_archs: list[str] | None
+) -> tuple[list[str], int]:
+    """(archs, jobs) from the environment and --jobs; a bad value is a usage error."""
     if args.out is None:
         parser.error("the following arguments are required: --out")
     try:
-        archs = env.cuda_arch_list()  # (its errors name REPLAYSSM_CUDA_ARCH_LIST)
+        archs = env.cuda_arch_list(default_archs)  # (its errors name REPLAYSSM_CUDA_ARCH_LIST)
     except ValueError as exc:
         parser.error(str(exc))
     try:
@@ -252,6 +265,56 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         raw = os.environ.get("REPLAYSSM_MAX_JOBS")
         parser.error(f"REPLAYSSM_MAX_JOBS: expected an int, got {raw!r}")
+    return archs, jobs
+
+
+# The wheel's target unless REPLAYSSM_CUDA_ARCH_LIST says otherwise: Hopper (H100, H200), whatever
+# GPU the building machine has.
+WHEEL_ARCHS = ["9.0a"]
+
+
+def _wheel_main(argv: list[str]) -> int:
+    from replayssm_jit.jit.wheel import build_wheel, check_setuptools
+
+    parser = _parser(
+        "python -m replayssm_jit.aot wheel",
+        f"Build an installable {env.CACHE_DISTRIBUTION} wheel of prebuilt modules, versioned "
+        f"as this replayssm_jit, for REPLAYSSM_CUDA_ARCH_LIST (default {' '.join(WHEEL_ARCHS)}).",
+        "the folder the wheel is written to (required unless --list)",
+    )
+    args, specs = _parse(parser, argv)
+    if args.list:
+        print("\n".join(s.uri for s in specs))
+        return 0
+    archs, jobs = _build_settings(parser, args, WHEEL_ARCHS)
+    try:
+        check_setuptools()
+    except RuntimeError as exc:
+        parser.error(str(exc))
+    print(f"building {len(specs)} modules for {' '.join(archs)}", file=sys.stderr)
+    wheel = build_wheel(specs, args.out, jobs, archs)
+    print(wheel)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`aot [options]` builds modules into a folder; `aot wheel [options]` builds a wheel."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["wheel"]:
+        return _wheel_main(argv[1:])
+    parser = _parser(
+        "python -m replayssm_jit aot",
+        __doc__.splitlines()[0],
+        "output directory (required unless --list)",
+    )
+    parser.epilog = (
+        f"`aot wheel [options]` builds an installable {env.CACHE_DISTRIBUTION} wheel instead."
+    )
+    args, specs = _parse(parser, argv)
+    if args.list:
+        print("\n".join(s.uri for s in specs))
+        return 0
+    archs, jobs = _build_settings(parser, args, None)
     print(f"building {len(specs)} modules for {' '.join(archs)} into {args.out}", file=sys.stderr)
     build_aot(specs, args.out, jobs, archs)
     return 0

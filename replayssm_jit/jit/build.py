@@ -1,9 +1,10 @@
 """Render -> build -> load, for one KernelSpec.
 
 Lookup order in `load_module`: the in-process memo, AOT directories (REPLAYSSM_AOT_DIR, then the
-`replayssm_jit_cache` package), the JIT cache, and finally a JIT build unless
-REPLAYSSM_DISABLE_JIT is set. A spec's folder, <root>/<uri>/, holds <uri>.so, manifest.json
-(URI, source digest, the .so's size and sha256), <uri>.cu and, in a build folder, .lock.
+`replayssm_jit_cache` package if its version is this package's), the JIT cache, and finally a JIT
+build unless REPLAYSSM_DISABLE_JIT is set. A spec's folder, <root>/<uri>/, holds <uri>.so,
+manifest.json (URI, source digest, the .so's size and sha256), <uri>.cu and, in a build folder,
+.lock.
 
 Guarantees:
 
@@ -374,9 +375,24 @@ def build(spec: KernelSpec, out_dir: Path | None = None, archs: list[str] | None
         return _build_locked(spec, folder, archs, source_digest(spec, archs))
 
 
+_WARNED_PACKAGES: set[str] = set()
+
+
+def _refused_cache_package() -> list[str]:
+    """[why the installed replayssm_jit_cache is refused] (logged once per process), or []."""
+    _, problem = env.cache_package()
+    if problem is None:
+        return []
+    if problem not in _WARNED_PACKAGES:
+        _WARNED_PACKAGES.add(problem)
+        logger.warning("skipping AOT modules: %s", problem)
+    return [problem]
+
+
 def find_prebuilt(spec: KernelSpec) -> Path | None:
     """A verified AOT or JIT-cache build of `spec` (current source digest, and .so bytes that
     match its manifest); unusable ones are logged and skipped."""
+    _refused_cache_package()
     digest = source_digest(spec, env.cuda_arch_list())
     for root in [*env.aot_dirs(), env.cache_dir() / "build"]:
         found, problem = _verified(root / spec.uri, spec.uri, digest)
@@ -427,7 +443,7 @@ def load_module(spec: KernelSpec):
         return _LOADED[spec.uri]
     archs = env.cuda_arch_list()
     digest = source_digest(spec, archs)
-    refused = []
+    refused = _refused_cache_package()
     for root in env.aot_dirs():
         module, problem = _verified(root / spec.uri, spec.uri, digest, load=True)
         if module is not None:

@@ -43,19 +43,39 @@ def debug_level() -> int:
         raise ValueError(f"REPLAYSSM_JIT_DEBUG must be 0, 1 or 2, got {raw!r}") from exc
 
 
+# The installable wheel of prebuilt modules: `python -m replayssm_jit.aot wheel` builds it.
+CACHE_PACKAGE = "replayssm_jit_cache"
+CACHE_DISTRIBUTION = "replayssm-jit-cache"
+
+
+def cache_package() -> tuple[list[Path], str | None]:
+    """The module directories of the installed `replayssm_jit_cache` package and None; or no
+    directories and why the package is refused (its version is not this replayssm_jit's, whose
+    templates its modules were built from); ([], None) where none is installed."""
+    try:
+        import replayssm_jit_cache  # type: ignore[import-not-found]
+    except ImportError:
+        return [], None
+    from replayssm_jit import __version__
+
+    where = ", ".join(replayssm_jit_cache.__path__)
+    found = getattr(replayssm_jit_cache, "__version__", None)
+    if found != __version__:
+        what = "records no __version__" if found is None else f"is version {found!r}"
+        return [], (
+            f"the installed {CACHE_DISTRIBUTION} at {where} {what}, expected {__version__!r} "
+            f"(this replayssm_jit's); install {CACHE_DISTRIBUTION}=={__version__} or uninstall it"
+        )
+    return [Path(p) / "modules" for p in replayssm_jit_cache.__path__], None
+
+
 def aot_dirs() -> list[Path]:
     """AOT module directories, in priority order: REPLAYSSM_AOT_DIR, then the
-    optional `replayssm_jit_cache` package (a wheel of prebuilt modules)."""
+    optional `replayssm_jit_cache` package (a wheel of prebuilt modules) if its version is ours."""
     dirs = [
         Path(p).expanduser() for p in os.environ.get("REPLAYSSM_AOT_DIR", "").split(os.pathsep) if p
     ]
-    try:
-        import replayssm_jit_cache  # type: ignore[import-not-found]
-
-        dirs.extend(Path(p) / "modules" for p in replayssm_jit_cache.__path__)
-    except ImportError:
-        pass
-    return dirs
+    return dirs + cache_package()[0]
 
 
 def max_jobs() -> int:
@@ -76,10 +96,11 @@ def _visible_gpu_arch() -> str | None:
     return None
 
 
-def cuda_arch_list() -> list[str]:
-    """Target archs as "M.m[a]" strings."""
+def cuda_arch_list(default: list[str] | None = None) -> list[str]:
+    """Target archs as "M.m[a]" strings: REPLAYSSM_CUDA_ARCH_LIST, else `default`, else the
+    visible GPU's, else 9.0a."""
     raw = os.environ.get("REPLAYSSM_CUDA_ARCH_LIST", "").replace(",", " ").split()
-    archs = raw or [_visible_gpu_arch() or "9.0a"]
+    archs = raw or default or [_visible_gpu_arch() or "9.0a"]
     for arch in archs:
         major, _, minor = arch.partition(".")
         if not (major.isdigit() and minor.rstrip("af").isdigit()):
