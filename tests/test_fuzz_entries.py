@@ -62,7 +62,7 @@ def test_every_public_entry_is_fuzzed():
     """Each name of replayssm_jit.__all__ (and each command) is reached by some entry."""
     covered = {c for e in fuzz.ENTRIES.values() for c in e.covers}
     commands = {"python -m replayssm_jit", "python -m replayssm_jit demo",
-                "python -m replayssm_jit aot"}  # fmt: skip
+                "python -m replayssm_jit aot", "python -m replayssm_jit autotune"}  # fmt: skip
     missing = sorted(set(replayssm_jit.__all__) - covered) + sorted(commands - covered)
     assert not missing, f"public entries no fuzz entry covers: {missing}"
     assert all(e.devices for e in fuzz.ENTRIES.values())

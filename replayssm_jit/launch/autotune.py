@@ -235,8 +235,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the tuning file to write")
     args = parser.parse_args(argv)
     try:
-        model = get_model(args.model)
         batches = sorted({int(b) for b in args.batches.split(",")})
+    except ValueError:
+        batches = []
+    if not batches or not all(1 <= b <= 65535 for b in batches):
+        parser.error(
+            f"--batches: expected comma-separated ints in [1, 65535], got {args.batches!r}"
+        )
+    try:
+        model = get_model(args.model)
         layout = family_layout(
             model.family, window=args.window, state_dtype=args.state_dtype,
             act_dtype=args.act_dtype,

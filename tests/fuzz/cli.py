@@ -1,4 +1,4 @@
-"""Command-line entries: `python -m replayssm_jit demo|aot ...` through the in-process entry
+"""Command-line entries: `python -m replayssm_jit demo|aot|autotune ...` through the in-process entry
 (replayssm_jit.__main__.main), with the work itself (run_demo, build_aot) stubbed out, so
 that only the argument handling runs.
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import tempfile
 from pathlib import Path
 
 import torch
@@ -20,7 +22,8 @@ from fuzz.core import Call, EnvPatch, Validity, entry
 from replayssm_jit import demo as demo_module
 from replayssm_jit.__main__ import main
 from replayssm_jit.jit import aot as aot_module
-from replayssm_jit.models import ALIASES, MODELS
+from replayssm_jit.launch import autotune as autotune_module
+from replayssm_jit.models import ALIASES, MODELS, get_model
 
 MAX_BATCH = 65535
 GOOD_INTS = {
@@ -304,3 +307,50 @@ def build_cli_main(draw, device):
         argparse_exit(exc, out, err, argv[0])
 
     return Call(run, (), check=check, clear=clear, errors=(SystemExit,))
+
+
+@entry("cli.autotune", covers=("python -m replayssm_jit autotune",), devices=("cpu",))
+def build_cli_autotune(draw, device):
+    """The autotune command line with the timing stubbed out and a CUDA device pretended."""
+    v = Validity()
+    argv = ["autotune"]
+    model = draw(st.sampled_from(["super120b", "qwen4b", "nemotron-3-nano-4b"]))
+    if v.spend(draw):
+        model = draw(st.sampled_from(["bogus", "", "Super120b"]))
+        v.mark(False, f"--model {model!r}")
+    if draw(st.integers(0, 5)):
+        argv += ["--model", model]
+    else:
+        v.mark(False, "no --model")
+    batches = draw(st.sampled_from(["1,8", "256", "64,1,64"]))
+    if v.spend(draw):
+        batches = draw(st.sampled_from(["0", "x", "", "65536", "1,,2"]))
+        v.mark(False, f"--batches {batches!r}")
+    argv += ["--batches", batches]
+    window = draw(st.sampled_from(["16", "4"] + (["0", "x"] if v.spend(draw) else [])))
+    argv += ["--window", window]
+    v.mark(window in ("16", "4"), f"--window {window}")
+    state = draw(st.sampled_from(["f32", "bf16"] + (["fp8", "float32"] if v.spend(draw) else [])))
+    argv += ["--state-dtype", state]
+    v.mark(state in ("f32", "bf16"), f"--state-dtype {state}")
+    mode = draw(st.sampled_from(["replay", "conventional"] + (["Replay"] if v.spend(draw) else [])))
+    argv += ["--mode", mode]
+    v.mark(mode in ("replay", "conventional"), f"--mode {mode}")
+    out = Path(tempfile.gettempdir()) / "replayssm-fuzz-autotune.json"
+    if draw(st.integers(0, 5)):
+        argv += ["--out", str(out)]
+    else:
+        v.mark(False, "no --out")
+    fake = {"format": 1, "device": "fuzz", "entries": []}
+    tune = Stub(autotune_module, "tune", fake)
+    cuda = Stub(torch.cuda, "is_available", True)
+    device_index = Stub(torch.cuda, "current_device", 0)
+
+    def check(text):
+        assert len(tune.calls) == 1, tune.calls
+        (layout, run_mode, run_batches, *_), _ = tune.calls[0]
+        assert layout.window == int(window) and layout.family.name == get_model(model).family
+        assert run_mode == mode and run_batches == sorted({int(b) for b in batches.split(",")})
+        assert json.loads(out.read_text()) == fake
+
+    return _cli_call(argv, v, "autotune", [tune, cuda, device_index], check)
