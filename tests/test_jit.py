@@ -55,7 +55,7 @@ def test_spec_rejects_bad_arguments(kwargs, error, match):
 def test_unknown_family():
     with pytest.raises(ValueError, match="family"):
         KernelSpec("mamba3", (("p", 1),), 1, 1, "f32", "f32")
-    with pytest.raises(ValueError, match=r"^family: expected one of \['gdn', 'mamba2'\]"):
+    with pytest.raises(ValueError, match=r"^family: expected one of \['gdn', 'kda', 'mamba2'\]"):
         get_family("mamba3")
     assert get_family("mamba2") is MAMBA2 and get_family(MAMBA2) is MAMBA2
 

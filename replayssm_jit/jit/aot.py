@@ -114,14 +114,17 @@ def _preset_sanitizer() -> list[KernelSpec]:
     family that can split (GDN's K = 128 gives the capped-register state kernel its tile), with
     every input path's flags (Mamba-2 z too), conventional (L = 1) and L = 4 replay, BF16
     activations, FP32 / BF16 / BF16 with stochastic rounding / FP16 checkpoints; and the same
-    at L = 4 with T = 2 and 4 drafts (the verify, commit and snapshot kernels)."""
+    at L = 4 with T = 2 and 4 drafts (the verify, commit and snapshot kernels) for the families
+    that compile them."""
     shapes = {
         "mamba2": dict(headdim=64, dstate=64, heads_per_group=2),
         "gdn": dict(head_k_dim=128, head_v_dim=64, value_heads_per_key_head=2),
+        "kda": dict(head_k_dim=128, head_v_dim=64, value_heads_per_key_head=2),
     }
     flags = {
         "mamba2": ("d", "dt_bias", "dt_softplus", "z"),
         "gdn": ("gates_in_kernel", "qk_l2norm"),
+        "kda": ("gates_in_kernel", "qk_l2norm"),
     }
     states = (("f32", ()), ("bf16", ()), ("bf16", ("sr", "device_seed")), ("f16", ()))
     # (window, drafts): conventional, the L = 4 replay step, and L = 4 with T = 2 and 4 drafts
@@ -129,6 +132,8 @@ def _preset_sanitizer() -> list[KernelSpec]:
     specs = []
     for family, dims in shapes.items():
         for window, drafts in windows:
+            if drafts > 1 and not get_family(family).speculative_kernels:
+                continue
             for state, sr in states:
                 spec = family_spec(family, window=window, drafts=drafts, act_dtype="bf16",
                                    state_dtype=state, flags=(*flags[family], *sr),

@@ -82,6 +82,8 @@ def can_split(spec: KernelSpec) -> bool:
     """Whether `spec`'s split step fits: at most SPLIT_RECORDS_THREADS heads per key head, and
     their records within one CTA's shared memory."""
     fam = get_family(spec.family)
+    if not fam.split_kernel:
+        return False
     heads = fam.records_heads(dict(spec.dims))
     return heads <= SPLIT_RECORDS_THREADS and fam.records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
 
@@ -95,6 +97,11 @@ def choose_replay_kernel(
     rounded once per L tokens)."""
     if config.kernel == "split" and not can_split(spec):
         fam = get_family(spec.family)
+        if not fam.split_kernel:
+            raise ValueError(
+                f"config.kernel: expected 'auto', 'per-item' or 'flush-every-step' for "
+                f"{fam.name} (its split step is not built), got 'split'"
+            )
         raise ValueError(
             f"config.kernel: 'split' needs at most {SPLIT_RECORDS_THREADS} heads per key head and "
             f"{MAX_CTA_SHARED_BYTES} bytes of shared memory for their records; got "
