@@ -142,6 +142,32 @@ def _preset_sanitizer() -> list[KernelSpec]:
     return specs
 
 
+def _preset_kda_tests() -> list[KernelSpec]:
+    """What tests/test_kda_gpu.py loads: K = V = 128 with 1 (Kimi-Linear, the Kimi-K3 shard)
+    and 2 (GVA) value heads per key head; FP32 at L = 1, 4, 16, 32 (L = 1 also serves the
+    conventional step), precomputed gates at L = 16, and BF16 activations with FP32, BF16 and
+    FP16 checkpoints (with and without stochastic rounding) at L = 16 and conventional."""
+    dims = dict(head_k_dim=128, head_v_dim=128)
+    specs = [
+        family_spec("kda", value_heads_per_key_head=vph, window=w, act_dtype="f32",
+                    state_dtype="f32", **dims)
+        for vph in (1, 2)
+        for w in (1, 4, 16, 32)
+    ]  # fmt: skip
+    specs += [
+        family_spec("kda", value_heads_per_key_head=vph, window=16, act_dtype="f32",
+                    state_dtype="f32", flags=("qk_l2norm",), **dims)
+        for vph in (1, 2)
+    ]  # fmt: skip
+    gates = get_family("kda").default_flags
+    for state, sr in (("f32", ()), ("bf16", ()), ("bf16", ("sr",)), ("f16", ()), ("f16", ("sr",))):
+        specs.append(family_spec("kda", value_heads_per_key_head=1, window=16, act_dtype="bf16",
+                                 state_dtype=state, flags=(*gates, *sr), **dims))  # fmt: skip
+    specs.append(family_spec("kda", value_heads_per_key_head=1, window=1, act_dtype="bf16",
+                             state_dtype="f32", **dims))  # fmt: skip
+    return specs
+
+
 PRESETS = {
     "ci": _preset_ci,
     "models": _preset_models,
@@ -149,6 +175,7 @@ PRESETS = {
     "sanitizer": _preset_sanitizer,
     "verify-tests": _preset_verify_tests,
     "verify-bench": _preset_verify_bench,
+    "kda-tests": _preset_kda_tests,
 }
 
 
