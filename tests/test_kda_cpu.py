@@ -20,6 +20,7 @@ from replayssm_jit import (
     plan_decode,
 )
 from replayssm_jit.jit import build
+from replayssm_jit.jit.aot import preset_specs
 from replayssm_jit.launch.policy import choose_launch
 from replayssm_jit.reference import KDASequence, kda_gates
 
@@ -44,14 +45,31 @@ def test_uri_and_layout():
     assert extra == 17 * 8 * 127 * 4
 
 
+@pytest.mark.parametrize("preset", ["kda-tests", "sanitizer"])
+def test_preset_kda_specs_render(preset):
+    """Every KDA spec of the presets renders GDN's template with the per-channel decay, the
+    safe gate's lower bound in both bindings, and no split step."""
+    specs = [s for s in preset_specs([preset]) if s.family == "kda"]
+    assert specs and all(s.drafts == 1 for s in specs)
+    for spec in specs:
+        text = build.render(spec)
+        assert spec.uri in text and "{{" not in text and "{%" not in text
+        assert "constexpr bool kPerChannel = true;" in text
+        assert text.count("double lower_bound, TensorView out") == 2
+        assert '#include "gdn/split_kernel.cuh"' not in text and "SplitRecords" not in text
+
+
 def test_kda_has_no_speculative_or_split_kernels_yet():
     with pytest.raises(ValueError, match=r"^drafts: expected 1 for kda .*got 4$"):
         kda_layout(**KIMI, drafts=4)
     with pytest.raises(ValueError, match=r"^drafts: expected 1 for kda"):
         kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1, drafts=2)
     spec = kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1)
-    for batch in (1, 64, 256, 4096):  # the policy never picks the split step
-        assert choose_launch(spec, batch, 32, 132, replay=True).kernel != "split"
+    # Where GDN would split, the per-item kernel keeps the window; below, FP32 checkpoints flush
+    # every token as GDN's do.
+    assert choose_launch(spec, 1, 32, 132, replay=True).kernel == "flush-every-step"
+    for batch in (5, 64, 256, 4096):
+        assert choose_launch(spec, batch, 32, 132, replay=True).kernel == "per-item"
     with pytest.raises(ValueError, match=r"^config.kernel: expected .* for kda"):
         choose_launch(spec, 256, 32, 132, replay=True, config=LaunchConfig(kernel="split"))
 
@@ -191,3 +209,32 @@ def test_wrapper_matches_the_reference(mode, lower_bound, jit_cache):
             for s in (0, 2, 4, 5):
                 assert torch.equal(t[s], before[name][s]), f"step {step}: {name} of slot {s}"
     assert not build._LOADED and not jit_cache.exists()
+
+
+def test_custom_op_matches_the_functional_op():
+    """torch.ops.replayssm.kda_decode (for torch.compile) is kda_decode through a plan handle."""
+    from replayssm_jit.ops import plan_handle, release_plan
+
+    layout = kda_layout(**KIMI, window=4, act_dtype=torch.float32)
+    plan = plan_decode(layout, 2, device="cpu")
+    gen = torch.Generator().manual_seed(3)
+    pools = []
+    for _ in range(2):
+        pool = layout.allocate(3, "cpu")
+        pool["state"].copy_(0.3 * torch.randn(pool["state"].shape, generator=torch.Generator()))
+        pools.append(pool)
+    _, _, args = cpu_setup()
+    args = {name: t for name, t in args.items() if name != "slot_indices"}
+    slots = torch.tensor([2, 0], dtype=torch.int32)
+    handle = plan_handle(plan)
+    try:
+        for _ in range(5):  # one flush at window 4
+            out_op, out_fn = torch.empty(2, 8, 64), torch.empty(2, 8, 64)
+            token = {**args, "v": torch.randn(2, 8, 64, generator=gen)}
+            torch.ops.replayssm.kda_decode(handle, **pools[0], **token, slot_indices=slots,
+                                           out=out_op)  # fmt: skip
+            kda_decode(plan, **pools[1], **token, slot_indices=slots, out=out_fn)
+            assert torch.equal(out_op, out_fn) and out_op.isfinite().all()
+    finally:
+        release_plan(handle)
+    assert all(torch.equal(pools[0][n], pools[1][n]) for n in pools[0])

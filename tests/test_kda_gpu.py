@@ -261,14 +261,19 @@ def test_records_hold_per_channel_gates():
 
 def fla_kda_step(fn, q, k, v, g, beta, h0, *, scale):
     """One fla decode step for every row: q, k [B, H, K], v [B, HV, V], g [B, HV, K], beta
-    [B, HV], h0 [B, HV, V, K] fp32 (fla keeps [B, HV, K, V]). Returns (o [B, HV, V], h [B, HV,
-    V, K])."""
-    o, h = fn(
-        q=q[:, None], k=k[:, None], v=v[:, None], g=g[:, None], beta=beta[:, None], scale=scale,
-        initial_state=h0.transpose(-1, -2).contiguous(), output_final_state=True,
-        use_qk_l2norm_in_kernel=True,
-    )  # fmt: skip
-    return o[:, 0], h.transpose(-1, -2)
+    [B, HV], h0 [B, HV, V, K] fp32. Returns (o [B, HV, V], h [B, HV, V, K]). fla keeps [B, HV,
+    K, V] unless the installed version offers state_v_first; versions differ in whether they
+    take output_final_state (the others return the state they updated in place)."""
+    params = inspect.signature(fn).parameters
+    v_first = "state_v_first" in params
+    kw = dict(scale=scale, use_qk_l2norm_in_kernel=True,
+              initial_state=h0.contiguous() if v_first else h0.transpose(-1, -2).contiguous())  # fmt: skip
+    if "output_final_state" in params:
+        kw["output_final_state"] = True
+    if v_first:
+        kw["state_v_first"] = True
+    o, h = fn(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], **kw)
+    return o[:, 0], (h if v_first else h.transpose(-1, -2))
 
 
 @pytest.mark.parametrize("act", [torch.bfloat16, torch.float32])

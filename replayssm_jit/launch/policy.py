@@ -91,7 +91,8 @@ def can_split(spec: KernelSpec) -> bool:
 def choose_replay_kernel(
     spec: KernelSpec, batch: int, heads: int, sms: int, config: LaunchConfig
 ) -> str:
-    """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split; below it the
+    """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split (a family that
+    compiles no split step keeps its window on the per-item kernel there); below it the
     per-item kernel, flushing every token for FP32 checkpoints (with nothing held, the step is
     the conventional one plus a cursor read; 16-bit checkpoints keep the window so that they are
     rounded once per L tokens)."""
@@ -110,8 +111,11 @@ def choose_replay_kernel(
         )
     if config.kernel != AUTO:
         return config.kernel
-    if can_split(spec) and batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms:
-        return "split"
+    if batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms:
+        if can_split(spec):
+            return "split"
+        if not get_family(spec.family).split_kernel:
+            return "per-item"
     return "flush-every-step" if spec.state_dtype == "f32" else "per-item"
 
 
