@@ -1,8 +1,10 @@
 """replayssm-jit: JIT-compiled CUDA decode kernels for ReplaySSM (cache SSM inputs, not state).
 
 Public API:
-    mamba2_layout, gdn_layout, CacheLayout  the per-slot tensors of a layer (engines allocate)
-    plan_decode, mamba2_decode, gdn_decode  functional ops on caller-owned tensors
+    mamba2_layout, gdn_layout, kda_layout, CacheLayout
+                                            the per-slot tensors of a layer (engines allocate)
+    plan_decode, mamba2_decode, gdn_decode, kda_decode
+                                            functional ops on caller-owned tensors
     reset_slots, copy_slots                 slot lifecycle on them: new sequences, forks
     materialize_slots                       a slot's exact FP32 state (prefix caching)
     mamba2_verify, gdn_verify, commit_drafts
@@ -14,12 +16,20 @@ Public API:
     LaunchConfig                            launch choices a plan may fix ("auto" by default)
     Mamba2DecodeCache, Mamba2DecodeWrapper  convenience cache + plan()/run() objects
     GDNDecodeCache, GDNDecodeWrapper
-    KernelSpec, mamba2_spec, gdn_spec       typed specializations (readable URIs)
+    KDADecodeCache, KDADecodeWrapper
+    KernelSpec, mamba2_spec, gdn_spec, kda_spec
+                                            typed specializations (readable URIs)
     replayssm_jit.reference                 float64 oracles (Mamba-2, GDN, KDA)
     python -m replayssm_jit demo | aot      the main job and AOT builds
 """
 
-from replayssm_jit.families.layout import CacheLayout, TensorLayout, gdn_layout, mamba2_layout
+from replayssm_jit.families.layout import (
+    CacheLayout,
+    TensorLayout,
+    gdn_layout,
+    kda_layout,
+    mamba2_layout,
+)
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops import (
     DecodePlan,
@@ -29,6 +39,7 @@ from replayssm_jit.ops import (
     gdn_decode,
     gdn_snapshot_verify,
     gdn_verify,
+    kda_decode,
     mamba2_decode,
     mamba2_snapshot_verify,
     mamba2_verify,
@@ -36,9 +47,10 @@ from replayssm_jit.ops import (
     plan_decode,
     reset_slots,
 )
-from replayssm_jit.spec import KernelSpec, gdn_spec, mamba2_spec
+from replayssm_jit.spec import KernelSpec, gdn_spec, kda_spec, mamba2_spec
 from replayssm_jit.wrappers.cache import SlotCache
 from replayssm_jit.wrappers.gdn import GDNDecodeCache, GDNDecodeWrapper
+from replayssm_jit.wrappers.kda import KDADecodeCache, KDADecodeWrapper
 from replayssm_jit.wrappers.mamba2 import Mamba2DecodeCache, Mamba2DecodeWrapper
 
 __all__ = [
@@ -46,6 +58,8 @@ __all__ = [
     "DecodePlan",
     "GDNDecodeCache",
     "GDNDecodeWrapper",
+    "KDADecodeCache",
+    "KDADecodeWrapper",
     "KernelSpec",
     "LaunchConfig",
     "Mamba2DecodeCache",
@@ -60,6 +74,9 @@ __all__ = [
     "gdn_snapshot_verify",
     "gdn_spec",
     "gdn_verify",
+    "kda_decode",
+    "kda_layout",
+    "kda_spec",
     "mamba2_decode",
     "mamba2_layout",
     "mamba2_snapshot_verify",

@@ -161,6 +161,11 @@ def make_spec(
         state_dtype=state,
         flags=tuple(flags),
     )
+    if drafts != 1 and not fam.speculative_kernels:
+        raise ValueError(
+            f"drafts: expected 1 for {fam.name} (its speculative kernels are not built), "
+            f"got {drafts}"
+        )
     rows, cols = spec.state_rows_cols
     row_arg, col_arg = fam.dim_arg(fam.role_key("value_dim")), fam.dim_arg(fam.role_key("key_dim"))
     vec = 16 // DTYPE_BYTES[state]
@@ -212,5 +217,16 @@ def gdn_spec(
     """
     return family_spec(
         "gdn", head_k_dim=head_k_dim, head_v_dim=head_v_dim,
+        value_heads_per_key_head=value_heads_per_key_head, **kwargs,
+    )  # fmt: skip
+
+
+def kda_spec(
+    *, head_k_dim: int, head_v_dim: int, value_heads_per_key_head: int, **kwargs
+) -> KernelSpec:
+    """The Kimi Delta Attention specialization: gdn_spec's arguments and flags, with a decay per
+    key channel (g [K] per value head and token)."""
+    return family_spec(
+        "kda", head_k_dim=head_k_dim, head_v_dim=head_v_dim,
         value_heads_per_key_head=value_heads_per_key_head, **kwargs,
     )  # fmt: skip

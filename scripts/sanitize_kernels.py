@@ -63,6 +63,7 @@ from replayssm_jit import (
     gdn_decode,
     gdn_snapshot_verify,
     gdn_verify,
+    kda_decode,
     mamba2_decode,
     mamba2_snapshot_verify,
     mamba2_verify,
@@ -167,6 +168,18 @@ def _gdn_token(
     }
 
 
+def _kda_params(s: HeadShape, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    return {**_gdn_params(s, gen), "dt_bias": 0.5 * torch.rand(s.value_heads * s.key_dim,
+                                                              generator=gen) - 0.25}  # fmt: skip
+
+
+def _kda_token(
+    s: HeadShape, batch: int, act: torch.dtype, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    a = -4.0 + 3.0 * torch.rand(batch, s.value_heads, s.key_dim, generator=gen)
+    return {**_gdn_token(s, batch, act, gen), "a": a}
+
+
 @dataclass(frozen=True)
 class Case:
     """How this script drives one family: its layout's shape arguments (Family.shape_args),
@@ -178,8 +191,8 @@ class Case:
     decode: Callable[..., torch.Tensor]
     params: Callable[[HeadShape, torch.Generator], dict[str, torch.Tensor]]
     token: Callable[[HeadShape, int, torch.dtype, torch.Generator], dict[str, torch.Tensor]]
-    verify: Callable[..., torch.Tensor]
-    snapshot: Callable[..., torch.Tensor]
+    verify: Callable[..., torch.Tensor] | None  # None: the family has no speculative kernels
+    snapshot: Callable[..., torch.Tensor] | None
 
 
 # Small heads that keep the split step possible. GDN's K = 128 makes its 64-row, 4-warp tile the
@@ -202,6 +215,15 @@ CASES: dict[str, Case] = {
         token=_gdn_token,
         verify=gdn_verify,
         snapshot=gdn_snapshot_verify,
+    ),
+    "kda": Case(
+        shape=dict(num_k_heads=1, num_v_heads=2, head_k_dim=128, head_v_dim=64),
+        options=dict(use_qk_l2norm=True, gates_in_kernel=True),
+        decode=kda_decode,
+        params=_kda_params,
+        token=_kda_token,
+        verify=None,
+        snapshot=None,
     ),
 }
 
@@ -301,7 +323,7 @@ def launch_variants(fam: Family, mode: str) -> list[dict]:
     if mode == "conventional":
         return [dict(kernel="conventional")]
     variants = []
-    for kernel in REPLAY_KERNELS:
+    for kernel in REPLAY_KERNELS if fam.split_kernel else REPLAY_KERNELS[:-1]:
         for speculative in (True, False):
             if kernel != "split":
                 variants.append(dict(kernel=kernel, speculative=speculative))
@@ -339,7 +361,7 @@ def family_configs(family: str, quick: bool) -> list[list[Config]]:
             spec = plan_decode(
                 layout, BATCH, device="cpu", mode=mode, **plan_options(family, sr)
             ).spec
-            if mode == "replay" and not can_split(spec):
+            if mode == "replay" and fam.split_kernel and not can_split(spec):
                 raise SystemExit(f"sanitize_kernels: {spec.uri} cannot split; pick smaller heads")
             rows = [r for r, _ in spec_tilings(spec)]
             if quick:
@@ -399,6 +421,8 @@ def spec_configs(family: str, quick: bool) -> list[list[SpecConfig]]:
     """The family's speculative configs, grouped by (op, T), each group in diagonals of its
     tiles x dtypes grid as family_configs orders them."""
     groups: dict[tuple, list[tuple[tuple[int, int], SpecConfig]]] = {}
+    if not get_family(family).speculative_kernels:
+        return []
     for si, (state, sr) in enumerate(QUICK_STATES if quick else STATES):
         for drafts in SPEC_DRAFTS:
             layout = make_layout(family, state, drafts)

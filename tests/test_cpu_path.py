@@ -22,9 +22,12 @@ import torch
 from replayssm_jit.ops import cpu
 from replayssm_jit.reference import (
     GDNSequence,
+    KDASequence,
     Mamba2Sequence,
     gdn_gates,
     gdn_step_pool,
+    kda_gates,
+    kda_step_pool,
     mamba2_step_pool,
 )
 
@@ -303,6 +306,72 @@ class GDNCase(Case):
         )  # fmt: skip
 
 
+@dataclass(kw_only=True)
+class KDACase(GDNCase):
+    """GDN's case with a decay per key channel: a, g [batch, HV, K], dt_bias [HV * K], rec_g
+    [slots, HV, CAP, K], and optionally the safe gate's lower bound."""
+
+    lower_bound: float | None = None
+
+    def setup(self, gen) -> None:
+        super().setup(gen)
+        if "gates_in_kernel" in self.flags:
+            self.params["dt_bias"] = uniform(gen, self.HV * self.K, lo=-1.0, hi=1.0).to(F32)
+
+    def pool(self, gen) -> Pool:
+        pool = super().pool(gen)
+        pool.rings["rec_g"] = torch.full(
+            (NUM_SLOTS, self.HV, self.capacity, self.K), math.nan, dtype=F32
+        )
+        return pool
+
+    def tokens(self, gen, batch: int) -> dict:
+        tok = super().tokens(gen, batch)
+        if "gates_in_kernel" in self.flags:
+            tok["gate_a"] = randn(gen, batch, self.HV, self.K).to(F32)
+        else:
+            tok["gate_a"] = -uniform(gen, batch, self.HV, self.K, lo=0.02, hi=1.0).to(F32)
+        return tok
+
+    def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
+        r, p = pool.rings, self.params
+        setup = cpu.StepSetup(replay, fes, self.window,
+                              self.flags if flags is None else flags, pad, seed)  # fmt: skip
+        cpu.kda_step(
+            setup, state=pool.state,
+            rec_u=r["rec_u"] if replay else None, rec_k=r["rec_k"] if replay else None,
+            rec_g=r["rec_g"] if replay else None, cursors=pool.cursors if replay else None,
+            q=tok["q"], k=tok["k"], v=tok["v"], gate_a=tok["gate_a"], gate_b=tok["gate_b"],
+            A_log=p["A_log"], dt_bias=p["dt_bias"], scale=p["scale"],
+            lower_bound=self.lower_bound or 0.0, out=out, slot_indices=slots,
+        )  # fmt: skip
+
+    def gates(self, tok, b=None):
+        ga, gb = tok["gate_a"], tok["gate_b"]
+        if b is not None:
+            ga, gb = ga[b], gb[b]
+        if "gates_in_kernel" in self.flags:
+            p = self.params
+            return kda_gates(p["A_log"], ga, p["dt_bias"], gb, self.lower_bound)
+        return ga, gb
+
+    def sequence(self, checkpoint, L: int) -> KDASequence:
+        return KDASequence(
+            checkpoint,
+            scale=self.params["scale"],
+            use_qk_l2norm="qk_l2norm" in self.flags,
+            L=L,
+            T=self.drafts,
+        )
+
+    def pool_step(self, ref_state, slots, tok, pad) -> torch.Tensor:
+        g, beta = self.gates(tok)
+        return kda_step_pool(
+            ref_state, slots, tok["q"], tok["k"], tok["v"], g, beta, self.params["scale"],
+            "qk_l2norm" in self.flags, pad_slot_id=pad,
+        )  # fmt: skip
+
+
 def new_cursors() -> torch.Tensor:
     cursors = torch.zeros((NUM_SLOTS, 4), dtype=torch.int32)
     cursors[:, 3] = SPARE
@@ -561,10 +630,64 @@ def test_gdn_conventional(flags, state_dtype, tol):
 
 
 # ---------------------------------------------------------------------------------------------
+# Kimi Delta Attention
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", list(GDN_FLAG_SETS), ids=str)
+@pytest.mark.parametrize("heads", [(2, 4), (4, 4)], ids=["H2HV4", "H4HV4"])
+def test_kda_replay_fp32(flags, heads):
+    H, HV = heads
+    case = KDACase(H=H, HV=HV, flags=GDN_FLAG_SETS[flags])
+    drive_replay(case, steps=24, pad=0, seed=41, min_flushes=3, mixed=True)
+
+
+def test_kda_replay_safe_gate():
+    drive_replay(KDACase(lower_bound=-5.0), steps=24, seed=42, min_flushes=3, mixed=True)
+
+
+@pytest.mark.parametrize("dtypes", REPLAY_16BIT)
+def test_kda_replay_16bit(dtypes):
+    drive_replay(dtype_case(KDACase, *dtypes), steps=24, seed=43, min_flushes=3)
+
+
+@pytest.mark.parametrize("window", [1, 2, 5])
+def test_kda_replay_windows(window):
+    drive_replay(KDACase(window=window), steps=22, seed=44, min_flushes=2)
+
+
+def test_kda_flush_every_step():
+    drive_replay(KDACase(), steps=12, fes=True, pad=0, seed=45, min_flushes=6)
+
+
+@pytest.mark.parametrize(
+    "flags, state_dtype, tol, bound",
+    [("l2-gates", F32, 1e-5, None), ("none", F32, 1e-5, None), ("l2", BF16, 3e-3, None),
+     ("l2-gates", F32, 1e-5, -5.0)],
+    ids=["l2-gates-f32", "none-f32", "l2-bf16", "safe-gate-f32"],
+)  # fmt: skip
+def test_kda_conventional(flags, state_dtype, tol, bound):
+    case = KDACase(flags=GDN_FLAG_SETS[flags], state_dtype=state_dtype, tol_out=tol,
+                   tol_state=tol, lower_bound=bound)  # fmt: skip
+    drive_conventional(case, seed=46)
+
+
+def test_kda_decays_differ_per_channel():
+    """The per-channel decay is exercised: g records vary along K (a scalar decay would pass
+    tests whose channels all decay alike)."""
+    case = KDACase()
+    gen, pool = fresh_pool(case, 47)
+    _one_step(case, gen, pool, [1, 2], replay=True)
+    g = pool.rings["rec_g"][[1, 2], :, 0]  # [2, HV, K]
+    assert bool(torch.isfinite(g).all()) and bool((g < 0).all())
+    assert float((g.amax(-1) - g.amin(-1)).min()) > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
 # Cursors, switching modes, edge cases
 # ---------------------------------------------------------------------------------------------
 
-CASES = {"mamba2": Mamba2Case, "gdn": GDNCase}
+CASES = {"mamba2": Mamba2Case, "gdn": GDNCase, "kda": KDACase}
 
 
 @pytest.mark.parametrize("family", list(CASES))

@@ -120,7 +120,7 @@ def _padded_slots(t: torch.Tensor, pad: int, offset: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize(
     "family, name",
     [("mamba2", n) for n in ("rec_x", "rec_b", "rec_dt", "cursors")]
-    + [("gdn", n) for n in ("rec_u", "rec_k", "rec_g", "cursors")],
+    + [(f, n) for f in ("gdn", "kda") for n in ("rec_u", "rec_k", "rec_g", "cursors")],
 )
 def test_a_padded_ring_or_cursor_pool_is_named_and_changes_nothing(family, name):
     fam, cache, plan, args = _op_case(family)
@@ -139,7 +139,7 @@ def test_a_padded_ring_or_cursor_pool_is_named_and_changes_nothing(family, name)
         type(cache).from_tensors(cache.layout, **pool)
 
 
-@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_a_padded_checkpoint_pool_steps_as_the_packed_one(family):
     """The checkpoint's slot stride is the kernels' to honour: padded slots stay valid."""
     fam, cache, plan, args = _op_case(family)
@@ -184,13 +184,13 @@ def test_commit_drafts_rejects_padded_cursors():
 def test_cuda_speculative_entries_load_only_sanitizer_specs(data):
     """Every module the CUDA verify.op / snapshot.op entries can plan (the T = 1 plan variant
     too) is in the preset, so the GPU run needs no other build."""
-    from fuzz.families import ADAPTERS
+    from fuzz.families import ADAPTERS, adapters_on
     from fuzz.verify import DTYPES, STATE_DTYPES
 
     from replayssm_jit.jit.aot import PRESETS
 
     preset = {s.uri for s in PRESETS["sanitizer"]()}
-    fam = ADAPTERS[data.draw(st.sampled_from(sorted(ADAPTERS)))]
+    fam = ADAPTERS[data.draw(st.sampled_from(adapters_on("cuda")))]
     shape = data.draw(st.sampled_from(fam.shapes["cuda"]))
     state = data.draw(st.sampled_from(STATE_DTYPES))
     options = fam.draw_options(data.draw, "cuda", state)

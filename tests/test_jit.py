@@ -54,7 +54,7 @@ def test_spec_rejects_bad_arguments(kwargs, error, match):
 def test_unknown_family():
     with pytest.raises(ValueError, match="family"):
         KernelSpec("mamba3", (("p", 1),), 1, 1, "f32", "f32")
-    with pytest.raises(ValueError, match=r"^family: expected one of \['gdn', 'mamba2'\]"):
+    with pytest.raises(ValueError, match=r"^family: expected one of \['gdn', 'kda', 'mamba2'\]"):
         get_family("mamba3")
     assert get_family("mamba2") is MAMBA2 and get_family(MAMBA2) is MAMBA2
 
@@ -147,6 +147,26 @@ def test_aot_round_trip_compiles_and_loads(jit_cache, aot_split_modules, monkeyp
     assert callable(module.replay_step) and callable(module.conventional_step)
     assert build.load_module(spec) is module  # memoized
     assert not (jit_cache / "build").exists(), "the JIT cache must not be used"
+
+
+@pytest.mark.nvcc
+def test_kda_module_compiles_and_loads(jit_cache, tmp_path, monkeypatch):
+    """A KDA spec (GDN's templates with a decay per key channel) compiles for sm_90a and loads
+    with its conventional and ReplaySSM steps; it has no split step (a workspace of 0 floats)."""
+    from replayssm_jit.jit.aot import build_aot
+    from replayssm_jit.spec import kda_spec
+
+    spec = kda_spec(head_k_dim=32, head_v_dim=32, value_heads_per_key_head=2, window=4)
+    assert spec.template_context()["decay_per_channel"]
+    monkeypatch.setenv("REPLAYSSM_CACHE_DIR", str(tmp_path / "aot-build-cache"))
+    build_aot([spec], tmp_path / "aot", jobs=1, archs=["9.0a"])
+    monkeypatch.setenv("REPLAYSSM_AOT_DIR", str(tmp_path / "aot"))
+    monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", "1")
+    module = build.load_module(spec)
+    assert callable(module.conventional_step) and callable(module.replay_step)
+    assert module.split_workspace_floats(8, 4) == 0
+    with pytest.raises(AttributeError):
+        module.verify_step  # noqa: B018
 
 
 def _templates_export(name: str) -> bool:

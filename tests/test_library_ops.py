@@ -123,6 +123,7 @@ def test_every_op_is_registered_with_its_written_tensors_declared():
     written = {
         "mamba2_decode": {"state", "rec_x", "rec_b", "rec_dt", "cursors", "out", "workspace"},
         "gdn_decode": {"state", "rec_u", "rec_k", "rec_g", "cursors", "out", "workspace"},
+        "kda_decode": {"state", "rec_u", "rec_k", "rec_g", "cursors", "out", "workspace"},
         "mamba2_verify": {"state", "rec_x", "rec_b", "rec_dt", "cursors", "out", "workspace"},
         "gdn_verify": {"state", "rec_u", "rec_k", "rec_g", "cursors", "out", "workspace"},
         "commit_drafts": {"cursors", "ring0", "ring1", "ring2"},

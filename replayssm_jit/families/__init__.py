@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from replayssm_jit.families.base import Family, HeadShape, RingLayout
-from replayssm_jit.families.delta import GDN
+from replayssm_jit.families.delta import GDN, KDA
 from replayssm_jit.families.mamba2 import MAMBA2
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (MAMBA2, GDN)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (MAMBA2, GDN, KDA)}
 
 
 def get_family(name: object) -> Family:
@@ -18,4 +18,4 @@ def get_family(name: object) -> Family:
     return FAMILIES[name]
 
 
-__all__ = ["FAMILIES", "GDN", "MAMBA2", "Family", "HeadShape", "RingLayout", "get_family"]
+__all__ = ["FAMILIES", "GDN", "KDA", "MAMBA2", "Family", "HeadShape", "RingLayout", "get_family"]

@@ -103,6 +103,9 @@ class Family:
     flush_every_step_kernel: the flush-every-step step is its own per-item instantiation.
     tile_targets: per step ("conventional", "split", "per-item", "flush-every-step") the CTAs
         per SM its row tile aims for, tried in order.
+    decay_per_channel: the decay is a vector over key_dim (KDA), not a scalar per head.
+    split_kernel: the module compiles the split step (else the policy never picks it).
+    speculative_kernels: the module compiles verify and commit (else drafts must be 1).
     """
 
     name: str
@@ -116,6 +119,9 @@ class Family:
     capped_state_registers: bool
     flush_every_step_kernel: bool
     tile_targets: Mapping[str, tuple[int, ...]] = field(hash=False, compare=False)
+    decay_per_channel: bool = False
+    split_kernel: bool = True
+    speculative_kernels: bool = True
 
     @property
     def flags(self) -> frozenset[str]:
@@ -194,6 +200,8 @@ class Family:
             "records_warps": list(self.records_warps),
             "capped_state_registers": self.capped_state_registers,
             "flush_every_step_kernel": self.flush_every_step_kernel,
+            "decay_per_channel": self.decay_per_channel,
+            "split_kernel": self.split_kernel,
         }
 
     # --- planning -------------------------------------------------------------------------

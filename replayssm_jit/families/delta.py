@@ -1,5 +1,6 @@
-"""Delta-rule families: Gated DeltaNet (scalar decay per head), with KDA's per-channel decay
-to join as one more entry. State [HV, V, K] per slot, records (g, u, k)."""
+"""Delta-rule families: Gated DeltaNet (a scalar decay per head) and Kimi Delta Attention (KDA,
+a decay per key channel), one set of templates (templates/gdn) for both. State [HV, V, K] per
+slot, records (g, u, k); KDA's g records hold K channels."""
 
 from __future__ import annotations
 
@@ -67,4 +68,51 @@ GDN = DeltaFamily(
         "per-item": (TARGET_CTAS_PER_SM,),
         "flush-every-step": (1,),
     },
+)
+
+
+class KimiDeltaFamily(DeltaFamily):
+    def plan_scalars(self, options: Mapping[str, object], shape: HeadShape) -> dict:
+        """scale as GDN's, and lower_bound: None for fla's gate g = -exp(A_log) softplus(a +
+        dt_bias), or a finite negative float for the "safe" gate g = lower_bound sigmoid(
+        exp(A_log) (a + dt_bias)) (Kimi-K3 uses -5); it forms gates, so it needs
+        gates_in_kernel."""
+        scalars = super().plan_scalars(options, shape)
+        bound = options.get("lower_bound")
+        if bound is not None:
+            if not isinstance(bound, (int, float)) or isinstance(bound, bool):
+                raise TypeError(
+                    f"lower_bound: expected None or a float, got {type(bound).__name__} {bound!r}"
+                )
+            if not (math.isfinite(bound) and bound < 0):
+                raise ValueError(f"lower_bound: expected a finite negative float, got {bound!r}")
+            if not options.get("gates_in_kernel", True):
+                raise ValueError(
+                    "lower_bound: expected None with gates_in_kernel=False (the caller forms "
+                    f"g), got {bound!r}"
+                )
+            bound = float(bound)
+        return {**scalars, "lower_bound": bound}
+
+
+KDA = KimiDeltaFamily(
+    name="kda",
+    template="gdn/decode.cu.jinja",
+    shape_args=GDN.shape_args,
+    spec_dims=GDN.spec_dims,
+    rings=(
+        RingLayout("rec_u", heads="value", width="value_dim", dtype="f32"),
+        RingLayout("rec_k", heads="key", width="key_dim", dtype="act"),
+        # A log-decay per key channel: K floats per record where GDN keeps one.
+        RingLayout("rec_g", heads="value", width="key_dim", dtype="f32"),
+    ),
+    default_flags=GDN.default_flags,
+    plan_options=GDN.plan_options,
+    records_warps=(8,),
+    capped_state_registers=False,
+    flush_every_step_kernel=False,
+    tile_targets=GDN.tile_targets,
+    decay_per_channel=True,
+    split_kernel=False,
+    speculative_kernels=False,
 )

@@ -58,7 +58,8 @@ class TensorLayout:
 class CacheLayout:
     """The per-slot tensors of one layer of `family` for a replay window and draft count.
 
-    Build it with `mamba2_layout(...)` or `gdn_layout(...)`, which check every argument.
+    Build it with `mamba2_layout(...)`, `gdn_layout(...)` or `kda_layout(...)`, which check every
+    argument.
     """
 
     family: Family
@@ -214,3 +215,13 @@ def gdn_layout(**kwargs) -> CacheLayout:
     k); rec_g [HV, CAP] float32 (log-decay); cursors [4] int32.
     """
     return family_layout("gdn", **kwargs)
+
+
+def kda_layout(**kwargs) -> CacheLayout:
+    """A Kimi Delta Attention layer's slot tensors, from gdn_layout's arguments (drafts must be
+    1: KDA has no speculative kernels yet):
+
+    state [HV, V, K] state_dtype; rec_u [HV, CAP, V] float32; rec_k [H, CAP, K] act_dtype (raw
+    k); rec_g [HV, CAP, K] float32 (a log-decay per key channel); cursors [4] int32.
+    """
+    return family_layout("kda", **kwargs)

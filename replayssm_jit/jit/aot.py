@@ -118,14 +118,17 @@ def _preset_sanitizer() -> list[KernelSpec]:
     family that can split (GDN's K = 128 gives the capped-register state kernel its tile), with
     every input path's flags (Mamba-2 z too), conventional (L = 1) and L = 4 replay, BF16
     activations, FP32 / BF16 / BF16 with stochastic rounding / FP16 checkpoints; and the same
-    at L = 4 with T = 2 and 4 drafts (the verify, commit and snapshot kernels)."""
+    at L = 4 with T = 2 and 4 drafts (the verify, commit and snapshot kernels) for the families
+    that compile them."""
     shapes = {
         "mamba2": dict(headdim=64, dstate=64, heads_per_group=2),
         "gdn": dict(head_k_dim=128, head_v_dim=64, value_heads_per_key_head=2),
+        "kda": dict(head_k_dim=128, head_v_dim=64, value_heads_per_key_head=2),
     }
     flags = {
         "mamba2": ("d", "dt_bias", "dt_softplus", "z"),
         "gdn": ("gates_in_kernel", "qk_l2norm"),
+        "kda": ("gates_in_kernel", "qk_l2norm"),
     }
     states = (("f32", ()), ("bf16", ()), ("bf16", ("sr", "device_seed")), ("f16", ()))
     # (window, drafts): conventional, the L = 4 replay step, and L = 4 with T = 2 and 4 drafts
@@ -133,11 +136,39 @@ def _preset_sanitizer() -> list[KernelSpec]:
     specs = []
     for family, dims in shapes.items():
         for window, drafts in windows:
+            if drafts > 1 and not get_family(family).speculative_kernels:
+                continue
             for state, sr in states:
                 spec = family_spec(family, window=window, drafts=drafts, act_dtype="bf16",
                                    state_dtype=state, flags=(*flags[family], *sr),
                                    **dims)  # fmt: skip
                 specs.append(spec)
+    return specs
+
+
+def _preset_kda_tests() -> list[KernelSpec]:
+    """What tests/test_kda_gpu.py loads: K = V = 128 with 1 (Kimi-Linear, the Kimi-K3 shard)
+    and 2 (GVA) value heads per key head; FP32 at L = 1, 4, 16, 32 (L = 1 also serves the
+    conventional step), precomputed gates at L = 16, and BF16 activations with FP32, BF16 and
+    FP16 checkpoints (with and without stochastic rounding) at L = 16 and conventional."""
+    dims = dict(head_k_dim=128, head_v_dim=128)
+    specs = [
+        family_spec("kda", value_heads_per_key_head=vph, window=w, act_dtype="f32",
+                    state_dtype="f32", **dims)
+        for vph in (1, 2)
+        for w in (1, 4, 16, 32)
+    ]  # fmt: skip
+    specs += [
+        family_spec("kda", value_heads_per_key_head=vph, window=16, act_dtype="f32",
+                    state_dtype="f32", flags=("qk_l2norm",), **dims)
+        for vph in (1, 2)
+    ]  # fmt: skip
+    gates = get_family("kda").default_flags
+    for state, sr in (("f32", ()), ("bf16", ()), ("bf16", ("sr",)), ("f16", ()), ("f16", ("sr",))):
+        specs.append(family_spec("kda", value_heads_per_key_head=1, window=16, act_dtype="bf16",
+                                 state_dtype=state, flags=(*gates, *sr), **dims))  # fmt: skip
+    specs.append(family_spec("kda", value_heads_per_key_head=1, window=1, act_dtype="bf16",
+                             state_dtype="f32", **dims))  # fmt: skip
     return specs
 
 
@@ -148,6 +179,7 @@ PRESETS = {
     "sanitizer": _preset_sanitizer,
     "verify-tests": _preset_verify_tests,
     "verify-bench": _preset_verify_bench,
+    "kda-tests": _preset_kda_tests,
 }
 
 

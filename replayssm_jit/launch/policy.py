@@ -84,6 +84,8 @@ def can_split(spec: KernelSpec) -> bool:
     """Whether `spec`'s split step fits: at most SPLIT_RECORDS_THREADS heads per key head, and
     their records within one CTA's shared memory."""
     fam = get_family(spec.family)
+    if not fam.split_kernel:
+        return False
     heads = fam.records_heads(dict(spec.dims))
     return heads <= SPLIT_RECORDS_THREADS and fam.records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
 
@@ -91,12 +93,18 @@ def can_split(spec: KernelSpec) -> bool:
 def choose_replay_kernel(
     spec: KernelSpec, batch: int, heads: int, sms: int, config: LaunchConfig
 ) -> str:
-    """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split; below it the
+    """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split (a family that
+    compiles no split step keeps its window on the per-item kernel there); below it the
     per-item kernel, flushing every token for FP32 checkpoints (with nothing held, the step is
     the conventional one plus a cursor read; 16-bit checkpoints keep the window so that they are
     rounded once per L tokens)."""
     if config.kernel == "split" and not can_split(spec):
         fam = get_family(spec.family)
+        if not fam.split_kernel:
+            raise ValueError(
+                f"config.kernel: expected 'auto', 'per-item' or 'flush-every-step' for "
+                f"{fam.name} (its split step is not built), got 'split'"
+            )
         raise ValueError(
             f"config.kernel: 'split' needs at most {SPLIT_RECORDS_THREADS} heads per key head and "
             f"{MAX_CTA_SHARED_BYTES} bytes of shared memory for their records; got "
@@ -105,8 +113,11 @@ def choose_replay_kernel(
         )
     if config.kernel != AUTO:
         return config.kernel
-    if can_split(spec) and batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms:
-        return "split"
+    if batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms:
+        if can_split(spec):
+            return "split"
+        if not get_family(spec.family).split_kernel:
+            return "per-item"
     return "flush-every-step" if spec.state_dtype == "f32" else "per-item"
 
 

@@ -3,6 +3,7 @@
     plan = plan_decode(layout, batch_size, device=..., mode="replay", config=LaunchConfig())
     mamba2_decode(plan, state=..., rec_x=..., rec_b=..., rec_dt=..., cursors=..., x=..., ...)
     gdn_decode(plan, state=..., rec_u=..., rec_k=..., rec_g=..., cursors=..., q=..., ...)
+    kda_decode(plan, ...)                  as gdn_decode, with a decay per key channel
     reset_slots(layout, tensors, slots, initial_state=None)   start sequences in slots
     copy_slots(layout, tensors, src, dst)                     fork slots (prefix sharing)
     materialize_slots(plan, tensors, slots, A=...)            a slot's FP32 state at any position
@@ -14,11 +15,13 @@
     plan_handle(plan) -> int, then torch.ops.replayssm.<op>(handle, ..., out=out)
                                            the same ops as torch.library custom ops (ops/library.py)
 
-Tensors come from the layout (families.layout.mamba2_layout / gdn_layout). On CPU tensors the
+Tensors come from the layout (families.layout.mamba2_layout / gdn_layout /
+kda_layout). On CPU tensors the
 same calls run a PyTorch implementation of the same cursor, ring and flush semantics.
 """
 
 from replayssm_jit.ops.gdn import gdn_decode
+from replayssm_jit.ops.kda import kda_decode
 from replayssm_jit.ops.library import lookup_plan, plan_handle, release_plan
 from replayssm_jit.ops.lifecycle import copy_slots, reset_slots
 from replayssm_jit.ops.mamba2 import mamba2_decode
@@ -41,6 +44,7 @@ __all__ = [
     "gdn_decode",
     "gdn_snapshot_verify",
     "gdn_verify",
+    "kda_decode",
     "lookup_plan",
     "mamba2_decode",
     "mamba2_snapshot_verify",

@@ -1,6 +1,6 @@
 """Plain-PyTorch decode steps: what the CUDA modules' bindings do, for CPU tensors (any device).
 
-`mamba2_step` and `gdn_step` take the same tensors as the modules' conventional_step /
+`mamba2_step`, `gdn_step` and `kda_step` take the same tensors as the modules' conventional_step /
 replay_step bindings (shapes: ops/mamba2.py, ops/gdn.py), already validated, and mutate the
 state, rings, cursors and `out` in place as the per-item kernels (templates/*/decode_kernel.cuh)
 do: the same flush decision, the same ring rows, the same cursor words, the same stored dtypes.
@@ -58,6 +58,7 @@ __all__ = [
     "gdn_snapshot",
     "gdn_step",
     "gdn_verify",
+    "kda_step",
     "mamba2_snapshot",
     "mamba2_step",
     "mamba2_verify",
@@ -458,6 +459,106 @@ def gdn_step(
         else:
             coef_j = kq[..., held] * rk_j * rq  # dec_j = 1
             o = total[..., None] * sq + osum + coef_j[..., None] * u_j
+        out[rows] = o.to(out.dtype)
+        if not flush:  # this token's record at ring row `held` (u, g in FP32; raw k exact)
+            rec_u[slots, :, held] = u_j.to(rec_u.dtype)
+            rec_g[slots, :, held] = g_j.to(rec_g.dtype)
+            rec_k[slots, :, held] = k[rows].to(rec_k.dtype)
+
+    _run_rows(setup, sr=sr, cursors=cursors, out=out, slot_indices=slot_indices, compute=compute)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kimi Delta Attention: GDN with a decay per key channel
+# ---------------------------------------------------------------------------------------------
+
+
+def _kda_gates(gate_a, gate_b, A_log, dt_bias, lower_bound: float, gates_in_kernel: bool):
+    """(g [b, HV, K], beta [b, HV]) FP32 from the given gates: raw a [b, HV, K], b with
+    "gates_in_kernel" (fla's gate, or the safe gate where lower_bound < 0), else g and beta."""
+    g, beta = gate_a.to(_F32), gate_b.to(_F32)
+    if gates_in_kernel:
+        x = g + dt_bias.to(_F32).view(g.shape[1], g.shape[2])
+        rate = torch.exp(A_log.to(_F32))[:, None]
+        g = lower_bound * _sigmoid(rate * x) if lower_bound < 0 else -rate * _softplus(x)
+        beta = _sigmoid(beta)
+    return g, beta
+
+
+def kda_step(
+    setup: StepSetup,
+    *,
+    state: torch.Tensor,
+    rec_u: torch.Tensor | None,
+    rec_k: torch.Tensor | None,
+    rec_g: torch.Tensor | None,
+    cursors: torch.Tensor | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_a: torch.Tensor,
+    gate_b: torch.Tensor,
+    A_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    lower_bound: float,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+) -> None:
+    """One KDA decode step (conventional or ReplaySSM), as the module's bindings take it.
+
+    Tensors as gdn_step's, except rec_g [slots, HV, CAP, K], gate_a [batch, HV, K] (a, or g)
+    and dt_bias [HV * K]; lower_bound < 0 selects the safe gate (0: fla's gate). With j records,
+    dec_i [K] = exp(sum_{m>i} g_m) and tot [K] = a(1:j) per channel, k^, q^ as gdn_step's:
+        u_j = beta (v - (S_c (tot * k^_j) + sum_{i<j} ((dec_i * k^_i) . k^_j) u_i))
+        flush:  S <- S_c Diag(tot) + sum_i u_i (dec_i * k^_i)^T, o = S q^
+        else:   o = S_c (tot * q^) + sum_{i<=j} ((dec_i * k^_i) . q^) u_i
+    A non-flush step appends (u_j, raw k_j, g_j [HV, K]) at ring row n.
+    """
+    flags, seed = setup.flags, setup.seed
+    sr = _check_flags(flags, _GDN_FLAGS, "KDA")
+    k_heads, v_heads = q.shape[1], v.shape[1]
+    per_key = v_heads // k_heads
+    l2norm, gates_in_kernel = "qk_l2norm" in flags, "gates_in_kernel" in flags
+
+    def compute(rows, slots, held, flush, epochs):
+        q_j = q[rows].to(_F32)  # [b, H, K]
+        k_j = k[rows].to(_F32)
+        v_j = v[rows].to(_F32)  # [b, HV, V]
+        g_j, beta = _kda_gates(gate_a[rows], gate_b[rows], A_log, dt_bias, lower_bound,
+                               gates_in_kernel)  # fmt: skip
+        ks = _with_current(rec_k, slots, held, k_j)  # [b, H, j, K]
+        gs = _with_current(rec_g, slots, held, g_j)  # [b, HV, j, K]
+        decay, total = _suffix_decays(gs.transpose(-1, -2))  # [b, HV, K, j], [b, HV, K]
+        keys = ks.repeat_interleave(per_key, dim=1)  # [b, HV, j, K] raw
+        decayed = keys * decay.transpose(-1, -2)  # k_i * a(i+1:j)
+        query = q_j.repeat_interleave(per_key, dim=1)  # [b, HV, K] raw
+        kk = (decayed @ keys[:, :, held, :, None]).squeeze(-1)  # [b, HV, j]
+        kq = (decayed @ query[..., None]).squeeze(-1)
+        rk = _key_norms(ks, l2norm, per_key)  # [b, HV, j]
+        rq = _query_scale(q_j, l2norm, per_key, scale)  # [b, HV]
+        rk_j = rk[..., held]
+        s = state[slots].to(_F32)  # [b, HV, V, K]
+        sk = (s @ (total * keys[:, :, held])[..., None]).squeeze(-1) * rk_j[..., None]
+        sq = (s @ (total * query)[..., None]).squeeze(-1) * rq[..., None]
+        pred = torch.zeros_like(sk)
+        osum = torch.zeros_like(sq)
+        if held:
+            us = rec_u[slots, :, :held].to(_F32)  # [b, HV, n, V]
+            base = kk[..., :held] * rk[..., :held] * rk_j[..., None]
+            pred = (base[..., None] * us).sum(dim=2)
+            coef = kq[..., :held] * rk[..., :held] * rq[..., None]
+            osum = (coef[..., None] * us).sum(dim=2)
+        u_j = beta[..., None] * (v_j - (sk + pred))  # [b, HV, V]
+        if flush:  # weights of the decayed raw keys: rk_i u_i, and rk_j u_j for this token
+            vals = (rk_j[..., None] * u_j)[:, :, None]
+            if held:
+                vals = torch.cat([rk[..., :held, None] * us, vals], 2)
+            s = s * total[..., None, :] + vals.transpose(-1, -2) @ decayed
+            o = (s @ query[..., None]).squeeze(-1) * rq[..., None]
+            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs)
+        else:
+            o = sq + osum + (kq[..., held] * rk_j * rq)[..., None] * u_j  # dec_j = 1
         out[rows] = o.to(out.dtype)
         if not flush:  # this token's record at ring row `held` (u, g in FP32; raw k exact)
             rec_u[slots, :, held] = u_j.to(rec_u.dtype)

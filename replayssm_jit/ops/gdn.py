@@ -33,8 +33,13 @@ from replayssm_jit.ops.plan import DecodePlan
 def _check_gates(
     plan: DecodePlan, given: dict[str, torch.Tensor | None], lead: tuple[int, ...]
 ) -> tuple:
-    """(gate_a, gate_b, A_log, dt_bias) in the bindings' order, from the named gates."""
-    HV, dev = plan.layout.shape.value_heads, plan.device
+    """(gate_a, gate_b, A_log, dt_bias) in the bindings' order, from the named gates. With a
+    decay per key channel (KDA) a and g are [*lead, HV, K] (unit stride in K) and dt_bias
+    [HV * K]."""
+    shape, dev = plan.layout.shape, plan.device
+    HV, K = shape.value_heads, shape.key_dim
+    per_channel = plan.family.decay_per_channel
+    decay_shape = (*lead, HV, K) if per_channel else (*lead, HV)
     raw = "gates_in_kernel" in plan.spec.flags
     wanted = ("a", "b", "A_log", "dt_bias") if raw else ("g", "beta")
     for name, t in given.items():
@@ -44,11 +49,13 @@ def _check_gates(
                 f"gates_in_kernel={raw}: pass {', '.join(wanted)}), "
                 f"got {'a tensor' if t is not None else 'None'}"
             )
-    for name in wanted[:2]:
-        check_tensor(name, given[name], shape=(*lead, HV), dtype=torch.float32, device=dev)
+    check_tensor(wanted[0], given[wanted[0]], shape=decay_shape, dtype=torch.float32, device=dev,
+                 inner_contiguous=per_channel)  # fmt: skip
+    check_tensor(wanted[1], given[wanted[1]], shape=(*lead, HV), dtype=torch.float32, device=dev)
     for name in wanted[2:]:
+        length = HV * K if per_channel and name == "dt_bias" else HV
         check_tensor(
-            name, given[name], shape=(HV,), dtype=torch.float32, device=dev, contiguous=True
+            name, given[name], shape=(length,), dtype=torch.float32, device=dev, contiguous=True
         )
     if raw:
         return given["a"], given["b"], given["A_log"], given["dt_bias"]
@@ -64,7 +71,8 @@ def check_inputs(
     v: torch.Tensor,
     gates: dict[str, torch.Tensor | None],
 ) -> dict[str, object]:
-    """The token inputs, each checked, in the bindings' order (the plan's scale last). lead: the
+    """The token inputs, each checked, in the bindings' order (the plan's scale, then KDA's
+    lower_bound, 0 for none, last). lead: the
     per-token dims, (batch,) for a step or (batch, T) for drafts; gates: a, b, A_log, dt_bias, g
     and beta by name (None where not given)."""
     shape = plan.layout.shape
@@ -76,10 +84,13 @@ def check_inputs(
     gate_a, gate_b, A_log, dt_bias = _check_gates(plan, gates, lead)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_aligned_rows(name, t)
-    return {
+    inputs = {
         "q": q, "k": k, "v": v, "gate_a": gate_a, "gate_b": gate_b,
         "A_log": A_log, "dt_bias": dt_bias, "scale": plan.options["scale"],
     }  # fmt: skip
+    if plan.family.decay_per_channel:
+        inputs["lower_bound"] = plan.options["lower_bound"] or 0.0
+    return inputs
 
 
 # A decode step is inference: the kernels ignore autograd, and so does the CPU path (an

@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from replayssm_jit.ops.gdn import gdn_decode
+from replayssm_jit.ops.kda import kda_decode
 from replayssm_jit.ops.mamba2 import mamba2_decode
 from replayssm_jit.ops.plan import DecodePlan
 from replayssm_jit.ops.verify import (
@@ -208,6 +209,12 @@ OPS = {
         "gdn_decode",
         (_GDN_SLOTS[0], *_GDN_TOKEN, *_optional(_GDN_SLOTS[1:]), "workspace!?", *_SEED),
         _step(gdn_decode),
+    ),
+    # KDA: GDN's arguments (a and g [batch, HV, K], dt_bias [HV * K]).
+    "kda_decode": register_op(
+        "kda_decode",
+        (_GDN_SLOTS[0], *_GDN_TOKEN, *_optional(_GDN_SLOTS[1:]), "workspace!?", *_SEED),
+        _step(kda_decode),
     ),
     "mamba2_verify": register_op(
         "mamba2_verify",

@@ -9,7 +9,8 @@ Per value head hv (key head hk = hv // (HV // H)), with q, k L2-normalised and q
     unrolled: S_j = S_c Diag(a(1:j)) + sum_i u_i (k_i * a(i+1:j))^T
 
 Shapes: state [batch, HV, V, K] (K contiguous), q, k [batch, H, K], v [batch, HV, V],
-g [batch, HV, K], beta [batch, HV]. Gates come precomputed. A record is (g [HV, K], beta [HV],
+g [batch, HV, K], beta [batch, HV]. Gates come precomputed (kda_gates forms them from raw
+projections). A record is (g [HV, K], beta [HV],
 u [HV, V], v [HV, V], k [H, K] normalised). The code is the delta-rule core in gdn.py.
 """
 
@@ -17,6 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+import torch.nn.functional as F
+
+from .common import check_tensor, f64
 from .gdn import (
     DeltaRecords,
     DeltaSequence,
@@ -31,11 +36,36 @@ __all__ = [
     "KDARecords",
     "KDASequence",
     "kda_fold",
+    "kda_gates",
     "kda_replay_output",
     "kda_step",
     "kda_step_pool",
     "kda_verify",
 ]
+
+
+def kda_gates(A_log, a, dt_bias, b, lower_bound=None):
+    """KDA gates from raw projections, per key channel: g = -exp(A_log) softplus(a + dt_bias)
+    (fla's gate), or g = lower_bound sigmoid(exp(A_log) (a + dt_bias)) (the "safe" gate, for a
+    negative lower_bound); beta = sigmoid(b).
+
+    A_log [HV]; dt_bias [HV * K]; a [..., HV, K]; b [..., HV]. Returns (g [..., HV, K], beta
+    [..., HV]) float64.
+    """
+    check_tensor("A_log", A_log, (None,))
+    hv = A_log.shape[0]
+    if not isinstance(a, torch.Tensor) or a.dim() < 2:
+        raise ValueError(f"a: expected a tensor of shape (..., {hv}, K), got {a!r}")
+    check_tensor("a", a, (*a.shape[:-2], hv, None))
+    check_tensor("dt_bias", dt_bias, (hv * a.shape[-1],))
+    check_tensor("b", b, tuple(a.shape[:-1]))
+    x = f64(a) + f64(dt_bias).view(hv, a.shape[-1])
+    rate = torch.exp(f64(A_log))[:, None]
+    if lower_bound is None:
+        g = -rate * F.softplus(x)
+    else:
+        g = float(lower_bound) * torch.sigmoid(rate * x)
+    return g, torch.sigmoid(f64(b))
 
 
 @dataclass(frozen=True)

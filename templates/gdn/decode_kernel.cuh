@@ -12,6 +12,12 @@
 // Flush (n + 1 >= L): S_c <- total S_c + sum_{i<=n} dec_i u_i k_i^T, n <- 0. Otherwise append
 // (g_j, u_j, k_j) and write no state. Conventional (REPLAY=false) is the flush with n = 0.
 // k records are stored raw and L2-normalised again on replay, so they stay exact inputs.
+//
+// PER_CHANNEL (Kimi Delta Attention): g is a log-decay per key channel, dec_i and total are
+// vectors over K, and S_{j-1} Diag(alpha_j) k_j = S_c (total * k_j) + sum_{i<n} ((dec_i * k_i) . k_j) u_i,
+// o_j = S_c (total * q_j) + sum_{i<=n} ((dec_i * k_i) . q_j) u_i; the flush folds
+// S_c Diag(total) + sum_i u_i (dec_i * k_i)^T. Decays are exps of suffix sums of log-decays per
+// channel, never ratios of cumulative decays (those overflow over long windows).
 #pragma once
 #include "common/opening.cuh"
 
@@ -25,7 +31,7 @@ struct Params {
   int64_t state_slot_stride;
   float* rec_u;             // [slots, HV, CAP, V]
   act_t* rec_k;             // [slots, H, CAP, K] raw k
-  float* rec_g;             // [slots, HV, CAP] log-decay
+  float* rec_g;             // [slots, HV, CAP] log-decay ([slots, HV, CAP, K] per channel)
   int32_t* cursors;         // [slots, kCursorWords]
   const act_t* q;           // [batch, H, K]
   int64_t q_stride_b, q_stride_h;
@@ -33,12 +39,12 @@ struct Params {
   int64_t k_stride_b, k_stride_h;
   const act_t* v;           // [batch, HV, V]
   int64_t v_stride_b, v_stride_h;
-  const float* gate_a;      // g (log-decay) or a, [batch, HV]
+  const float* gate_a;      // g (log-decay) or a, [batch, HV] ([batch, HV, K] per channel, unit stride in K)
   int64_t ga_stride_b, ga_stride_h;
   const float* gate_b;      // beta or b, [batch, HV]
   int64_t gb_stride_b, gb_stride_h;
   const float* A_log;       // [HV] (gates in kernel)
-  const float* dt_bias;     // [HV] (gates in kernel)
+  const float* dt_bias;     // [HV] (gates in kernel; [HV, K] per channel)
   act_t* out;               // [batch, HV, V] contiguous
   const int32_t* slot_indices;
   int32_t pad_slot_id;
@@ -49,6 +55,7 @@ struct Params {
   uint64_t seed;
   bool speculative;         // issue ring loads before the cursor is read (small batches)
   bool flush_every_step;    // per-item ReplaySSM: flush every token (nothing stays held)
+  float lower_bound;        // per channel, gates in kernel: < 0 the safe gate, 0 fla's (fills the bools' padding)
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
   const int64_t* seed_tensor;  // [1] on the device, or null: replaces seed where SR
 
@@ -67,8 +74,43 @@ __device__ __forceinline__ void token_gates(const Params& p, int row, int vhead,
   }
 }
 
+// This token's log-decay of key channel c for `vhead` (per-channel decay): given, or (GATES_IN_KERNEL)
+// formed from a as g = -exp(A_log) softplus(a + dt_bias) (fla's gate), or where p.lower_bound < 0
+// the safe gate g = lower_bound sigmoid(exp(A_log) (a + dt_bias)).
+template <bool GATES_IN_KERNEL, int K, typename Params>
+__device__ __forceinline__ float token_channel_log_decay(const Params& p, int row, int vhead, int c) {
+  float g = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(vhead) * p.ga_stride_h + c];
+  if constexpr (GATES_IN_KERNEL) {
+    const float x = g + p.dt_bias[int64_t(vhead) * K + c], rate = expf(p.A_log[vhead]);
+    g = p.lower_bound < 0.f ? p.lower_bound / (1.f + expf(-rate * x)) : -rate * softplus(x);
+  }
+  return g;
+}
+
+// This token's beta for `vhead`: given, or (GATES_IN_KERNEL) sigmoid(b).
+template <bool GATES_IN_KERNEL, typename Params>
+__device__ __forceinline__ float token_beta(const Params& p, int row, int vhead) {
+  const float beta = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(vhead) * p.gb_stride_h];
+  return GATES_IN_KERNEL ? 1.f / (1.f + expf(-beta)) : beta;
+}
+
+// The records' log-decays and decays in shared memory: one of each per record for a scalar decay;
+// per channel, one [RECORDS][K] array staged with the log-decays and turned into the decays in
+// place, plus total = a(1:j) and the query and this token's key scaled by it.
+template <bool PER_CHANNEL, int RECORDS, int K>
+struct DecaySmem {
+  float g[RECORDS], decay[RECORDS];
+};
+template <int RECORDS, int K>
+struct DecaySmem<true, RECORDS, K> {
+  alignas(16) float decay[RECORDS][K];
+  alignas(16) float total[K];
+  alignas(16) float q_decayed[K];
+  alignas(16) float k_decayed[K];
+};
+
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
-          bool REPLAY, bool L2NORM, bool GATES_IN_KERNEL, bool SR>
+          bool REPLAY, bool L2NORM, bool GATES_IN_KERNEL, bool SR, bool PER_CHANNEL = false>
 struct Kernel {
   using Params = gdn::Params<act_t, state_t>;
   // Conventional: wide rows (fewest values per lane, for the bandwidth-bound step).
@@ -83,7 +125,8 @@ struct Kernel {
     float k[kRecords][K];      // raw k of every record (this token's last)
     float q[1][K];
     float v[1][ROWS];
-    float g[kRecords], decay[kRecords], kk[kRecords], kq[kRecords], k2[kRecords];
+    DecaySmem<PER_CHANNEL, kRecords, K> dec;
+    float kk[kRecords], kq[kRecords], k2[kRecords];
     alignas(16) float pred[ROWS];  // sum_{i<n} dec_i (k^_i . k^_j) u_i
     alignas(16) float osum[ROWS];  // sum_{i<n} dec_i (k^_i . q^_j) u_i
     float total_decay, beta, q2, coef_q_cur;
@@ -99,12 +142,15 @@ struct Kernel {
   // fold S <- total S + sum_i u[i][r] k_i (u already scaled by dec_i / |k_i|, [held][ROWS]; k
   // [records][K], this token's last) + u_j k^_j and o = S.q^; writes o and (non-flush) appends
   // u_j. All in shared memory; q, k and v FP32 or as stored. Shared with the split kernel.
+  // PER_CHANNEL: sc.total is 1, the S_c dots read `decays`' q_decayed and k_decayed, the fold
+  // scales S by its total per column, and the held k rows (m < held) are already decayed.
   template <typename IN, typename REC>
   static __device__ __forceinline__ void finish_rows(const Params& p, const typename Tile::Regs& s_raw, state_t* rows,
                                                      act_t* out, bool flush, int held, const RowScalars& sc, int slot,
                                                      uint64_t seed, uint64_t epoch, int vhead, int row0, const IN* q,
                                                      const IN* v, const float* pred, const float* osum, const float* u,
-                                                     const REC* k) {
+                                                     const REC* k,
+                                                     const DecaySmem<PER_CHANNEL, kRecords, K>* decays = nullptr) {
     const REC* k_j = k + held * K;
     const float total = sc.total, beta = sc.beta, rk_j = sc.rk_j, rq = sc.rq, coef_q_cur = sc.coef_q_cur;
     const int records = held + 1;
@@ -112,8 +158,13 @@ struct Kernel {
     float u_j[Tile::kPasses], o[Tile::kPasses];
     {
       float q_reg[Tile::kChunksPerLane][Tile::kVec], k_reg[Tile::kChunksPerLane][Tile::kVec];
-      Tile::slice(q, q_reg);
-      Tile::slice(k_j, k_reg);
+      if constexpr (PER_CHANNEL) {
+        Tile::slice(decays->q_decayed, q_reg);
+        Tile::slice(decays->k_decayed, k_reg);
+      } else {
+        Tile::slice(q, q_reg);
+        Tile::slice(k_j, k_reg);
+      }
       // The rows' record sums, read a few rows at a time where a lane has few rows.
       constexpr bool kFewRows = Tile::kPasses <= 4;
       float pred_r[kFewRows ? Tile::kPasses : 1], osum_r[kFewRows ? Tile::kPasses : 1];
@@ -147,12 +198,24 @@ struct Kernel {
       }
     }
     if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs
-      #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i)
+      if constexpr (PER_CHANNEL) {
         #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+          float total_c[Tile::kVec];
+          Tile::chunk(decays->total, c, total_c);
           #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= total;
+          for (int i = 0; i < Tile::kPasses; ++i)
+            #pragma unroll
+            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= total_c[e];
+        }
+      } else {
+        #pragma unroll
+        for (int i = 0; i < Tile::kPasses; ++i)
+          #pragma unroll
+          for (int c = 0; c < Tile::kChunksPerLane; ++c)
+            #pragma unroll
+            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= total;
+      }
       for (int m = 0; m < records; ++m) {
         // A record's weights for this lane's rows: held in registers only when the lane has few rows.
         constexpr bool kHoldWeights = Tile::kPasses <= 4;
@@ -204,6 +267,63 @@ struct Kernel {
     }
   }
 
+  // A held record's decay in the replay sums: dec_i for a scalar decay; 1 per channel, where the
+  // decays are inside the dots (and the fold's decayed k rows).
+  static __device__ __forceinline__ float record_decay(const Smem& sm, int i) {
+    if constexpr (PER_CHANNEL) {
+      return 1.f;
+    } else {
+      return sm.dec.decay[i];
+    }
+  }
+
+  // Step 3 per channel, on the staged k, q and log-decays [0, held]: |k_i|^2 and |q|^2 (a warp per
+  // record) while each thread turns its channels' log-decays into dec_i = exp(sum_{m>i} g_m) and
+  // total = exp(sum of all) (appending this token's g where `append`), then scales q and k_j by
+  // total; after a barrier, (dec_i * k_i) . k_j and (dec_i * k_i) . q (a warp per record), each
+  // held k_i row decayed in place for the fold where `flush`.
+  static __device__ __forceinline__ void channel_decays_and_dots(const Params& p, Smem& sm, int slot, int vhead,
+                                                                 int held, bool append, bool flush) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, records = held + 1;
+    for (int i = warp; i <= records; i += WARPS) {
+      const float* a = i < records ? sm.k[i] : sm.q[0];
+      float aa = 0.f;
+      for (int c = lane; c < K; c += 32) aa = fmaf(a[c], a[c], aa);
+      aa = group_sum<32>(aa);
+      if (lane == 0) (i < records ? sm.k2[i] : sm.q2) = aa;
+    }
+    const int64_t g_row = ((int64_t(slot) * p.num_v_heads + vhead) * CAP + held) * K;
+    for (int c = threadIdx.x; c < K; c += kThreads) {
+      float suffix = 0.f;
+      for (int i = held; i >= 0; --i) {
+        const float g = sm.dec.decay[i][c];
+        if (i == held && append) p.rec_g[g_row + c] = g;
+        sm.dec.decay[i][c] = expf(suffix);
+        suffix += g;
+      }
+      const float total = expf(suffix);
+      sm.dec.total[c] = total;
+      sm.dec.q_decayed[c] = total * sm.q[0][c];
+      sm.dec.k_decayed[c] = total * sm.k[held][c];
+    }
+    __syncthreads();
+    for (int i = warp; i < records; i += WARPS) {
+      float kk = 0.f, kq = 0.f;
+      for (int c = lane; c < K; c += 32) {
+        const float decayed = sm.k[i][c] * sm.dec.decay[i][c];
+        kk = fmaf(decayed, sm.k[held][c], kk);
+        kq = fmaf(decayed, sm.q[0][c], kq);
+        if (flush && i < held) sm.k[i][c] = decayed;
+      }
+      kk = group_sum<32>(kk);
+      kq = group_sum<32>(kq);
+      if (lane == 0) {
+        sm.kk[i] = kk;
+        sm.kq[i] = kq;
+      }
+    }
+  }
+
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
     begin_after_prior_grid();  // where launched as a programmatic dependent (kFlagOverlapPriorKernel)
     const auto tile = RowTileIndex<kSplits, VPH>::of_block(p);
@@ -224,7 +344,7 @@ struct Kernel {
     const act_t* v = p.v + int64_t(row) * p.v_stride_b + int64_t(vhead) * p.v_stride_h + row0;
     const act_t* rec_k = p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K;
     const float* rec_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * CAP * V + row0;
-    const float* rec_g = p.rec_g + (int64_t(slot) * p.num_v_heads + vhead) * CAP;
+    const float* rec_g = p.rec_g + (int64_t(slot) * p.num_v_heads + vhead) * CAP * (PER_CHANNEL ? K : 1);
     RecordStager<act_t, K, kRecords, kThreads> k_stage;
     RowStager<float, ROWS, (kRecords > 1 ? kRecords - 1 : 1), kThreads> u_stage;
     RowStager<act_t, K, 1, kThreads> q_stage;
@@ -253,14 +373,22 @@ struct Kernel {
       if (REPLAY) u_stage.store(sm.u, 0, n);
       q_stage.store(sm.q, 0, 1);
       v_stage.store(sm.v, 0, 1);
-      for (int i = threadIdx.x; i <= n; i += kThreads) {
-        if (i == n) {
-          float g, beta;
-          token_gates<GATES_IN_KERNEL>(p, row, vhead, g, beta);
-          sm.g[i] = g;
-          sm.beta = beta;
-        } else {
-          sm.g[i] = rec_g[i];
+      if constexpr (PER_CHANNEL) {
+        for (int idx = threadIdx.x; idx < (n + 1) * K; idx += kThreads) {
+          const int i = idx / K, c = idx % K;
+          sm.dec.decay[i][c] = i == n ? token_channel_log_decay<GATES_IN_KERNEL, K>(p, row, vhead, c) : rec_g[idx];
+        }
+        if (threadIdx.x == 0) sm.beta = token_beta<GATES_IN_KERNEL>(p, row, vhead);
+      } else {
+        for (int i = threadIdx.x; i <= n; i += kThreads) {
+          if (i == n) {
+            float g, beta;
+            token_gates<GATES_IN_KERNEL>(p, row, vhead, g, beta);
+            sm.dec.g[i] = g;
+            sm.beta = beta;
+          } else {
+            sm.dec.g[i] = rec_g[i];
+          }
         }
       }
     };
@@ -273,30 +401,34 @@ struct Kernel {
     __syncthreads();
 
     // 3. Dots of each k_i with k_j and q_j, |k_i|^2 and |q|^2 (a warp per record); decays.
-    for (int i = warp; i <= records; i += WARPS) {
-      const float* a = i < records ? sm.k[i] : sm.q[0];
-      float kk = 0.f, kq = 0.f, aa = 0.f;
-      for (int c = lane; c < K; c += 32) {
-        kk = fmaf(a[c], sm.k[held][c], kk);
-        kq = fmaf(a[c], sm.q[0][c], kq);
-        aa = fmaf(a[c], a[c], aa);
-      }
-      kk = group_sum<32>(kk);
-      kq = group_sum<32>(kq);
-      aa = group_sum<32>(aa);
-      if (lane == 0) {
-        if (i < records) {
-          sm.kk[i] = kk;
-          sm.kq[i] = kq;
-          sm.k2[i] = aa;
-        } else {
-          sm.q2 = aa;
+    if constexpr (PER_CHANNEL) {
+      channel_decays_and_dots(p, sm, slot, vhead, held, REPLAY && !flush && split == 0, flush);
+    } else {
+      for (int i = warp; i <= records; i += WARPS) {
+        const float* a = i < records ? sm.k[i] : sm.q[0];
+        float kk = 0.f, kq = 0.f, aa = 0.f;
+        for (int c = lane; c < K; c += 32) {
+          kk = fmaf(a[c], sm.k[held][c], kk);
+          kq = fmaf(a[c], sm.q[0][c], kq);
+          aa = fmaf(a[c], a[c], aa);
+        }
+        kk = group_sum<32>(kk);
+        kq = group_sum<32>(kq);
+        aa = group_sum<32>(aa);
+        if (lane == 0) {
+          if (i < records) {
+            sm.kk[i] = kk;
+            sm.kq[i] = kq;
+            sm.k2[i] = aa;
+          } else {
+            sm.q2 = aa;
+          }
         }
       }
-    }
-    if (warp == 0) {
-      const float total = suffix_decays(sm.g, sm.decay, records);
-      if (lane == 0) sm.total_decay = total;
+      if (warp == 0) {
+        const float total = suffix_decays(sm.dec.g, sm.dec.decay, records);
+        if (lane == 0) sm.total_decay = total;
+      }
     }
     __syncthreads();
 
@@ -308,9 +440,10 @@ struct Kernel {
       for (int i = 0; i < held; ++i) {
         const float rk_i = L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f;
         const float u = sm.u[i][r];
-        pred = fmaf(sm.decay[i] * sm.kk[i] * rk_i * rk_j, u, pred);
-        osum = fmaf(sm.decay[i] * sm.kq[i] * rk_i * rq, u, osum);
-        if (flush) sm.u[i][r] = sm.decay[i] * rk_i * u;  // fold weight of raw k_i
+        const float dec = record_decay(sm, i);
+        pred = fmaf(dec * sm.kk[i] * rk_i * rk_j, u, pred);
+        osum = fmaf(dec * sm.kq[i] * rk_i * rq, u, osum);
+        if (flush) sm.u[i][r] = dec * rk_i * u;  // fold weight of raw k_i
       }
       sm.pred[r] = pred;
       sm.osum[r] = osum;
@@ -319,12 +452,13 @@ struct Kernel {
 
     // 5. Rows.
     finish_rows(p, s_raw, rows, out, flush, held,
-                RowScalars{sm.total_decay, sm.beta, rk_j, rq, sm.kq[held] * rk_j * rq},  // dec_j = 1
-                slot, seed, epoch, vhead, row0, sm.q[0], sm.v[0], sm.pred, sm.osum, &sm.u[0][0], &sm.k[0][0]);
+                RowScalars{PER_CHANNEL ? 1.f : sm.total_decay, sm.beta, rk_j, rq, sm.kq[held] * rk_j * rq},  // dec_j = 1
+                slot, seed, epoch, vhead, row0, sm.q[0], sm.v[0], sm.pred, sm.osum, &sm.u[0][0], &sm.k[0][0], &sm.dec);
 
     if constexpr (REPLAY) {
       if (!flush && split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`
-        if (threadIdx.x == 0) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead) * CAP + held] = sm.g[held];
+        if constexpr (!PER_CHANNEL)  // (per channel: appended in channel_decays_and_dots)
+          if (threadIdx.x == 0) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead) * CAP + held] = sm.dec.g[held];
         if (vhead % VPH == 0) {
           act_t* k_out = p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K;
           for (int c = threadIdx.x; c < K; c += kThreads) k_out[c] = from_float<act_t>(sm.k[held][c]);

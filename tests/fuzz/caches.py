@@ -38,7 +38,7 @@ def random_fill(tensors: dict, gen: torch.Generator, window: int) -> None:
             t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
 
 
-@entry("cache.init", covers=("SlotCache", "Mamba2DecodeCache", "GDNDecodeCache"))
+@entry("cache.init", covers=("SlotCache", "Mamba2DecodeCache", "GDNDecodeCache", "KDADecodeCache"))
 def build_cache_init(draw, device):
     v = Validity()
     layout = draw_small_layout(draw)

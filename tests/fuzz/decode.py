@@ -11,9 +11,10 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz.core import Call, Validity, entry, snapshot, tensors_identical
-from fuzz.families import ADAPTERS, Adapter
+from fuzz.families import ADAPTERS, Adapter, adapters_on
 from fuzz.values import INT32_MAX, slot_tensor_variant, tensor_variant
 from replayssm_jit import LaunchConfig, SlotCache
+from replayssm_jit.families import FAMILIES
 from replayssm_jit.spec import spec_tilings
 
 DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}
@@ -113,13 +114,13 @@ class Scenario:
 
 
 def draw_scenario(draw, device: str, *, route: str | None = None) -> Scenario:
-    fam = ADAPTERS[draw(st.sampled_from(sorted(ADAPTERS)))]
+    fam = ADAPTERS[draw(st.sampled_from(adapters_on(device)))]
     shape = draw(st.sampled_from(fam.shapes[device]))
     if device == "cuda":  # the sanitizer preset: L = 4 (replay) or 1 (conventional), T = 1
         window, drafts = 4, 1
     else:
         window = draw(st.sampled_from([1, 2, 3, 4, 5, 8]))
-        drafts = draw(st.integers(1, 3))
+        drafts = draw(st.integers(1, 3)) if FAMILIES[fam.name].speculative_kernels else 1
     act = draw(st.sampled_from(DTYPES[device]))
     state_dtype = draw(st.sampled_from(STATE_DTYPES))
     mode = draw(st.sampled_from(["replay", "replay", "conventional"]))
@@ -148,7 +149,8 @@ def draw_scenario(draw, device: str, *, route: str | None = None) -> Scenario:
     free = len([s for s in range(num_slots) if s != pad])
     batch = draw(st.integers(1, free + 1))
     config = None
-    kernel = draw(st.sampled_from(["auto", "auto", "flush-every-step", "per-item", "split"]))
+    kernels = ["auto", "auto", "flush-every-step", "per-item"]
+    kernel = draw(st.sampled_from(kernels + ["split"] * FAMILIES[fam.name].split_kernel))
     if kernel != "auto" or draw(st.booleans()):
         spec_rows = None
         if draw(st.booleans()):
@@ -539,12 +541,12 @@ def _check_step(sc: Scenario, args, pool, pool_before, cache_before, inputs_befo
                 assert tensors_identical(now[:, rest], pool_before[ring][s].cpu()[:, rest]), ring
 
 
-@entry("decode.run", covers=("Mamba2DecodeWrapper", "GDNDecodeWrapper"))
+@entry("decode.run", covers=("Mamba2DecodeWrapper", "GDNDecodeWrapper", "KDADecodeWrapper"))
 def build_run(draw, device):
     return draw_decode_call(draw, draw_scenario(draw, device, route="wrapper"))
 
 
-@entry("decode.op", covers=("mamba2_decode", "gdn_decode", "DecodePlan"))
+@entry("decode.op", covers=("mamba2_decode", "gdn_decode", "kda_decode", "DecodePlan"))
 def build_op(draw, device):
     return draw_decode_call(draw, draw_scenario(draw, device, route="op"))
 

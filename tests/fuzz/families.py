@@ -11,12 +11,21 @@ from hypothesis import strategies as st
 from replayssm_jit import (
     GDNDecodeCache,
     GDNDecodeWrapper,
+    KDADecodeCache,
+    KDADecodeWrapper,
     Mamba2DecodeCache,
     Mamba2DecodeWrapper,
     gdn_decode,
+    kda_decode,
     mamba2_decode,
 )
-from replayssm_jit.reference import gdn_gates, gdn_step_pool, mamba2_step_pool
+from replayssm_jit.reference import (
+    gdn_gates,
+    gdn_step_pool,
+    kda_gates,
+    kda_step_pool,
+    mamba2_step_pool,
+)
 
 
 def _softplus(x: torch.Tensor) -> torch.Tensor:
@@ -42,6 +51,11 @@ class Adapter:
     inputs: dict
     positional: tuple[str, ...]
     records: dict
+
+    @property
+    def per_channel(self) -> bool:
+        """A decay per key channel (KDA): a, g [batch, HV, K] and dt_bias [HV * K]."""
+        return self.name == "kda"
 
     # --- plan options ----------------------------------------------------------------------
     def draw_options(self, draw, device: str, state_dtype: torch.dtype) -> dict:
@@ -95,10 +109,11 @@ class Adapter:
                 p["dt_bias"] = torch.randn(H, generator=gen) * 0.1
         else:
             HV = shape["num_v_heads"]
+            biases = HV * shape["head_k_dim"] if self.per_channel else HV
             p = {}
             if "A_log" in planned:
                 p["A_log"] = torch.log(torch.rand(HV, generator=gen) * 4 + 0.5)
-                p["dt_bias"] = torch.randn(HV, generator=gen) * 0.1
+                p["dt_bias"] = torch.randn(biases, generator=gen) * 0.1
         return {k: v.to(device) for k, v in p.items()}
 
     def token(self, gen, batch: int, shape: dict, options: dict, act, device: str) -> dict:
@@ -129,10 +144,11 @@ class Adapter:
                 "k": rn(batch, H, K, scale=qk).to(act),
                 "v": rn(batch, HV, V).to(act),
             }
+            decays = (batch, HV, K) if self.per_channel else (batch, HV)
             if "a" in planned:
-                t["a"], t["b"] = rn(batch, HV), rn(batch, HV)
+                t["a"], t["b"] = rn(*decays), rn(batch, HV)
             else:
-                t["g"] = -torch.nn.functional.softplus(rn(batch, HV))
+                t["g"] = -torch.nn.functional.softplus(rn(*decays))
                 t["beta"] = torch.sigmoid(rn(batch, HV))
         return {k: v.to(device) for k, v in t.items()}
 
@@ -158,11 +174,14 @@ class Adapter:
                 z=a.get("z"), dt_bias=a.get("dt_bias"),
                 dt_softplus=options.get("dt_softplus", True), pad_slot_id=pad,
             )  # fmt: skip
+        gates, step_pool = (
+            (kda_gates, kda_step_pool) if self.per_channel else (gdn_gates, gdn_step_pool)
+        )
         if "a" in a:
-            g, beta = gdn_gates(a["A_log"], a["a"], a["dt_bias"], a["b"])
+            g, beta = gates(a["A_log"], a["a"], a["dt_bias"], a["b"])
         else:
             g, beta = a["g"], a["beta"]
-        return gdn_step_pool(
+        return step_pool(
             pool, slots, a["q"], a["k"], a["v"], g, beta, scale=options.get("scale"),
             use_qk_l2norm=options.get("use_qk_l2norm", True), pad_slot_id=pad,
         )  # fmt: skip
@@ -178,7 +197,8 @@ class Adapter:
                 dt = _softplus(dt)
             return {"rec_x": a["x"], "rec_b": a["B"], "rec_dt": dt}
         if "a" in a:
-            g, _ = gdn_gates(a["A_log"], a["a"], a["dt_bias"], a["b"])
+            gates = kda_gates if self.per_channel else gdn_gates
+            g, _ = gates(a["A_log"], a["a"], a["dt_bias"], a["b"])
         else:
             g = a["g"].double()
         return {"rec_k": a["k"], "rec_g": g}
@@ -241,4 +261,20 @@ GDN = Adapter(
     records={"rec_k": True, "rec_g": False},
 )
 
-ADAPTERS = {a.name: a for a in (MAMBA2, GDN)}
+KDA = Adapter(
+    name="kda",
+    cache_cls=KDADecodeCache,
+    wrapper_cls=KDADecodeWrapper,
+    op=kda_decode,
+    shapes={"cpu": GDN.shapes["cpu"]},  # (no CUDA shapes: the sanitizer preset has no KDA yet)
+    inputs={**GDN.inputs, "a": (True, "inner"), "g": (True, "inner")},
+    positional=GDN.positional,
+    records=GDN.records,
+)
+
+ADAPTERS = {a.name: a for a in (MAMBA2, GDN, KDA)}
+
+
+def adapters_on(device: str) -> list[str]:
+    """The names of the adapters with shapes on `device`, sorted."""
+    return sorted(name for name, a in ADAPTERS.items() if device in a.shapes)

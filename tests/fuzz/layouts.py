@@ -1,6 +1,6 @@
-"""Layout and spec entries: family_layout / mamba2_layout / gdn_layout, the CacheLayout
-methods (tensors, ring_names, capacity, bytes_per_slot, allocate, check_tensors), and
-make_spec / family_spec / mamba2_spec / gdn_spec."""
+"""Layout and spec entries: family_layout / mamba2_layout / gdn_layout / kda_layout, the
+CacheLayout methods (tensors, ring_names, capacity, bytes_per_slot, allocate, check_tensors), and
+make_spec / family_spec / mamba2_spec / gdn_spec / kda_spec."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from fuzz.core import Call, Validity, entry
 from fuzz.values import draw_int, is_int, slot_tensor_variant
-from replayssm_jit import gdn_layout, gdn_spec, mamba2_layout, mamba2_spec
+from replayssm_jit import gdn_layout, gdn_spec, kda_layout, kda_spec, mamba2_layout, mamba2_spec
 from replayssm_jit.families import FAMILIES
 from replayssm_jit.families.base import MAX_DRAFTS, MAX_HEADS, MAX_WINDOW, HeadShape
 from replayssm_jit.families.layout import family_layout
@@ -77,8 +77,9 @@ def _expected_tensors(fam, shape: dict, cap: int, state, act) -> list:
         rings = [("rec_x", (vh, cap, vd), act), ("rec_b", (kh, cap, kd), act),
                  ("rec_dt", (vh, cap), torch.float32)]  # fmt: skip
     else:
+        g_shape = (vh, cap, kd) if fam.decay_per_channel else (vh, cap)
         rings = [("rec_u", (vh, cap, vd), torch.float32), ("rec_k", (kh, cap, kd), act),
-                 ("rec_g", (vh, cap), torch.float32)]  # fmt: skip
+                 ("rec_g", g_shape, torch.float32)]  # fmt: skip
     return [("state", (vh, vd, kd), state), *rings, ("cursors", (4,), torch.int32)]
 
 
@@ -96,7 +97,7 @@ def _check_layout(layout, fam, shape, window, drafts, state, act):
     assert layout.bytes_per_slot() == total
 
 
-@entry("layout", covers=("mamba2_layout", "gdn_layout", "CacheLayout"))
+@entry("layout", covers=("mamba2_layout", "gdn_layout", "kda_layout", "CacheLayout"))
 def build_layout(draw, device):
     v = Validity()
     fam = FAMILIES[draw(st.sampled_from(sorted(FAMILIES)))]
@@ -107,7 +108,7 @@ def build_layout(draw, device):
     window, ok = draw_int(draw, 1, MAX_WINDOW, likely=st.sampled_from([1, 4, 16, 256]), v=v)
     v.mark(ok, f"window={window!r}")
     drafts, ok = draw_int(draw, 1, MAX_DRAFTS, likely=st.sampled_from([1, 2, 16]), v=v)
-    v.mark(ok, f"drafts={drafts!r}")
+    v.mark(ok and (drafts == 1 or fam.speculative_kernels), f"drafts={drafts!r}")
     kwargs.update(window=window, drafts=drafts, state_dtype=state, act_dtype=act)
     extra = draw(st.sampled_from(["missing", "unknown"])) if v.spend(draw) else None
     if extra == "missing":
@@ -120,14 +121,14 @@ def build_layout(draw, device):
     if v.spend(draw):
         how = "bad-family"
     if how == "named":
-        fn = {"mamba2": mamba2_layout, "gdn": gdn_layout}[fam.name]
+        fn = {"mamba2": mamba2_layout, "gdn": gdn_layout, "kda": kda_layout}[fam.name]
 
         def run():
             return fn(**kwargs)
     else:
         family = {"family": fam.name, "object": fam}.get(how)
         if how == "bad-family":
-            family = draw(st.sampled_from(["Mamba2", "kda", None, 3, ["gdn"]]))
+            family = draw(st.sampled_from(["Mamba2", "KDA", None, 3, ["gdn"]]))
             v.mark(False, f"family {family!r}")
 
         def run():
@@ -144,6 +145,7 @@ def build_layout(draw, device):
 SMALL = {
     "mamba2": dict(ngroups=2, num_heads=4, dstate=16, headdim=16),
     "gdn": dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16),
+    "kda": dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16),
 }
 
 
@@ -151,7 +153,7 @@ def draw_small_layout(draw, fam_name: str | None = None):
     fam_name = fam_name or draw(st.sampled_from(sorted(SMALL)))
     return family_layout(
         fam_name, **SMALL[fam_name], window=draw(st.sampled_from([1, 3, 4])),
-        drafts=draw(st.sampled_from([1, 2])),
+        drafts=draw(st.sampled_from([1, 2] if FAMILIES[fam_name].speculative_kernels else [1])),
         state_dtype=draw(st.sampled_from(["f32", "bf16"])),
         act_dtype=draw(st.sampled_from(["f32", "bf16", "f16"])),
     )  # fmt: skip
@@ -251,7 +253,7 @@ def build_layout_methods(draw, device):
                 valid=v.valid, why=v.why)  # fmt: skip
 
 
-@entry("spec", covers=("mamba2_spec", "gdn_spec", "KernelSpec"))
+@entry("spec", covers=("mamba2_spec", "gdn_spec", "kda_spec", "KernelSpec"))
 def build_spec(draw, device):
     v = Validity()
     fam = FAMILIES[draw(st.sampled_from(sorted(FAMILIES)))]
@@ -260,7 +262,7 @@ def build_spec(draw, device):
     window, ok = draw_int(draw, 1, MAX_WINDOW, likely=st.sampled_from([1, 4, 16, 256]), v=v)
     v.mark(ok, f"window={window!r}")
     drafts, ok = draw_int(draw, 1, MAX_DRAFTS, likely=st.sampled_from([1, 2, 16]), v=v)
-    v.mark(ok, f"drafts={drafts!r}")
+    v.mark(ok and (drafts == 1 or fam.speculative_kernels), f"drafts={drafts!r}")
     flags = None
     if draw(st.booleans()):
         pool = sorted(fam.flags) + (["bogus", "Z"] if v.spend(draw) else [])
@@ -301,7 +303,7 @@ def build_spec(draw, device):
             def run():
                 return family_spec(fam.name, **by_arg, **common)
         else:
-            fn = {"mamba2": mamba2_spec, "gdn": gdn_spec}[fam.name]
+            fn = {"mamba2": mamba2_spec, "gdn": gdn_spec, "kda": kda_spec}[fam.name]
 
             def run():
                 return fn(**by_arg, **common)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz.core import Call, EnvPatch, Validity, entry
-from fuzz.families import ADAPTERS
+from fuzz.families import ADAPTERS, adapters_on
 from fuzz.layouts import draw_device
 from fuzz.values import INT32_MAX, INT32_MIN, draw_bool, draw_choice, draw_int, is_int
 from replayssm_jit import LaunchConfig, SlotCache, plan_decode
@@ -30,7 +30,7 @@ PLAN_NAMES = {
 
 
 def draw_layout(draw, device: str):
-    fam = ADAPTERS[draw(st.sampled_from(sorted(ADAPTERS)))]
+    fam = ADAPTERS[draw(st.sampled_from(adapters_on(device)))]
     shape = draw(st.sampled_from(fam.shapes[device]))
     state = draw(st.sampled_from(STATES))
     window = 4 if device == "cuda" else draw(st.sampled_from([1, 4, 16]))
@@ -57,7 +57,7 @@ def draw_options(draw, fam, layout, device: str, v: Validity) -> dict:
     elif kind == "unknown":
         opts[draw(st.sampled_from(["foo", "has_d", "scale" if fam.name == "mamba2" else "z"]))] = 1
         v.mark(False, "an unknown option")
-    elif kind == "scale" and fam.name == "gdn":
+    elif kind == "scale" and fam.name in ("gdn", "kda"):
         scale = draw(st.sampled_from([0.5, 3, -1.0, 0.0, None, math.nan, math.inf, True, "0.5"]))
         opts["scale"] = scale
         good = scale is None or (
@@ -98,7 +98,9 @@ def draw_config(draw, fam, layout, replay: bool, device: str, v: Validity):
     if kernel != "auto":
         fields["kernel"] = kernel
         if kernel == "split" and replay:
-            v.mark(True if device == "cuda" else None, "split")  # (the sanitizer shapes split)
+            splits = fam.name != "kda"
+            # (the sanitizer shapes split)
+            v.mark((True if device == "cuda" else None) if splits else False, "split")
     s = layout.shape
     tiles = [
         r
@@ -147,10 +149,11 @@ def check_plan_result(plan, *, fam, layout, device, batch, mode, pad, check_valu
     spec = plan.spec
     assert spec.window == (layout.window if replay else 1) and spec.drafts == layout.drafts
     assert spec.flags == expected_flags(fam, opts), (spec.flags, opts)
-    if fam.name == "gdn":
+    if fam.name in ("gdn", "kda"):
         scale = opts.get("scale")
         want = layout.shape.key_dim**-0.5 if scale is None else float(scale)
-        assert plan.options == {"scale": want}
+        extra = {"lower_bound": None} if fam.name == "kda" else {}
+        assert plan.options == {"scale": want, **extra}
     else:
         assert plan.options == {}
     if not replay:
@@ -204,7 +207,7 @@ def build_plan_decode(draw, device):
     return Call(run, PLAN_NAMES, check=check, valid=v.valid, why=v.why)
 
 
-@entry("wrapper.plan", covers=("Mamba2DecodeWrapper", "GDNDecodeWrapper"))
+@entry("wrapper.plan", covers=("Mamba2DecodeWrapper", "GDNDecodeWrapper", "KDADecodeWrapper"))
 def build_wrapper_plan(draw, device):
     v = Validity()
     fam, _shape, layout = draw_layout(draw, device)
