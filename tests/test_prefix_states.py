@@ -8,12 +8,45 @@ import pytest
 import torch
 from verify_schedule import GDNFamily, Mamba2Family, rel_err
 
-from replayssm_jit import materialize_slots, plan_decode, reset_slots
+from replayssm_jit import kda_decode, kda_layout, materialize_slots, plan_decode, reset_slots
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")
 
-SMALL = {"mamba2": Mamba2Family(6, 16, 32, 3), "gdn": GDNFamily(2, 4, 32, 32)}
-MODELS = {"mamba2": Mamba2Family(128, 64, 128, 8), "gdn": GDNFamily(16, 32, 128, 128)}
+
+class KDAFamily(GDNFamily):
+    """KDA's inputs: GDN's with a per-channel raw gate a [batch, T, HV, K], dt_bias [HV K]."""
+
+    def layout(self, window, drafts, state_dtype, act_dtype=torch.bfloat16):
+        return kda_layout(num_k_heads=self.H, num_v_heads=self.HV, head_k_dim=self.K,
+                          head_v_dim=self.V, window=window, drafts=drafts,
+                          state_dtype=state_dtype, act_dtype=act_dtype)  # fmt: skip
+
+    def params(self, gen, dev):
+        # Decays near 1 (small A_log), so that the state term carries the output.
+        return dict(
+            A_log=torch.log(0.05 + 0.1 * torch.rand(self.HV, generator=gen, device=dev)),
+            dt_bias=0.1 * torch.randn(self.HV * self.K, generator=gen, device=dev),
+        )
+
+    def drafts(self, batch, T, gen, dev, act):
+        d = super().drafts(batch, T, gen, dev, act)
+        d["a"] = torch.randn(batch, T, self.HV, self.K, generator=gen, device=dev)
+        return d
+
+    def decode_op(self):
+        return kda_decode
+
+
+SMALL = {
+    "mamba2": Mamba2Family(6, 16, 32, 3),
+    "gdn": GDNFamily(2, 4, 32, 32),
+    "kda": KDAFamily(2, 4, 32, 32),
+}
+MODELS = {
+    "mamba2": Mamba2Family(128, 64, 128, 8),
+    "gdn": GDNFamily(16, 32, 128, 128),
+    "kda": KDAFamily(32, 32, 128, 128),
+}
 DEVICES = [
     pytest.param("cpu", id="cpu"),
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
@@ -46,7 +79,7 @@ def _fold_params(name, params):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name", ["mamba2", "gdn", "kda"])
 @pytest.mark.parametrize("L,steps", [(4, 3), (4, 4), (16, 37)])
 def test_materialize_is_the_conventional_state_and_changes_nothing(device, name, L, steps):
     fam, dev, gen, layout, params = _setup(name, device, L, 3, seed=L + steps)
@@ -75,7 +108,7 @@ def test_materialize_is_the_conventional_state_and_changes_nothing(device, name,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", ["mamba2", "gdn"])
+@pytest.mark.parametrize("name", ["mamba2", "gdn", "kda"])
 def test_a_loaded_prefix_decodes_on_as_the_original(device, name):
     """Materialize at position p (mid-window), load into fresh slots, decode both on with the
     same tokens: outputs and states agree to 1e-5 at every step, across several flushes."""

@@ -814,6 +814,15 @@ def _query_scale(q: torch.Tensor, l2norm: bool, per_key: int, scale: float) -> t
     return torch.rsqrt((q * q).sum(-1) + NORM_EPS).repeat_interleave(per_key, dim=1) * scale
 
 
+def kda_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:
+    """S <- S Diag(a(1:n)) + sum_i u_i (a(i+1:n) * k^_i)^T over n records with per-channel
+    log-decays (us [b, HV, n, V], raw ks [b, H, n, K], gs [b, HV, n, K]), in FP32."""
+    decay, total = _suffix_decays(gs.transpose(-1, -2))  # [b, HV, K, n], [b, HV, K]
+    decayed = ks.repeat_interleave(per_key, dim=1) * decay.transpose(-1, -2)
+    vals = _key_norms(ks, l2norm, per_key)[..., None] * us
+    return s * total[..., None, :] + vals.transpose(-1, -2) @ decayed
+
+
 def delta_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:
     """S <- a(1:n) S + sum_i a(i+1:n) u_i k^_i^T over n records (us [b, HV, n, V], raw ks [b, H,
     n, K], gs [b, HV, n]), in FP32."""

@@ -40,20 +40,26 @@ def _fold_mamba2(plan: DecodePlan, tensors, slot: int, held: int, params) -> tor
     return cpu.mamba2_fold(state, *rings, params["A"], per_group)
 
 
-def _fold_delta(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
-    state = tensors["state"][slot : slot + 1].to(_F32)
-    if held == 0:
-        return state
-    shape = plan.layout.shape
-    rings = [tensors[name][slot : slot + 1, :, :held].to(_F32) for name in plan.layout.ring_names]
-    l2norm = "qk_l2norm" in plan.spec.flags
-    return cpu.delta_fold(state, *rings, l2norm, shape.value_heads // shape.key_heads)
+def _delta_folder(fold):
+    """The materializing fold of a delta-rule family whose records fold with `fold`."""
+
+    def materialize(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
+        state = tensors["state"][slot : slot + 1].to(_F32)
+        if held == 0:
+            return state
+        shape = plan.layout.shape
+        rings = [tensors[n][slot : slot + 1, :, :held].to(_F32) for n in plan.layout.ring_names]
+        l2norm = "qk_l2norm" in plan.spec.flags
+        return fold(state, *rings, l2norm, shape.value_heads // shape.key_heads)
+
+    return materialize
 
 
 # Per family: the model parameters its fold needs besides the records, their check, the fold.
 _FOLDS = {
     "mamba2": (("A",), _check_mamba2, _fold_mamba2),
-    "gdn": ((), lambda plan, tensors, params: None, _fold_delta),
+    "gdn": ((), lambda plan, tensors, params: None, _delta_folder(cpu.delta_fold)),
+    "kda": ((), lambda plan, tensors, params: None, _delta_folder(cpu.kda_fold)),
 }
 
 
@@ -70,7 +76,8 @@ def materialize_slots(
     plan: a plan of the layer (its layout, flags and mode; a conventional plan's state is the
         checkpoint itself). tensors: the layer's slot tensors by name. slots: [n] slot ids (an
         int tensor on any device or a list of ints; repeats allowed). params: Mamba-2 takes
-        A [H] float32 on the state's device (its records hold dt, not the decay); GDN none.
+        A [H] float32 on the state's device (its records hold dt, not the decay); GDN and KDA
+        none.
     Returns [n, *S] float32 on the state's device (Mamba-2 S = [H, P, N], GDN [HV, V, K]).
     Reads the cursors on the host (a sync): a prefix-cache operation, not a decode step's.
     """

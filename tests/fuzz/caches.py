@@ -419,7 +419,7 @@ def build_materialize(draw, device):
         v.mark(kind == "good", f"A {kind}")
     elif v.spend(draw):
         params["A"] = -torch.rand(heads)
-        v.mark(False, "A given to GDN")
+        v.mark(False, "A given to a delta-rule family")
     if v.spend(draw):
         params["D"] = torch.zeros(heads)
         v.mark(False, "an unknown parameter")
@@ -445,9 +445,8 @@ def build_materialize(draw, device):
                     state, *rings, params["A"].double(), heads // shape.key_heads
                 )
             elif held:
-                want = cpu.delta_fold(
-                    state, *rings, "qk_l2norm" in plan.spec.flags, heads // shape.key_heads
-                )
+                fold = cpu.kda_fold if layout.family.name == "kda" else cpu.delta_fold
+                want = fold(state, *rings, "qk_l2norm" in plan.spec.flags, heads // shape.key_heads)
             else:
                 want = state
             err = (result[row].double() - want[0]).norm() / want.norm().clamp_min(1e-300)
