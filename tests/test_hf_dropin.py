@@ -17,6 +17,8 @@ import torch
 from replayssm_jit.integrations import hf
 
 transformers = pytest.importorskip("transformers")
+if not hasattr(pytest.importorskip("transformers.cache_utils").Cache, "get_recurrent_state"):
+    pytest.skip("needs transformers 5's Cache state accessors", allow_module_level=True)
 
 F32, F64 = torch.float32, torch.float64
 NEW_TOKENS, WINDOW, VOCAB = 64, 16, 96
@@ -287,6 +289,37 @@ def test_broken_fold_fails_the_comparison(name, broken, monkeypatch):
     tokens, logits, *_ = run_patched(model)
     assert logits_error(logits, hf_logits) > 1e-2  # far outside the 1e-4 the real path meets
     assert not torch.equal(tokens, hf_tokens)
+
+
+def forward_schedule(model, chunks):
+    """Teacher-forced forwards of `chunks` ([batch, t] token blocks, in order) on one cache:
+    the logits of every position, [batch, sum of t, vocab] float64."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        logits = [model(input_ids=c, cache=cache, use_cache=True).logits for c in chunks]
+    return torch.cat(logits, dim=1).to(F64)
+
+
+@pytest.mark.parametrize("name", ["nemotron_h", "qwen3_next"])
+def test_hf_reads_exact_states_between_decode_steps(name):
+    """Decode steps through our ops, then a 3-token forward that HF runs itself from its cache's
+    SSM state (written back first), then decode steps again (the slots reloaded): the logits
+    are the unpatched model's."""
+    model, _ = hf_reference(name)
+    gen = torch.Generator().manual_seed(7)
+    tokens = torch.randint(3, VOCAB, (3, 5 + 20 + 3 + 20), generator=gen)
+    sizes = [5] + [1] * 20 + [3] + [1] * 20
+    chunks = list(torch.split(tokens, sizes, dim=1))
+    expected = forward_schedule(model, chunks)
+    handle = hf.patch(model, window=WINDOW, stagger_flushes=True)
+    try:
+        logits = forward_schedule(model, chunks)
+        assert [layer.decode_steps for layer in handle.layers] == [40] * len(handle.layers)
+    finally:
+        hf.unpatch(model)
+    assert logits_error(logits.transpose(0, 1), expected.transpose(0, 1)) < 1e-4
 
 
 # ---------------------------------------------------------------------------------------------

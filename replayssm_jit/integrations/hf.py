@@ -259,7 +259,7 @@ def _mamba2_decode(layer: PatchedLayer, hidden_states, cache, attention_mask):
     y = mamba2_decode(
         layer.plan(batch), **layer.pool,
         x=x.reshape(batch, H, P).contiguous(), B=B.reshape(batch, G, N).contiguous(),
-        C=C.reshape(batch, G, N).contiguous(), dt=dt[:, 0].float(),
+        C=C.reshape(batch, G, N).contiguous(), dt=dt[:, 0].float().contiguous(),
         slot_indices=_slot_ids(layer, batch), **layer.params,
     )  # fmt: skip
     scan_output = mixer.norm(y.reshape(batch, 1, H * P), gate)
@@ -343,6 +343,22 @@ def _patched_layer(mixer, family, mode, window, state_dtype, stagger_flushes, co
     )  # fmt: skip
 
 
+def _check_cache_api() -> None:
+    """The decode path reads HF's conv and SSM states through the Cache accessors transformers
+    5 has (older versions kept them in per-model cache classes)."""
+    from transformers.cache_utils import Cache
+
+    needed = ("get_conv_state", "get_recurrent_state", "is_recording_past")
+    missing = [name for name in needed if not hasattr(Cache, name)]
+    if missing:
+        import transformers
+
+        raise RuntimeError(
+            f"transformers {transformers.__version__}: expected a Cache with {list(needed)} "
+            f"(transformers 5), missing {missing}"
+        )
+
+
 def _model_type(model) -> str:
     config = getattr(model, "config", None)
     return str(getattr(config, "model_type", type(model).__name__))
@@ -367,14 +383,15 @@ def patch(
         for the plans. Raises ValueError for a model type without supported SSM mixers, or a
         model already patched.
     """
-    model_type = _model_type(model)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    model_type = _model_type(model)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"model: model type {model_type!r} is not supported; expected one of "
             f"{list(SUPPORTED_MODEL_TYPES)}"
         )
+    _check_cache_api()
     if model in _PATCHES:
         raise ValueError("model: already patched (call unpatch(model) first)")
     if not isinstance(mode, str) or mode not in MODES:
