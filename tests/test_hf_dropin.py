@@ -58,7 +58,7 @@ def nemotron_h(dtype=F32, seed=0):
 
     config = NemotronHConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=64,
-        layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention"],
+        layers_block_type=["linear_attention", "full_attention", "linear_attention"],
         num_attention_heads=2, num_key_value_heads=1, head_dim=32,
         mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
         chunk_size=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
@@ -70,11 +70,11 @@ def qwen3_next(dtype=F32, seed=0):
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     config = Qwen3NextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
-        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
         num_attention_heads=2, num_key_value_heads=1, head_dim=32,
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-        linear_value_head_dim=16, mlp_only_layers=[0, 1, 2],
+        linear_value_head_dim=16, mlp_only_layers=[0, 1],
         pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
     return _build(Qwen3NextForCausalLM, config, dtype, seed)
