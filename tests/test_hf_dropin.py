@@ -360,13 +360,17 @@ def test_unpatch_keeps_an_instance_forward_set_before_the_patch():
         del mixer.forward
 
 
-def test_unsupported_model_type_raises():
+def test_patch_errors_change_nothing():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=16,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
-    model = LlamaForCausalLM(config)
     with pytest.raises(ValueError, match=r"'llama' is not supported.*nemotron_h.*qwen3_next"):
-        hf.patch(model)
+        hf.patch(LlamaForCausalLM(config))
+    model, _ = hf_reference("nemotron_h")
     with pytest.raises(ValueError, match="mode"):
-        hf.patch(MODELS["nemotron_h"](), mode="fast")
+        hf.patch(model, mode="fast")
+    with pytest.raises(ValueError, match="window"):
+        hf.patch(model, window=0)
+    assert hf.patched_layers(model) == []
+    assert not any("forward" in vars(m) for m in model.modules())

@@ -334,10 +334,10 @@ def _layout_of(mixer, family: str, window: int, state_dtype: torch.dtype) -> Cac
     )  # fmt: skip
 
 
-def _patched_layer(mixer, family, mode, window, state_dtype, stagger_flushes, config):
+def _patched_layer(mixer, family, mode, window, state_dtype, stagger_flushes, launch_config):
     return PatchedLayer(
         mixer=mixer, family=family, layout=_layout_of(mixer, family, window, state_dtype),
-        mode=mode, stagger_flushes=bool(stagger_flushes), launch_config=config,
+        mode=mode, stagger_flushes=bool(stagger_flushes), launch_config=launch_config,
         original_forward=mixer.forward,
         saved_instance_forward=vars(mixer).get("forward", _NO_FORWARD),
     )  # fmt: skip
@@ -371,7 +371,7 @@ def patch(
     *,
     state_dtype: torch.dtype = torch.float32,
     stagger_flushes: bool = False,
-    config=None,
+    launch_config=None,
 ) -> HFPatch:
     """Make `model`'s SSM layers decode through our ops; returns what was patched.
 
@@ -379,9 +379,9 @@ def patch(
         state-update step). state_dtype: the checkpoint dtype (HF itself keeps FP32 states);
         the activation dtype is the model's. stagger_flushes: spread the rows' flushes over
         the window (row r of a batch of b starts with (r * window) // b neutral records), so a
-        launch mixes flush and non-flush rows as an engine's batch does. config: a LaunchConfig
-        for the plans. Raises ValueError for a model type without supported SSM mixers, or a
-        model already patched.
+        launch mixes flush and non-flush rows as an engine's batch does. launch_config: a
+        LaunchConfig for the plans (None: the launch policy's). Raises ValueError for a model
+        type without supported SSM mixers, or a model already patched.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -408,7 +408,7 @@ def patch(
         )
     # Every layout is checked before any forward is replaced, so a failed patch changes nothing.
     layers = [
-        _patched_layer(mixer, family, mode, window, state_dtype, stagger_flushes, config)
+        _patched_layer(mixer, family, mode, window, state_dtype, stagger_flushes, launch_config)
         for mixer, family in mixers
     ]
     for layer in layers:
