@@ -302,14 +302,13 @@ def forward_schedule(model, chunks):
     return torch.cat(logits, dim=1).to(F64)
 
 
-@pytest.mark.parametrize("name", ["nemotron_h", "qwen3_next"])
-def test_hf_reads_exact_states_between_decode_steps(name):
+def check_reads_exact_states(name, device):
     """Decode steps through our ops, then a 3-token forward that HF runs itself from its cache's
     SSM state (written back first), then decode steps again (the slots reloaded): the logits
     are the unpatched model's."""
-    model, _ = hf_reference(name)
+    model, _ = hf_reference(name, F32, device)
     gen = torch.Generator().manual_seed(7)
-    tokens = torch.randint(3, VOCAB, (3, 5 + 20 + 3 + 20), generator=gen)
+    tokens = torch.randint(3, VOCAB, (3, 5 + 20 + 3 + 20), generator=gen).to(device)
     sizes = [5] + [1] * 20 + [3] + [1] * 20
     chunks = list(torch.split(tokens, sizes, dim=1))
     expected = forward_schedule(model, chunks)
@@ -320,6 +319,17 @@ def test_hf_reads_exact_states_between_decode_steps(name):
     finally:
         hf.unpatch(model)
     assert logits_error(logits.transpose(0, 1), expected.transpose(0, 1)) < 1e-4
+
+
+@pytest.mark.parametrize("name", ["nemotron_h", "qwen3_next"])
+def test_hf_reads_exact_states_between_decode_steps(name):
+    check_reads_exact_states(name, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["nemotron_h", "qwen3_next"])
+def test_hf_reads_exact_states_between_decode_steps_gpu(name):
+    check_reads_exact_states(name, "cuda")
 
 
 # ---------------------------------------------------------------------------------------------
