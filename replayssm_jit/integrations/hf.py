@@ -91,6 +91,7 @@ class PatchedLayer:
     # -- the patched forward ------------------------------------------------------------------
 
     def forward(self, hidden_states=None, cache=None, attention_mask=None, **kwargs):
+        """The mixer's forward: our SSM step on a one-token cached decode, HF's own otherwise."""
         cache = kwargs.pop("cache_params", cache)  # (the name older callers use)
         if not self._is_cached_decode(hidden_states, cache, kwargs):
             if cache is not None:
