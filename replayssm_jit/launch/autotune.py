@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             **dict(zip(get_family(model.family).shape_args,
                        (model.key_heads, model.value_heads, model.d_k, model.d_v))),
         )  # fmt: skip
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     if not torch.cuda.is_available():
         parser.error("autotune times kernels: it needs a CUDA device")
