@@ -435,7 +435,8 @@ def build_verify(draw, device):
         args = _commit_args(draw, sc, rows)
         kinds = ["num_accepted", "accepted_path", "commit_value", "slots", "plan"]
     plan = sc.plan
-    for kind in _variants(draw, v, kinds):
+    # Device values last: an index variant drawn after one (None, say) would undo its bad value.
+    for kind in sorted(_variants(draw, v, kinds), key=lambda k: k in ("value", "commit_value")):
         if kind == "value":
             _value_variant(draw, sc, args, v)
         elif kind in INDEX:
@@ -551,7 +552,7 @@ def build_snapshot(draw, device):
                 "slot_indices": sc.ix(rows)}  # fmt: skip
         kinds = ["snapshot_value", "snapshot_slots", "num_accepted", "slots"]
     plan = sc.plan
-    for kind in _variants(draw, v, kinds):
+    for kind in sorted(_variants(draw, v, kinds), key=lambda k: k == "snapshot_value"):
         if kind == "snapshot_value":
             if not all(_editable(args.get(k)) for k in ("snapshot_slots", "num_drafts",
                                                         "num_accepted")):  # fmt: skip
