@@ -136,27 +136,30 @@ def bench_config(name, batch, T, args, rng):
         row(f"verify_{kind}", t["us"], flush_rate=rate, mean_accepted=mean_acc,
             rows_per_cta=plan.verify_rows_per_cta, verify_kernel=plan.verify_kernel)  # fmt: skip
 
-    # The verify kernels the policy did not pick (--verify-kernels), mixed acceptance.
-    for kernel in [k for k in args.verify_kernels.split(",") if k]:
-        other = plan_decode(layout, batch, device=dev, check_slot_values=False,
-                            config=LaunchConfig(kernel=kernel))  # fmt: skip
-        if other.verify_kernel == plan.verify_kernel:
-            continue
+    def time_mixed(other):
+        """us per step of `other` (a plan of another launch) in the mixed acceptance cycle."""
         ws = scratch(other)
         out = torch.empty(batch, T, *fam.state_shape()[:2], dtype=torch.bfloat16, device=dev)
         accepted = [torch.tensor(acceptance("mixed", T, batch, rng), dtype=torch.int32, device=dev)
                     for _ in range(args.cycle_steps)]  # fmt: skip
         calls = [
-            (lambda s=s, a=a, out=out, other=other, ws=ws: fam.verify(
-                other, tensors, params, drafts, s, out=out, num_accepted=a, workspace=ws))
+            (lambda s=s, a=a: fam.verify(other, tensors, params, drafts, s, out=out,
+                                         num_accepted=a, workspace=ws))
             for a in accepted
             for s in sets
         ]  # fmt: skip
         for _ in range(3):
             for c in calls:
                 c()
-        row(f"verify_mixed_{other.verify_kernel}", time_graph(calls, **kw)["us"],
-            rows_per_cta=other.verify_rows_per_cta, verify_kernel=other.verify_kernel)  # fmt: skip
+        return time_graph(calls, **kw)["us"]
+
+    # The verify kernels the policy did not pick (--verify-kernels), mixed acceptance.
+    for kernel in [k for k in args.verify_kernels.split(",") if k]:
+        other = plan_decode(layout, batch, device=dev, check_slot_values=False,
+                            config=LaunchConfig(kernel=kernel))  # fmt: skip
+        if other.verify_kernel != plan.verify_kernel:
+            row(f"verify_mixed_{other.verify_kernel}", time_mixed(other),
+                rows_per_cta=other.verify_rows_per_cta, verify_kernel=other.verify_kernel)  # fmt: skip
 
     # The other compiled row tiles of the verify kernel (--verify-tiles), mixed acceptance.
     for rows_per_cta in [int(r) for r in args.verify_tiles.split(",") if r]:
@@ -165,21 +168,7 @@ def bench_config(name, batch, T, args, rng):
             continue
         tiled = plan_decode(layout, batch, device=dev, check_slot_values=False,
                             config=LaunchConfig(rows_per_cta=rows_per_cta))  # fmt: skip
-        out = torch.empty(batch, T, *fam.state_shape()[:2], dtype=torch.bfloat16, device=dev)
-        ws = scratch(tiled)
-        accepted = [torch.tensor(acceptance("mixed", T, batch, rng), dtype=torch.int32, device=dev)
-                    for _ in range(args.cycle_steps)]  # fmt: skip
-        calls = [
-            (lambda s=s, a=a, out=out, tiled=tiled, ws=ws: fam.verify(
-                tiled, tensors, params, drafts, s, out=out, num_accepted=a, workspace=ws))
-            for a in accepted
-            for s in sets
-        ]  # fmt: skip
-        for _ in range(3):
-            for c in calls:
-                c()
-        row(f"verify_mixed_rows{rows_per_cta}", time_graph(calls, **kw)["us"],
-            rows_per_cta=rows_per_cta)  # fmt: skip
+        row(f"verify_mixed_rows{rows_per_cta}", time_mixed(tiled), rows_per_cta=rows_per_cta)
 
     # Tree verify at T = 8 (explicit commit of a random root path) beside the chain.
     if T == 8:
