@@ -6,35 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from verify_schedule import GDNFamily, Mamba2Family, rel_err
+from verify_schedule import GDNFamily, KDAFamily, Mamba2Family, rel_err
 
-from replayssm_jit import kda_decode, kda_layout, materialize_slots, plan_decode, reset_slots
+from replayssm_jit import materialize_slots, plan_decode, reset_slots
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")
-
-
-class KDAFamily(GDNFamily):
-    """KDA's inputs: GDN's with a per-channel raw gate a [batch, T, HV, K], dt_bias [HV K]."""
-
-    def layout(self, window, drafts, state_dtype, act_dtype=torch.bfloat16):
-        return kda_layout(num_k_heads=self.H, num_v_heads=self.HV, head_k_dim=self.K,
-                          head_v_dim=self.V, window=window, drafts=drafts,
-                          state_dtype=state_dtype, act_dtype=act_dtype)  # fmt: skip
-
-    def params(self, gen, dev):
-        # Decays near 1 (small A_log), so that the state term carries the output.
-        return dict(
-            A_log=torch.log(0.05 + 0.1 * torch.rand(self.HV, generator=gen, device=dev)),
-            dt_bias=0.1 * torch.randn(self.HV * self.K, generator=gen, device=dev),
-        )
-
-    def drafts(self, batch, T, gen, dev, act):
-        d = super().drafts(batch, T, gen, dev, act)
-        d["a"] = torch.randn(batch, T, self.HV, self.K, generator=gen, device=dev)
-        return d
-
-    def decode_op(self):
-        return kda_decode
 
 
 SMALL = {

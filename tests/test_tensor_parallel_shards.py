@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from verify_schedule import GDNFamily, Mamba2Family
+from verify_schedule import GDNFamily, KDAFamily, Mamba2Family
 
 from replayssm_jit import LaunchConfig, plan_decode, reset_slots
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")
 
 # Key heads (Mamba-2 groups, GDN key heads) divisible by 8; two value heads per key head.
-FAMILIES = {"mamba2": Mamba2Family(16, 16, 32, 8), "gdn": GDNFamily(8, 16, 32, 32)}
+FAMILIES = {
+    "mamba2": Mamba2Family(16, 16, 32, 8),
+    "gdn": GDNFamily(8, 16, 32, 32),
+    "kda": KDAFamily(8, 16, 32, 32),
+}
 DEVICES = [
     pytest.param("cpu", id="cpu"),
     pytest.param("cuda", id="cuda", marks=pytest.mark.gpu),
@@ -28,7 +32,7 @@ KEY_SPLIT = {"B": 1, "C": 1, "q": 1, "k": 1}
 def shard_family(fam, n: int):
     if isinstance(fam, Mamba2Family):
         return Mamba2Family(fam.H // n, fam.P, fam.N, fam.G // n)
-    return GDNFamily(fam.H // n, fam.HV // n, fam.K, fam.V)
+    return type(fam)(fam.H // n, fam.HV // n, fam.K, fam.V)
 
 
 def take(tensors: dict, i: int, n: int) -> dict:
