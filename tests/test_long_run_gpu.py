@@ -6,7 +6,9 @@ GPU (marked gpu): the script's drift run at a Mamba-2 and a GDN model shape for 
 steps, and 10,000 mixed decode steps (sequences of random lengths reset between steps, rows
 joining and skipping steps, so cursors are staggered and every launch mixes flushing and
 non-flushing rows, with padded rows, several windows) after which the pad slot and every
-unnamed slot are bit-identical and every live cursor holds the expected counts.
+unnamed slot are bit-identical and every live cursor holds the expected counts; and 10,000 steps
+mixing standard and verify steps (chains, trees, per-row draft counts, fused, explicit and missing
+commits), with a short CPU run of the same schedule.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 from test_lifecycle import GDN, Mamba2, assert_slots_kept, engine_tensors, snapshot
+from verify_schedule import GDNFamily, Mamba2Family
 
-from replayssm_jit import LaunchConfig, plan_decode, reset_slots
+from replayssm_jit import LaunchConfig, commit_drafts, plan_decode, reset_slots
 from replayssm_jit.models import get_model
 from replayssm_jit.reference import gdn_gates, gdn_step, mamba2_step
 
@@ -190,3 +193,115 @@ def test_pad_and_unnamed_slots_bit_identical_after_10000_mixed_steps(fam, window
     cursors = tensors["cursors"][live].tolist()
     expected = [[counts[s] % window, counts[s] // window, 0, 0] for s in live]
     assert cursors == expected
+
+
+# --- 10,000 mixed standard and speculative steps ---------------------------------------------
+
+
+def mixed_speculative_run(fam, device, *, steps, window, T, pad, seed, config=None):
+    """Standard steps and verify steps (chains and trees, per-row draft counts, fused or explicit
+    commits, commits that never come) over rows that join, skip and restart; outputs poisoned
+    before every call. Returns (kept slots changed?, pad outputs not zero, outputs unwritten,
+    live cursors out of range), all to be zero/False."""
+    dev = torch.device(device)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    rng = random.Random(seed)
+    layout = fam.layout(window, T, torch.float32, act_dtype=torch.float32)
+    num_slots, batch = 20, 8
+    tensors = layout.allocate(num_slots, dev)
+    for name, t in tensors.items():
+        if name != "cursors":
+            t.copy_(torch.randn(t.shape, generator=gen, device=dev))
+    live = list(range(2, 14))  # slots 0, 1 and 14.. are never named
+    kept = [s for s in range(num_slots) if s not in live]
+    reset_slots(layout, tensors, live, pad_slot_id=pad)
+    initial = snapshot(tensors)
+    plan = plan_decode(layout, batch, device=dev, pad_slot_id=pad, check_slot_values=False,
+                       config=config)  # fmt: skip
+    params = fam.params(gen, dev)
+    workspace = torch.empty(plan.workspace_floats, device=dev)
+    shape = fam.state_shape()[:2]
+    out1 = torch.empty(batch, *shape, device=dev)
+    outT = torch.empty(batch, T, *shape, device=dev)
+    bad = {"pad": 0, "unwritten": 0}
+    pending = dict.fromkeys(live, 0)  # drafts each slot's last verify left uncommitted
+    chosen = {}  # slot -> the accept count its next verify commits (fused)
+    for _ in range(steps):
+        if rng.random() < 0.02:
+            restarted = rng.sample(live, 3)
+            reset_slots(layout, tensors, restarted, pad_slot_id=pad)
+            pending.update(dict.fromkeys(restarted, 0))
+        running = rng.sample(live, rng.randint(1, batch))
+        rows = running + [pad] * (batch - len(running))
+        rng.shuffle(rows)
+        ids = torch.tensor(rows, dtype=torch.int32, device=dev)
+        is_pad = torch.tensor([r == pad for r in rows], device=dev)
+        drafts = fam.drafts(batch, T, gen, dev, torch.float32)
+        if rng.random() < 0.5:  # a standard step (drops any pending drafts)
+            token = {k: v[:, 0] for k, v in drafts.items()}
+            out1.fill_(float("nan"))
+            fam.decode_op()(plan, **tensors, **params, **token, slot_indices=ids, out=out1,
+                            workspace=workspace)  # fmt: skip
+            out = out1
+            pending.update(dict.fromkeys(running, 0))
+        else:
+            t = [rng.randint(0, T) for _ in rows]
+            tree = rng.random() < 0.3
+            parents = None
+            if tree:
+                parents = torch.tensor([[rng.randint(-1, j - 1) for j in range(T)] for _ in rows],
+                                       dtype=torch.int32, device=dev)  # fmt: skip
+            fused = [min(chosen.get(r, 0), pending.get(r, 0)) for r in rows]
+            outT.fill_(float("nan"))
+            fam.verify(plan, tensors, params, drafts, ids, out=outT,
+                       num_drafts=torch.tensor(t, dtype=torch.int32, device=dev), parents=parents,
+                       num_accepted=torch.tensor(fused, dtype=torch.int32, device=dev),
+                       workspace=workspace)  # fmt: skip
+            out = outT
+            for r, n in zip(rows, t):
+                if r != pad:
+                    pending[r] = n
+            acc = [rng.randint(0, n) for n in t]
+            chosen = {}
+            if tree:  # draft 0 is always a root: accept it or nothing, by its path
+                path = torch.zeros(batch, T, dtype=torch.int32, device=dev)
+                first = [min(a, 1) for a in acc]
+                commit_drafts(plan, tensors, slot_indices=ids, accepted_path=path,
+                              num_accepted=torch.tensor(first, dtype=torch.int32, device=dev))  # fmt: skip
+                pending.update(dict.fromkeys(running, 0))
+            elif rng.random() < 0.5:
+                chosen = {r: a for r, a in zip(rows, acc) if r != pad}  # fused into the next verify
+            elif rng.random() < 0.8:
+                commit_drafts(plan, tensors, slot_indices=ids,
+                              num_accepted=torch.tensor(acc, dtype=torch.int32, device=dev))  # fmt: skip
+                pending.update(dict.fromkeys(running, 0))
+            # else: the commit never comes; the next step drops it or a verify replaces it
+        pad_out = out[is_pad]
+        bad["pad"] += int((pad_out != 0).sum())  # (NaN counts too)
+        bad["unwritten"] += int(out[~is_pad].isnan().sum())
+    cursors = tensors["cursors"][live].tolist()
+    out_of_range = [c for c in cursors if not (0 <= c[0] < layout.capacity and 0 <= c[3] <= T)]
+    assert_slots_kept(initial, tensors, kept)
+    return bad, out_of_range
+
+
+@pytest.mark.parametrize("fam", [Mamba2Family(6, 16, 32, 3), GDNFamily(2, 4, 32, 32)],
+                         ids=["mamba2", "gdn"])  # fmt: skip
+def test_mixed_standard_and_speculative_steps_on_cpu(fam):
+    """The schedule of the GPU test below, short, on the CPU path (it checks the schedule too)."""
+    bad, out_of_range = mixed_speculative_run(fam, "cpu", steps=150, window=4, T=2, pad=-1, seed=1)
+    assert bad == {"pad": 0, "unwritten": 0} and not out_of_range
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["auto", "per-item"])
+@pytest.mark.parametrize("pad", [0, -1], ids=["pad0-vllm", "pad-1-sglang"])
+@pytest.mark.parametrize("fam", [Mamba2Family(128, 64, 128, 8), GDNFamily(16, 32, 128, 128)],
+                         ids=["super120b", "qwen4b"])  # fmt: skip
+def test_pad_and_unnamed_slots_bit_identical_after_10000_standard_and_speculative_steps(
+    fam, pad, kernel
+):
+    config = LaunchConfig(kernel=kernel) if kernel != "auto" else None
+    bad, out_of_range = mixed_speculative_run(fam, "cuda", steps=STEPS, window=4, T=2, pad=pad,
+                                              seed=7, config=config)  # fmt: skip
+    assert bad == {"pad": 0, "unwritten": 0} and not out_of_range
