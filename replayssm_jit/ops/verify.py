@@ -173,7 +173,9 @@ def _verify(
     parents = _check_index(plan, "parents", parents, (T,))
     num_accepted = _check_index(plan, "num_accepted", num_accepted, ())
     seed_value, seed_tensor = resolve_seed(plan, seed)
-    workspace = resolve_workspace(plan, workspace)
+    # Only the split verify reads a workspace: the per-item one allocates none per call.
+    if workspace is not None or plan.verify_kernel == "split":
+        workspace = resolve_workspace(plan, workspace)
     if reads_device_values(plan):
         live = _live_rows(plan, slot_indices)
         drafts = _draft_counts(plan, live, num_drafts)
@@ -237,8 +239,9 @@ def mamba2_verify(
     leave the ring no free row. out[b, j] is the output of draft j after the committed records
     and its root path; zero for j >= num_drafts[b]. The drafts' records stay pending until a
     commit (commit_drafts, or the next verify's num_accepted). seed: as in mamba2_decode.
-    workspace: float32, at least plan.workspace_floats elements (allocated when None): scratch
-    the split verify overwrites.
+    workspace: float32, at least plan.workspace_floats elements: scratch the split verify
+    overwrites (allocated when None and plan.verify_kernel is "split"; the per-item verify
+    reads none).
     """
     T = _check_speculative_plan(plan, MAMBA2, "replay", "mamba2_verify")
     shape = plan.layout.shape
