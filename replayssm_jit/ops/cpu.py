@@ -415,57 +415,12 @@ def gdn_step(
         else:   o = tot S_c q^ + sum_{i<=j} dec_i (k^_i . q^) u_i
     A non-flush step appends (u_j, raw k_j, g_j) at ring row n.
     """
-    flags, seed = setup.flags, setup.seed
-    sr = _check_flags(flags, _GDN_FLAGS, "GDN")
-    k_heads, v_heads = q.shape[1], v.shape[1]
-    per_key = v_heads // k_heads
-    l2norm, gates_in_kernel = "qk_l2norm" in flags, "gates_in_kernel" in flags
-
-    def compute(rows, slots, held, flush, epochs):
-        q_j = q[rows].to(_F32)  # [b, H, K]
-        k_j = k[rows].to(_F32)
-        v_j = v[rows].to(_F32)  # [b, HV, V]
-        g_j, beta = _gdn_gates(gate_a[rows], gate_b[rows], A_log, dt_bias, gates_in_kernel)
-        ks = _with_current(rec_k, slots, held, k_j)  # [b, H, j, K]
-        gs = _with_current(rec_g, slots, held, g_j)  # [b, HV, j]
-        decay, total = _suffix_decays(gs)  # [b, HV, j], [b, HV]
-        # Dots per key head, then read by its value heads: k_i . k_j, k_i . q, |k_i|^2, |q|^2.
-        kk = (ks @ k_j[..., None]).squeeze(-1).repeat_interleave(per_key, dim=1)  # [b, HV, j]
-        kq = (ks @ q_j[..., None]).squeeze(-1).repeat_interleave(per_key, dim=1)
-        rk = _key_norms(ks, l2norm, per_key)  # [b, HV, j]
-        rq = _query_scale(q_j, l2norm, per_key, scale)  # [b, HV]
-        rk_j = rk[..., held]  # [b, HV]
-        keys = ks.repeat_interleave(per_key, dim=1)  # [b, HV, j, K] raw
-        query = q_j.repeat_interleave(per_key, dim=1)  # [b, HV, K] raw
-        s = state[slots].to(_F32)  # [b, HV, V, K]
-        sk = (s @ keys[:, :, held, :, None]).squeeze(-1) * rk_j[..., None]  # S_c k^_j
-        sq = (s @ query[..., None]).squeeze(-1) * rq[..., None]  # S_c q^
-        pred = torch.zeros_like(sk)
-        osum = torch.zeros_like(sq)
-        if held:
-            us = rec_u[slots, :, :held].to(_F32)  # [b, HV, n, V]
-            base = decay[..., :held] * kk[..., :held] * rk[..., :held]
-            pred = ((base * rk_j[..., None])[..., None] * us).sum(dim=2)
-            coef = decay[..., :held] * kq[..., :held] * rk[..., :held] * rq[..., None]
-            osum = (coef[..., None] * us).sum(dim=2)
-        u_j = beta[..., None] * (v_j - (total[..., None] * sk + pred))  # [b, HV, V]
-        if flush:  # weights of the raw keys: dec_i rk_i u_i, and rk_j u_j for this token
-            vals = (rk_j[..., None] * u_j)[:, :, None]
-            if held:
-                vals = torch.cat([(decay[..., :held] * rk[..., :held])[..., None] * us, vals], 2)
-            s = s * total[..., None, None] + vals.transpose(-1, -2) @ keys
-            o = (s @ query[..., None]).squeeze(-1) * rq[..., None]
-            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs)
-        else:
-            coef_j = kq[..., held] * rk_j * rq  # dec_j = 1
-            o = total[..., None] * sq + osum + coef_j[..., None] * u_j
-        out[rows] = o.to(out.dtype)
-        if not flush:  # this token's record at ring row `held` (u, g in FP32; raw k exact)
-            rec_u[slots, :, held] = u_j.to(rec_u.dtype)
-            rec_g[slots, :, held] = g_j.to(rec_g.dtype)
-            rec_k[slots, :, held] = k[rows].to(rec_k.dtype)
-
-    _run_rows(setup, sr=sr, cursors=cursors, out=out, slot_indices=slot_indices, compute=compute)
+    return _delta_step(
+        setup, "GDN", lambda rows: _gdn_gates(gate_a[rows], gate_b[rows], A_log, dt_bias,
+                                              "gates_in_kernel" in setup.flags),
+        state=state, rec_u=rec_u, rec_k=rec_k, rec_g=rec_g, cursors=cursors, q=q, k=k, v=v,
+        scale=scale, out=out, slot_indices=slot_indices,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,20 +470,34 @@ def kda_step(
         else:   o = S_c (tot * q^) + sum_{i<=j} ((dec_i * k^_i) . q^) u_i
     A non-flush step appends (u_j, raw k_j, g_j [HV, K]) at ring row n.
     """
+    return _delta_step(
+        setup, "KDA", lambda rows: _kda_gates(gate_a[rows], gate_b[rows], A_log, dt_bias,
+                                              lower_bound, "gates_in_kernel" in setup.flags),
+        state=state, rec_u=rec_u, rec_k=rec_k, rec_g=rec_g, cursors=cursors, q=q, k=k, v=v,
+        scale=scale, out=out, slot_indices=slot_indices,
+    )  # fmt: skip
+
+
+def _delta_step(setup: StepSetup, family: str, gates, *, state, rec_u, rec_k, rec_g, cursors, q,
+                k, v, scale: float, out, slot_indices) -> None:  # fmt: skip
+    """The delta-rule step of gdn_step and kda_step: `gates(rows)` gives (g, beta), g a log-decay
+    per value head ([b, HV], GDN) or per key channel ([b, HV, K], KDA); a per-head one is the
+    per-channel step with the same decay on every channel."""
     flags, seed = setup.flags, setup.seed
-    sr = _check_flags(flags, _GDN_FLAGS, "KDA")
+    sr = _check_flags(flags, _GDN_FLAGS, family)
     k_heads, v_heads = q.shape[1], v.shape[1]
     per_key = v_heads // k_heads
-    l2norm, gates_in_kernel = "qk_l2norm" in flags, "gates_in_kernel" in flags
+    l2norm = "qk_l2norm" in flags
 
     def compute(rows, slots, held, flush, epochs):
         q_j = q[rows].to(_F32)  # [b, H, K]
         k_j = k[rows].to(_F32)
         v_j = v[rows].to(_F32)  # [b, HV, V]
-        g_j, beta = _kda_gates(gate_a[rows], gate_b[rows], A_log, dt_bias, lower_bound,
-                               gates_in_kernel)  # fmt: skip
+        g_j, beta = gates(rows)
         ks = _with_current(rec_k, slots, held, k_j)  # [b, H, j, K]
-        gs = _with_current(rec_g, slots, held, g_j)  # [b, HV, j, K]
+        gs = _with_current(rec_g, slots, held, g_j)  # [b, HV, j] or [b, HV, j, K]
+        if gs.dim() == 3:
+            gs = gs[..., None].expand(*gs.shape, k_j.shape[-1])
         decay, total = _suffix_decays(gs.transpose(-1, -2))  # [b, HV, K, j], [b, HV, K]
         keys = ks.repeat_interleave(per_key, dim=1)  # [b, HV, j, K] raw
         decayed = keys * decay.transpose(-1, -2)  # k_i * a(i+1:j)
@@ -814,22 +783,16 @@ def _query_scale(q: torch.Tensor, l2norm: bool, per_key: int, scale: float) -> t
     return torch.rsqrt((q * q).sum(-1) + NORM_EPS).repeat_interleave(per_key, dim=1) * scale
 
 
-def kda_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:
-    """S <- S Diag(a(1:n)) + sum_i u_i (a(i+1:n) * k^_i)^T over n records with per-channel
-    log-decays (us [b, HV, n, V], raw ks [b, H, n, K], gs [b, HV, n, K]), in FP32."""
+def delta_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:
+    """S <- S Diag(a(1:n)) + sum_i u_i (a(i+1:n) * k^_i)^T over n records (us [b, HV, n, V],
+    raw ks [b, H, n, K], gs [b, HV, n] log-decays per head, or [b, HV, n, K] per key channel),
+    in FP32."""
+    if gs.dim() == 3:
+        gs = gs[..., None].expand(*gs.shape, ks.shape[-1])
     decay, total = _suffix_decays(gs.transpose(-1, -2))  # [b, HV, K, n], [b, HV, K]
     decayed = ks.repeat_interleave(per_key, dim=1) * decay.transpose(-1, -2)
     vals = _key_norms(ks, l2norm, per_key)[..., None] * us
     return s * total[..., None, :] + vals.transpose(-1, -2) @ decayed
-
-
-def delta_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:
-    """S <- a(1:n) S + sum_i a(i+1:n) u_i k^_i^T over n records (us [b, HV, n, V], raw ks [b, H,
-    n, K], gs [b, HV, n]), in FP32."""
-    decay, total = _suffix_decays(gs)
-    vals = (decay * _key_norms(ks, l2norm, per_key))[..., None] * us
-    keys = ks.repeat_interleave(per_key, dim=1)
-    return s * total[..., None, None] + vals.transpose(-1, -2) @ keys
 
 
 def gdn_verify(

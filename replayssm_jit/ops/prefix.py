@@ -40,26 +40,21 @@ def _fold_mamba2(plan: DecodePlan, tensors, slot: int, held: int, params) -> tor
     return cpu.mamba2_fold(state, *rings, params["A"], per_group)
 
 
-def _delta_folder(fold):
-    """The materializing fold of a delta-rule family whose records fold with `fold`."""
-
-    def materialize(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
-        state = tensors["state"][slot : slot + 1].to(_F32)
-        if held == 0:
-            return state
-        shape = plan.layout.shape
-        rings = [tensors[n][slot : slot + 1, :, :held].to(_F32) for n in plan.layout.ring_names]
-        l2norm = "qk_l2norm" in plan.spec.flags
-        return fold(state, *rings, l2norm, shape.value_heads // shape.key_heads)
-
-    return materialize
+def _fold_delta(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
+    state = tensors["state"][slot : slot + 1].to(_F32)
+    if held == 0:
+        return state
+    shape = plan.layout.shape
+    rings = [tensors[n][slot : slot + 1, :, :held].to(_F32) for n in plan.layout.ring_names]
+    l2norm = "qk_l2norm" in plan.spec.flags
+    return cpu.delta_fold(state, *rings, l2norm, shape.value_heads // shape.key_heads)
 
 
 # Per family: the model parameters its fold needs besides the records, their check, the fold.
 _FOLDS = {
     "mamba2": (("A",), _check_mamba2, _fold_mamba2),
-    "gdn": ((), lambda plan, tensors, params: None, _delta_folder(cpu.delta_fold)),
-    "kda": ((), lambda plan, tensors, params: None, _delta_folder(cpu.kda_fold)),
+    "gdn": ((), lambda plan, tensors, params: None, _fold_delta),
+    "kda": ((), lambda plan, tensors, params: None, _fold_delta),
 }
 
 

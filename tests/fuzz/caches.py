@@ -445,8 +445,9 @@ def build_materialize(draw, device):
                     state, *rings, params["A"].double(), heads // shape.key_heads
                 )
             elif held:
-                fold = cpu.kda_fold if layout.family.name == "kda" else cpu.delta_fold
-                want = fold(state, *rings, "qk_l2norm" in plan.spec.flags, heads // shape.key_heads)
+                want = cpu.delta_fold(
+                    state, *rings, "qk_l2norm" in plan.spec.flags, heads // shape.key_heads
+                )
             else:
                 want = state
             err = (result[row].double() - want[0]).norm() / want.norm().clamp_min(1e-300)
