@@ -139,6 +139,26 @@ def test_every_op_is_registered_with_its_written_tensors_declared():
         assert schema.arguments[0].name == "plan" and not schema.returns, name
 
 
+def test_written_tensors_count_as_modified_with_their_optional_arguments_left_out():
+    """A call that leaves workspace and the seeds at their defaults (the form that fails
+    inside torch.library.custom_op's kernels on torch <= 2.11) runs and bumps the version of
+    every tensor it was given to write."""
+    gen = torch.Generator().manual_seed(2)
+    stack = Stack(gen)
+    pool = _pool(stack.m2_layout, gen)
+    h = torch.randn(BATCH, WIDTH, generator=gen)
+    heads = h.view(BATCH, 4, 16)
+    layer, out = _layer(pool, 0), torch.empty(BATCH, 4, 16)
+    before = {name: t._version for name, t in layer.items()} | {"out": out._version}
+    torch.ops.replayssm.mamba2_decode(
+        stack.m2, **layer, x=heads, dt=h[:, :4], A=stack.A[0], B=heads[:, :2], C=heads[:, 2:],
+        z=heads, D=stack.D[0], dt_bias=stack.m2_bias[0],
+        slot_indices=torch.tensor(SLOT_IDS, dtype=I32), out=out)  # fmt: skip
+    after = {name: t._version for name, t in layer.items()} | {"out": out._version}
+    assert all(after[name] > before[name] for name in before), (before, after)
+    assert torch.isfinite(out[torch.tensor(SLOT_IDS) >= 0]).all()
+
+
 def test_plan_handles():
     m2, _ = _layouts()
     plan = plan_decode(m2, 2, device="cpu")

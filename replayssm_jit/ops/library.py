@@ -142,29 +142,41 @@ def _with_workspace(plan: DecodePlan, handle: int, kwargs: dict) -> dict:
     return kwargs
 
 
+# Defined with Library.define / impl rather than torch.library.custom_op: custom_op's Python
+# ADInplaceOrView kernel indexes written arguments by position, which fails on torch <= 2.11
+# when a written optional argument (workspace, the rings) is left at its default. The kernel
+# bumps the written tensors' versions itself, as that kernel would.
+_LIB = torch.library.Library(NAMESPACE, "DEF")
+
+
 def register_op(
     name: str, args: Sequence[str], call: Callable[[DecodePlan, int, dict], None]
-) -> torch.library.CustomOpDef:
-    """Register replayssm::`name` with a plan handle then `args` (see _parse; custom_op takes no
-    keyword-only tensors, so callers should pass them by keyword); `call(plan, handle, kwargs)`
-    runs the functional op."""
-    schema, mutated = _schema(args)
+) -> torch._ops.OpOverloadPacket:
+    """Register replayssm::`name` with a plan handle then `args` (see _parse; callers should
+    pass tensors by keyword); `call(plan, handle, kwargs)` runs the functional op."""
+    schema, written = _schema(args)
     names = [name for name, _, _ in _ordered(args)]
 
     def kernel(plan: int, *given, **kwargs) -> None:
-        call(lookup_plan(plan), plan, {**dict(zip(names, given)), **kwargs})
+        kwargs = {**dict(zip(names, given)), **kwargs}
+        call(lookup_plan(plan), plan, dict(kwargs))
+        for name in written:
+            tensor = kwargs.get(name)
+            # Inference tensors carry no version counter.
+            if isinstance(tensor, torch.Tensor) and not tensor.is_inference():
+                torch.autograd.graph.increment_version(tensor)
 
-    op = torch.library.custom_op(f"{NAMESPACE}::{name}", kernel, mutates_args=mutated,
-                                 schema=schema)  # fmt: skip
+    _LIB.define(name + schema)
+    _LIB.impl(name, kernel, "CompositeExplicitAutograd")
 
-    @op.register_fake
     def _fake(plan, *given, **kwargs) -> None:
         # A stale handle fails at trace time rather than at the first real call.
         if isinstance(plan, int):
             lookup_plan(plan)
         # Writes in place and returns nothing: no shapes to produce, no tensor to allocate.
 
-    return op
+    torch.library.register_fake(f"{NAMESPACE}::{name}", _fake, lib=_LIB)
+    return getattr(getattr(torch.ops, NAMESPACE), name)
 
 
 # ---------------------------------------------------------------------------------------------
