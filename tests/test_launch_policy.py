@@ -398,8 +398,8 @@ def test_launch_env_reaches_plan(monkeypatch):
 
 
 def test_verify_kernel_choice():
-    """Mamba-2 verifies with the split kernel from VERIFY_SPLIT_MIN_PAIRS_PER_SM pairs per SM,
-    per item below it or wherever config.kernel names another kernel; GDN always per item."""
+    """Mamba-2 and GDN verify with the split kernel from VERIFY_SPLIT_MIN_PAIRS_PER_SM pairs
+    per SM, per item below it or wherever config.kernel names another kernel."""
     sms = 132
     spec = super120b(window=16, drafts=4)
     threshold = policy.VERIFY_SPLIT_MIN_PAIRS_PER_SM * sms
@@ -412,7 +412,9 @@ def test_verify_kernel_choice():
     for kernel in ("per-item", "flush-every-step"):
         assert choose(spec, 256, 128, sms, LaunchConfig(kernel=kernel)) == "per-item"
     gdn = qwen4b(window=16, drafts=4)
-    assert not policy.can_split_verify(gdn)
-    assert choose(gdn, 256, 32, sms, LaunchConfig(kernel="split")) == "per-item"
-    # The records kernel's shared memory bounds where it is compiled to run.
+    assert policy.can_split_verify(gdn)
+    assert choose(gdn, 256, 32, sms, LaunchConfig()) == "split"
+    assert choose(gdn, 1, 32, sms, LaunchConfig()) == "per-item"
+    # The records kernels' shared memory bounds where they are compiled to run.
     assert get_family("mamba2").verify_records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
+    assert get_family("gdn").verify_records_shared_bytes(gdn) <= MAX_CTA_SHARED_BYTES

@@ -56,12 +56,12 @@ def test_verify_chain_fused_commit(model, T, L, batch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", ["super120b", "nano4b"])
+@pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize("T", [2, 4, 8])
 @pytest.mark.parametrize("kernel", ["split", "per-item"])
 @pytest.mark.parametrize("mode", ["fused-chain", "tree-variable"])
-def test_mamba2_verify_kernels(model, T, kernel, mode):
-    """Each of Mamba-2's verify kernels, whatever the policy would pick at this batch."""
+def test_verify_kernels(model, T, kernel, mode):
+    """Each verify kernel, whatever the policy would pick at this batch."""
     tree = mode == "tree-variable"
     worst = run_schedule(MODELS[model], device="cuda", batch=7, T=T, L=16, steps=30, seed=T + 5,
                          fused=not tree, trees=tree, variable=tree, act_dtype=torch.float32,

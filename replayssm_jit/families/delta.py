@@ -23,6 +23,17 @@ class DeltaFamily(Family):
         base += 6 * 16  # 16-byte alignment of the record arrays
         return self.held_rows_where_they_fit(base, heads * ring * v * 4, v * 4)
 
+    def verify_records_shared_bytes(self, spec) -> int | None:
+        """VerifyRecords::Smem of templates/gdn/verify_split_kernel.cuh: k and q rows, dots,
+        norms, per-value-head decays and weights, all 4-byte words."""
+        if not self.speculative_kernels:
+            return None
+        T, k, heads = spec.drafts, spec.dim("k"), spec.dim("vph")
+        records = spec.capacity - 1 + T
+        words = (records + T) * k + 2 * T * records + records + T
+        words += 2 * heads * records + heads * T + 2 * heads * T * records + heads * T + heads
+        return 4 * (words + 3 * T)  # and the draft tree
+
     def plan_scalars(self, options: Mapping[str, object], shape: HeadShape) -> dict:
         """scale: multiplies q after its norm (default head_k_dim ** -0.5)."""
         scale = options.get("scale")

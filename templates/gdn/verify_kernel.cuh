@@ -42,6 +42,32 @@ __device__ __forceinline__ void draft_gates(const P& p, const DraftParams& d, in
   }
 }
 
+// Called by every CTA of a verify row once it has read the rings (and written its u rows): the
+// row's last CTA writes the rows value heads and row tiles share (every head's g, every key
+// head's k) at ring rows first.. (0 after an early flush, else after the committed ones), then
+// the cursor.
+template <int K, int CAP, int THREADS, bool GATES_IN_KERNEL, typename act_t, typename state_t>
+__device__ __forceinline__ void append_shared_drafts(const VerifyParams<act_t, state_t>& vp, const VerifyRow& vr,
+                                                     int row, int slot, int num_k_heads, int splits, int* flag) {
+  const auto& p = vp.base;
+  const auto& d = vp.d;
+  int32_t* cursor = slot_cursor(p.cursors, slot);
+  if (!last_arrival(cursor, p.num_v_heads * splits, flag)) return;
+  const int t = vr.drafts, first = vr.flush ? 0 : vr.committed;
+  for (int e = threadIdx.x; e < t * p.num_v_heads; e += THREADS) {
+    const int j = e / p.num_v_heads, h = e % p.num_v_heads;
+    float g, beta;
+    draft_gates<GATES_IN_KERNEL>(p, d, row, j, h, g, beta);
+    p.rec_g[(int64_t(slot) * p.num_v_heads + h) * CAP + first + j] = g;
+  }
+  copy_rows<act_t, K, THREADS>(
+      t * num_k_heads,
+      [&](int i) { return p.k + int64_t(row) * p.k_stride_b + int64_t(i / num_k_heads) * d.k_stride_t +
+                          int64_t(i % num_k_heads) * p.k_stride_h; },
+      [&](int i) { return p.rec_k + ((int64_t(slot) * num_k_heads + i % num_k_heads) * CAP + first + i / num_k_heads) * K; });
+  finish_verify_cursor(cursor, vr);
+}
+
 template <int K, int V, int VPH, int L, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
           bool GATES_IN_KERNEL, bool SR>
 struct Verify {
@@ -222,21 +248,7 @@ struct Verify {
       }
     }
 
-    // The rows value heads and row tiles share (g, k): written by the row's last CTA.
-    if (last_arrival(cursor, p.num_v_heads * kSplits, &sm.last)) {
-      for (int e = threadIdx.x; e < t * p.num_v_heads; e += kThreads) {
-        const int j = e / p.num_v_heads, h = e % p.num_v_heads;
-        float g, beta;
-        draft_gates<GATES_IN_KERNEL>(p, d, row, j, h, g, beta);
-        p.rec_g[(int64_t(slot) * p.num_v_heads + h) * kCap + first + j] = g;
-      }
-      copy_rows<act_t, K, kThreads>(
-          t * num_k_heads,
-          [&](int i) { return p.k + int64_t(row) * p.k_stride_b + int64_t(i / num_k_heads) * d.k_stride_t +
-                              int64_t(i % num_k_heads) * p.k_stride_h; },
-          [&](int i) { return p.rec_k + ((int64_t(slot) * num_k_heads + i % num_k_heads) * kCap + first + i / num_k_heads) * K; });
-      finish_verify_cursor(cursor, vr);
-    }
+    append_shared_drafts<K, kCap, kThreads, GATES_IN_KERNEL>(vp, vr, row, slot, num_k_heads, kSplits, &sm.last);
   }
 };
 
