@@ -1,4 +1,4 @@
-"""Gated DeltaNet decode on one GPU: our conventional and ReplaySSM steps against fla.
+"""Gated DeltaNet and KDA decode on one GPU: our conventional and ReplaySSM steps against fla.
 
 For each (shape, batch, window L, checkpoint dtype): our conventional step, the ReplaySSM
 non-flush step (mean over held = 0..L-2), the flush step, the amortized step
@@ -9,6 +9,10 @@ a, b; gates, beta sigmoid and the q/k L2 norm are computed in every kernel. Our 
 fla has no pool form, so it rotates through as many separate initial_state buffers and writes a
 new final_state each call (output_final_state=True), [B, HV, K, V] fp32 unless
 --fla-state-v-first (fla >= 0.6 offers the [B, HV, V, K] layout we use).
+
+KDA shapes (kimi48b) run our KDA steps against fla's fused_recurrent_kda: the gate a is per
+channel [batch, HV, K] with dt_bias [HV * K], and the g records hold K floats per head.
+"SHAPE@gdn" runs our GDN steps at a KDA shape's H, HV, K and V, for reference.
 
     python benchmarks/bench_gdn.py [--out DIR] [--launch kernel=split,rows_per_cta=16]
 
@@ -40,23 +44,38 @@ from harness import (
     time_graph,
 )
 
-from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
+from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper, KDADecodeCache, KDADecodeWrapper
 from replayssm_jit.models import get_model
 
 ACT = torch.bfloat16
 
 
-def bytes_per_step(H, HV, K, V, batch, window, state_size, act_size=2):
+FAMILIES = {
+    "gdn": (GDNDecodeCache, GDNDecodeWrapper, "fla.ops.gated_delta_rule",
+            "fused_recurrent_gated_delta_rule"),
+    "kda": (KDADecodeCache, KDADecodeWrapper, "fla.ops.kda", "fused_recurrent_kda"),
+}  # fmt: skip
+
+
+def parse_shape(shape: str):
+    """(model, family): "SHAPE@gdn" is the GDN family at SHAPE's dims."""
+    name, _, family = shape.partition("@")
+    model = get_model(name)
+    return model, family or model.family
+
+
+def bytes_per_step(H, HV, K, V, batch, window, state_size, act_size=2, gate_width=1):
     state = batch * HV * V * K * state_size
-    record = batch * (HV * V * 4 + H * K * act_size + HV * 4)  # u (fp32), k, g
+    record = batch * (HV * V * 4 + H * K * act_size + HV * gate_width * 4)  # u (fp32), k, g
     return replay_traffic(state, record, window)
 
 
-def fla_timing(inputs, HV, K, V, batch, nsets, gen, args):
+def fla_timing(family, inputs, HV, K, V, batch, nsets, gen, args):
     """fla's conventional step over `nsets` rotating fp32 initial_state buffers, or None."""
+    _, _, module, name = FAMILIES[family]
     try:
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_fn
-    except ImportError as exc:
+        fla_fn = getattr(__import__(module, fromlist=[name]), name)
+    except (ImportError, AttributeError) as exc:
         print(f"  fla unavailable: {exc}", flush=True)
         return None
     q, k, v, a, b, A_log, dt_bias = inputs
@@ -89,13 +108,15 @@ def bench_config(
     check_slot_values=True,
 ):  # fmt: skip
     """Result rows of one config; our wrappers planned with launch_config(args, config)."""
-    model = get_model(shape)
+    model, family = parse_shape(shape)
+    cache_type, wrapper_type = FAMILIES[family][:2]
     H, HV, K, V = model.key_heads, model.value_heads, model.d_k, model.d_v
+    gate_width = K if family == "kda" else 1  # KDA: a per-channel gate
     state_dtype = DTYPES[state_name]
     esize = torch.finfo(state_dtype).bits // 8
     nsets = num_sets(batch * HV * V * K * esize, args.min_pool_bytes)
     gen = torch.Generator(device="cuda").manual_seed(batch * 37 + window)
-    cache = GDNDecodeCache(
+    cache = cache_type(
         nsets * batch,
         num_k_heads=H,
         num_v_heads=HV,
@@ -111,19 +132,20 @@ def bench_config(
     q = torch.randn(batch, H, K, generator=gen, device="cuda").to(ACT)
     k = torch.randn(batch, H, K, generator=gen, device="cuda").to(ACT)
     v = torch.randn(batch, HV, V, generator=gen, device="cuda").to(ACT)
-    a = -4.0 + 3.0 * torch.rand(batch, HV, generator=gen, device="cuda")
+    gate_shape = (batch, HV, K) if family == "kda" else (batch, HV)
+    a = -4.0 + 3.0 * torch.rand(gate_shape, generator=gen, device="cuda")
     b = torch.randn(batch, HV, generator=gen, device="cuda")
     A_log = torch.log(0.5 + torch.rand(HV, generator=gen, device="cuda"))
-    dt_bias = 0.5 * torch.rand(HV, generator=gen, device="cuda") - 0.25
+    dt_bias = 0.5 * torch.rand(HV * gate_width, generator=gen, device="cuda") - 0.25
     out = torch.empty(batch, HV, V, dtype=ACT, device="cuda")
 
     def step(wrapper, slots):
         return lambda: wrapper.run(q, k, v, slots, a=a, b=b, A_log=A_log, dt_bias=dt_bias, out=out)
 
-    wrappers = plan_wrappers(GDNDecodeWrapper, cache, batch, args, config, check_slot_values)
+    wrappers = plan_wrappers(wrapper_type, cache, batch, args, config, check_slot_values)
     res = decode_timings(cache, window, step, *wrappers, sets, args, kernels)
     assert torch.isfinite(out.float()).all(), "non-finite output"
-    traffic = bytes_per_step(H, HV, K, V, batch, window, esize)
+    traffic = bytes_per_step(H, HV, K, V, batch, window, esize, gate_width=gate_width)
     if (
         state_name == "f32"
         and "fla" in kernels
@@ -131,7 +153,8 @@ def bench_config(
         and (shape, batch) not in _FLA_DONE
     ):
         _FLA_DONE.add((shape, batch))  # fla has no window: once per shape and batch
-        t = fla_timing((q, k, v, a, b, A_log, dt_bias), HV, K, V, batch, nsets, gen, args)
+        inputs = (q, k, v, a, b, A_log, dt_bias)
+        t = fla_timing(family, inputs, HV, K, V, batch, nsets, gen, args)
         if t is not None:
             res["fla"] = t
             traffic["fla"] = traffic["conventional"]  # read h0, write a new final state (fp32)

@@ -244,8 +244,8 @@ def bench_config(name, batch, T, args, rng):
     t = time_graph(calls[0::2], **kw)
     row("snapshot_kernel_only", t["us"])
     if model.family == "gdn" and args.fla:
-        for name, us in fla_rows(fam, batch, T, drafts, params, nsets_c, gen, args):
-            row(name, us)
+        for peer, us in fla_rows(fam, batch, T, drafts, params, nsets_c, gen, args):
+            row(peer, us)
     torch.cuda.empty_cache()
     return rows
 

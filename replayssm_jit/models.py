@@ -8,12 +8,12 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ModelShape:
     name: str
-    family: str  # "mamba2" or "gdn"
+    family: str  # "mamba2", "gdn" or "kda"
     ssm_layers: int
-    key_heads: int  # Mamba-2: groups G; GDN: key heads H
-    value_heads: int  # Mamba-2: heads H; GDN: value heads HV
-    d_k: int  # Mamba-2: dstate N; GDN: K
-    d_v: int  # Mamba-2: headdim P; GDN: V
+    key_heads: int  # Mamba-2: groups G; GDN / KDA: key heads H
+    value_heads: int  # Mamba-2: heads H; GDN / KDA: value heads HV
+    d_k: int  # Mamba-2: dstate N; GDN / KDA: K
+    d_v: int  # Mamba-2: headdim P; GDN / KDA: V
 
     def state_bytes(self, bytes_per_element: int = 4) -> int:
         """Bytes of recurrent state per sequence per layer."""
@@ -27,6 +27,8 @@ MODELS: dict[str, ModelShape] = {
         ModelShape("nemotron-3-super-120b", "mamba2", 40, 8, 128, 128, 64),
         ModelShape("qwen3.5-4b", "gdn", 24, 16, 32, 128, 128),
         ModelShape("qwen3.5-122b", "gdn", 36, 16, 64, 128, 128),
+        # Kimi-Linear-48B-A3B: 20 of its 27 layers are KDA (3 KDA : 1 MLA).
+        ModelShape("kimi-linear-48b", "kda", 20, 32, 32, 128, 128),
     )
 }
 ALIASES = {
@@ -34,6 +36,7 @@ ALIASES = {
     "super120b": "nemotron-3-super-120b",
     "qwen4b": "qwen3.5-4b",
     "qwen122b": "qwen3.5-122b",
+    "kimi48b": "kimi-linear-48b",
 }
 
 

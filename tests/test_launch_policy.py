@@ -398,11 +398,12 @@ def test_launch_env_reaches_plan(monkeypatch):
 
 
 def test_verify_kernel_choice():
-    """Mamba-2 and GDN verify with the split kernel from VERIFY_SPLIT_MIN_PAIRS_PER_SM pairs
-    per SM, per item below it or wherever config.kernel names another kernel."""
+    """Mamba-2 and GDN verify with the split kernel from their families'
+    verify_split_min_pairs_per_sm pairs per SM, per item below it or wherever config.kernel
+    names another kernel."""
     sms = 132
     spec = super120b(window=16, drafts=4)
-    threshold = policy.VERIFY_SPLIT_MIN_PAIRS_PER_SM * sms
+    threshold = get_family("mamba2").verify_split_min_pairs_per_sm * sms
     assert policy.can_split_verify(spec)
     choose = policy.choose_verify_kernel
     below = -(-threshold // 128) - 1  # the largest batch under the threshold at 128 heads
@@ -414,7 +415,9 @@ def test_verify_kernel_choice():
     gdn = qwen4b(window=16, drafts=4)
     assert policy.can_split_verify(gdn)
     assert choose(gdn, 256, 32, sms, LaunchConfig()) == "split"
-    assert choose(gdn, 1, 32, sms, LaunchConfig()) == "per-item"
+    assert choose(gdn, 8, 32, sms, LaunchConfig()) == "split"  # 1.9 pairs per SM
+    assert choose(gdn, 1, 64, sms, LaunchConfig()) == "per-item"
+    assert choose(spec, 8, 128, sms, LaunchConfig()) == "per-item"  # Mamba-2 at 7.8
     # The records kernels' shared memory bounds where they are compiled to run.
     assert get_family("mamba2").verify_records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
     assert get_family("gdn").verify_records_shared_bytes(gdn) <= MAX_CTA_SHARED_BYTES

@@ -79,6 +79,8 @@ GDN = DeltaFamily(
         "per-item": (TARGET_CTAS_PER_SM,),
         "flush-every-step": (1,),
     },
+    # One records CTA serves a key head's value heads: the split pays off at fewer rows.
+    verify_split_min_pairs_per_sm=1.5,
 )
 
 

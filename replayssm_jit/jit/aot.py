@@ -92,12 +92,16 @@ def _preset_h200() -> list[KernelSpec]:
     return specs
 
 
+def _speculative_families() -> list[str]:
+    return [family for family in FAMILIES if get_family(family).speculative_kernels]
+
+
 def _preset_verify_tests() -> list[KernelSpec]:
     """What tests/test_verify_gpu.py loads: every model shape, L = 4 and 16, T = 2, 4 and 8, FP32
     activations (outputs held to 1e-5) and checkpoints."""
     return [
         spec
-        for family in FAMILIES
+        for family in _speculative_families()
         for spec in _model_specs(family, (4, 16), ("f32",), ("f32",), drafts=(2, 4, 8))
     ]
 
@@ -107,7 +111,7 @@ def _preset_verify_bench() -> list[KernelSpec]:
     step it compares with), 2, 4 and 8, BF16 activations, FP32 checkpoints (and BF16 with
     stochastic rounding at T = 4)."""
     specs = []
-    for family in FAMILIES:
+    for family in _speculative_families():
         specs += _model_specs(family, (16,), ("bf16",), ("f32",), drafts=(1, 2, 4, 8))
         specs += _model_specs(family, (16,), ("bf16",), ("bf16",), ("sr",), drafts=(4,))
     return specs

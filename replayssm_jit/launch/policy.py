@@ -36,8 +36,6 @@ PREFERRED_WARPS = 4
 MAX_LANE_VALUES = 96
 # From one (batch row, head) pair per SM the split step's cycle beats the per-item kernel.
 SPLIT_MIN_PAIRS_PER_SM = 1
-# From this many (batch row, head) pairs per SM the split verify beats the per-item one.
-VERIFY_SPLIT_MIN_PAIRS_PER_SM = 8
 # Past a couple of records CTAs per SM, loading unheld ring rows costs more bandwidth than the
 # round trip it saves.
 SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM = 2
@@ -131,13 +129,14 @@ def choose_verify_kernel(
     spec: KernelSpec, batch: int, heads: int, sms: int, config: LaunchConfig
 ) -> str:
     """The verify step's kernel: "split" (a records kernel per group, then the state kernel)
-    where the spec can, from VERIFY_SPLIT_MIN_PAIRS_PER_SM pairs per SM, or wherever
-    config.kernel asks for "split"; else "per-item"."""
+    where the spec can, from the family's verify_split_min_pairs_per_sm (batch row, head)
+    pairs per SM, or wherever config.kernel asks for "split"; else "per-item"."""
     if not can_split_verify(spec):
         return "per-item"
     if config.kernel != AUTO:
         return "split" if config.kernel == "split" else "per-item"
-    return "split" if batch * heads >= VERIFY_SPLIT_MIN_PAIRS_PER_SM * sms else "per-item"
+    threshold = get_family(spec.family).verify_split_min_pairs_per_sm * sms
+    return "split" if batch * heads >= threshold else "per-item"
 
 
 def _largest_filling_tile(options: list[int], rows: int, batch: int, heads: int, sms: int,
