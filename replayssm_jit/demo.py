@@ -18,9 +18,12 @@ from replayssm_jit.models import MODELS, ModelShape, get_model
 from replayssm_jit.ops.plan import MAX_BATCH
 from replayssm_jit.reference import (
     GDNSequence,
+    KDASequence,
     Mamba2Sequence,
     gdn_gates,
     gdn_step,
+    kda_gates,
+    kda_step,
     mamba2_step,
 )
 
@@ -147,8 +150,48 @@ class GDNLayer(DemoLayer):
         )  # fmt: skip
 
 
+class KDALayer(GDNLayer):
+    """GDN's layer with KDA's per-channel gate: a [batch, HV, K], dt_bias [HV * K]."""
+
+    @staticmethod
+    def projections(m):
+        qk = m.key_heads * m.d_k
+        return (
+            ("q", qk, 1.0),
+            ("k", qk, 1.0),
+            ("a", m.value_heads * m.d_k, 1.0),
+            ("b", m.value_heads, 1.0),
+        )
+
+    @staticmethod
+    def draw_params(m, randn, gen):
+        params = GDNLayer.draw_params(m, randn, gen)
+        return {**params, "dt_bias": randn(m.value_heads * m.d_k) * 0.1}
+
+    def inputs(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
+        m = self.model
+        return {**super().inputs(h), "a": self.project(h, "a", m.value_heads, m.d_k)}
+
+    def sequence_inputs(self, inp):
+        g, beta = kda_gates(self.params["A_log"], inp["a"], self.params["dt_bias"], inp["b"])
+        return {"q": inp["q"], "k": inp["k"], "v": inp["v"], "g": g, "beta": beta}
+
+    def reference_step(self, state, inp):
+        return kda_step(state, **self.sequence_inputs(inp))
+
+    @staticmethod
+    def reference_sequence(checkpoint, window):
+        return KDASequence(checkpoint, L=window, T=1)
+
+    @staticmethod
+    def wrapper_class():
+        from replayssm_jit import KDADecodeWrapper
+
+        return KDADecodeWrapper
+
+
 # The demo's per-family adapters, by family name.
-LAYERS = {"mamba2": Mamba2Layer, "gdn": GDNLayer}
+LAYERS = {"mamba2": Mamba2Layer, "gdn": GDNLayer, "kda": KDALayer}
 
 
 class ReferenceBackend:

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from replayssm_jit import LaunchConfig, gdn_layout, mamba2_layout, plan_decode
+from replayssm_jit import LaunchConfig, gdn_layout, kda_layout, mamba2_layout, plan_decode
 from replayssm_jit.launch import autotune
 from replayssm_jit.spec import spec_tilings
 
@@ -27,6 +27,25 @@ def qwen4b(**kw):
 @pytest.fixture(autouse=True)
 def no_tuning_env(monkeypatch):
     monkeypatch.delenv(autotune.TUNING_ENV, raising=False)
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+@pytest.mark.parametrize("mode", ["replay", "conventional"])
+def test_the_timed_step_runs_every_family(family, mode):
+    """The step the graph timer captures, run on the CPU path: model-shaped inputs in the dtypes
+    the ops take (KDA's per-channel gate a stays FP32), every slot set written."""
+    small = dict(head_k_dim=16, head_v_dim=16, act_dtype=torch.bfloat16)
+    layout = {
+        "mamba2": lambda: mamba2_layout(num_heads=4, headdim=8, dstate=16, ngroups=2,
+                                        act_dtype=torch.bfloat16),
+        "gdn": lambda: gdn_layout(num_k_heads=2, num_v_heads=4, **small),
+        "kda": lambda: kda_layout(num_k_heads=2, num_v_heads=4, **small),
+    }[family]()  # fmt: skip
+    plan = plan_decode(layout, 3, device="cpu", mode=mode)
+    step, slot_sets = autotune.timed_step(plan, layout, min_pool_bytes=1)
+    assert len(slot_sets) == 2 and all(len(s) == 3 for s in slot_sets)
+    for s in slot_sets:
+        step(s)
 
 
 def test_candidates_cover_every_kernel_and_tile_the_spec_compiles():

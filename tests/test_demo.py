@@ -1,5 +1,5 @@
 """The main job on the CPU: the float64 reference backend and the package's CPU path (the same API
-on CPU tensors), Mamba-2 and GDN models, and the command line's argument errors."""
+on CPU tensors), Mamba-2, GDN and KDA models, and the command line's argument errors."""
 
 import pytest
 import torch
@@ -9,7 +9,7 @@ from replayssm_jit.demo import run_demo
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")
 
-MODELS = ["nemotron-3-super-120b", "qwen3.5-4b"]  # one per family
+MODELS = ["nemotron-3-super-120b", "qwen3.5-4b", "kimi-linear-48b"]  # one per family
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -22,7 +22,7 @@ def test_demo_reference_agrees_to_1e12(model):
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_demo_cpu_backend_runs_both_families(model):
+def test_demo_cpu_backend_runs_every_family(model):
     """The cpu backend (wrappers over the functional ops on CPU tensors: the PyTorch path) agrees
     to FP32 rounding and flushes and holds records as the reference does (its window policy:
     token 4 of each sequence flushes, after 0, 1, 2 and 3 held records)."""

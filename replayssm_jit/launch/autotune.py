@@ -164,40 +164,48 @@ def tune(layout, mode: str, batches: list[int], device: torch.device, timer, pro
     return {"format": FORMAT_VERSION, "device": device_name(device), "entries": entries}
 
 
+def timed_step(plan, layout, min_pool_bytes: float):
+    """(step, slot_sets): one decode step of `plan` over the slot set it is given, on random
+    model-shaped inputs, and enough disjoint slot sets of layout's pool for `min_pool_bytes`."""
+    from replayssm_jit.demo import LAYERS
+    from replayssm_jit.models import ModelShape
+    from replayssm_jit.ops import gdn_decode, kda_decode, mamba2_decode, reset_slots
+
+    ops = {"mamba2": mamba2_decode, "gdn": gdn_decode, "kda": kda_decode}
+    gates = {"dt", "a", "b"}  # FP32 inputs whatever their rank (KDA's a is [batch, HV, K])
+    dev, batch = plan.device, plan.batch_size
+    shape = plan.layout.shape
+    model = ModelShape("tuned", plan.family.name, 1, shape.key_heads, shape.value_heads,
+                       shape.key_dim, shape.value_dim)  # fmt: skip
+    gen = torch.Generator().manual_seed(batch)
+    layer = LAYERS[plan.family.name](model, gen)
+    sets = max(2, int(min_pool_bytes // (layout.bytes_per_slot() * batch)) + 1)
+    tensors = layout.allocate(sets * batch, dev)
+    reset_slots(layout, tensors, torch.arange(sets * batch, device=dev))
+    h = torch.randn(batch, shape.value_heads * shape.value_dim, generator=gen, dtype=torch.float64)
+    inputs = {k: v.to(dev, torch.float32 if k in gates or v.dim() <= 2 else layout.act_dtype)
+              .contiguous() for k, v in layer.inputs(h).items()}  # fmt: skip
+    params = {k: v.to(dev, torch.float32) for k, v in layer.params.items()}
+    workspace = torch.empty(plan.workspace_floats, dtype=torch.float32, device=dev)
+    slot_sets = [torch.arange(i * batch, (i + 1) * batch, dtype=torch.int32, device=dev)
+                 for i in range(sets)]  # fmt: skip
+    op = ops[plan.family.name]
+    kw = {} if plan.replay else {n: None for n in (*layout.ring_names, "cursors")}
+
+    def step(s):
+        op(plan, **{**tensors, **kw}, **inputs, **params, slot_indices=s, workspace=workspace)
+
+    return step, slot_sets
+
+
 def graph_timer(layout, *, steps: int = 16, reps: int = 10, min_pool_bytes: float = 1e9):
     """A timer for tune(): a plan's step over L-step cycles of rotating slot sets (a pool far
     larger than L2), captured in a CUDA graph; the median of `reps` replays, us per step."""
-    from replayssm_jit.demo import LAYERS
-    from replayssm_jit.models import ModelShape
-    from replayssm_jit.ops import gdn_decode, mamba2_decode, reset_slots
-
-    ops = {"mamba2": mamba2_decode, "gdn": gdn_decode}
 
     def timer(plan, config) -> float:
-        dev, batch = plan.device, plan.batch_size
-        shape = plan.layout.shape
-        model = ModelShape("tuned", plan.family.name, 1, shape.key_heads, shape.value_heads,
-                           shape.key_dim, shape.value_dim)  # fmt: skip
-        gen = torch.Generator().manual_seed(batch)
-        layer = LAYERS[plan.family.name](model, gen)
-        sets = max(2, int(min_pool_bytes // (layout.bytes_per_slot() * batch)) + 1)
-        tensors = layout.allocate(sets * batch, dev)
-        reset_slots(layout, tensors, torch.arange(sets * batch, device=dev))
-        h = torch.randn(
-            batch, shape.value_heads * shape.value_dim, generator=gen, dtype=torch.float64
-        )
-        inputs = {k: v.to(dev, layout.act_dtype if v.dim() > 2 else torch.float32).contiguous()
-                  for k, v in layer.inputs(h).items()}  # fmt: skip
-        params = {k: v.to(dev, torch.float32) for k, v in layer.params.items()}
-        workspace = torch.empty(plan.workspace_floats, dtype=torch.float32, device=dev)
-        slot_sets = [torch.arange(i * batch, (i + 1) * batch, dtype=torch.int32, device=dev)
-                     for i in range(sets)]  # fmt: skip
-        op = ops[plan.family.name]
-        kw = {} if plan.replay else {n: None for n in (*layout.ring_names, "cursors")}
-
-        def step(s):
-            op(plan, **{**tensors, **kw}, **inputs, **params, slot_indices=s, workspace=workspace)
-
+        dev = plan.device
+        step, slot_sets = timed_step(plan, layout, min_pool_bytes)
+        sets = len(slot_sets)
         for s in slot_sets:  # warm-up (and the JIT, where a module is not built yet)
             step(s)
         torch.cuda.synchronize(dev)
