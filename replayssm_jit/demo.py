@@ -8,6 +8,7 @@ Backends: "cuda" (the kernels), "cpu" (the same API on CPU tensors: the PyTorch 
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
 import torch
@@ -98,22 +99,32 @@ class Mamba2Layer(DemoLayer):
 
 
 class GDNLayer(DemoLayer):
-    @staticmethod
-    def projections(m):
+    # The decay gate's width per value head (KDA: one per key channel) and its reference forms.
+    per_channel = False
+    gates = staticmethod(gdn_gates)
+    step = staticmethod(gdn_step)
+    sequence_class = GDNSequence
+
+    @classmethod
+    def gate_shape(cls, m) -> tuple[int, ...]:
+        return (m.value_heads, m.d_k) if cls.per_channel else (m.value_heads,)
+
+    @classmethod
+    def projections(cls, m):
         qk = m.key_heads * m.d_k
         return (
             ("q", qk, 1.0),
             ("k", qk, 1.0),
-            ("a", m.value_heads, 1.0),
+            ("a", math.prod(cls.gate_shape(m)), 1.0),
             ("b", m.value_heads, 1.0),
         )
 
-    @staticmethod
-    def draw_params(m, randn, gen):
+    @classmethod
+    def draw_params(cls, m, randn, gen):
         HV = m.value_heads
         return {
             "A_log": torch.log(torch.rand(HV, generator=gen, dtype=torch.float64) * 4 + 0.5),
-            "dt_bias": randn(HV) * 0.1,
+            "dt_bias": randn(math.prod(cls.gate_shape(m))) * 0.1,
         }
 
     def inputs(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -122,20 +133,20 @@ class GDNLayer(DemoLayer):
             "q": self.project(h, "q", m.key_heads, m.d_k),
             "k": self.project(h, "k", m.key_heads, m.d_k),
             "v": h.view(h.shape[0], m.value_heads, m.d_v),
-            "a": self.project(h, "a"),
+            "a": self.project(h, "a", *self.gate_shape(m)),
             "b": self.project(h, "b"),
         }
 
     def sequence_inputs(self, inp):
-        g, beta = gdn_gates(self.params["A_log"], inp["a"], self.params["dt_bias"], inp["b"])
+        g, beta = self.gates(self.params["A_log"], inp["a"], self.params["dt_bias"], inp["b"])
         return {"q": inp["q"], "k": inp["k"], "v": inp["v"], "g": g, "beta": beta}
 
     def reference_step(self, state, inp):
-        return gdn_step(state, **self.sequence_inputs(inp))
+        return self.step(state, **self.sequence_inputs(inp))
 
-    @staticmethod
-    def reference_sequence(checkpoint, window):
-        return GDNSequence(checkpoint, L=window, T=1)
+    @classmethod
+    def reference_sequence(cls, checkpoint, window):
+        return cls.sequence_class(checkpoint, L=window, T=1)
 
     @staticmethod
     def wrapper_class():
@@ -153,35 +164,10 @@ class GDNLayer(DemoLayer):
 class KDALayer(GDNLayer):
     """GDN's layer with KDA's per-channel gate: a [batch, HV, K], dt_bias [HV * K]."""
 
-    @staticmethod
-    def projections(m):
-        qk = m.key_heads * m.d_k
-        return (
-            ("q", qk, 1.0),
-            ("k", qk, 1.0),
-            ("a", m.value_heads * m.d_k, 1.0),
-            ("b", m.value_heads, 1.0),
-        )
-
-    @staticmethod
-    def draw_params(m, randn, gen):
-        params = GDNLayer.draw_params(m, randn, gen)
-        return {**params, "dt_bias": randn(m.value_heads * m.d_k) * 0.1}
-
-    def inputs(self, h: torch.Tensor) -> dict[str, torch.Tensor]:
-        m = self.model
-        return {**super().inputs(h), "a": self.project(h, "a", m.value_heads, m.d_k)}
-
-    def sequence_inputs(self, inp):
-        g, beta = kda_gates(self.params["A_log"], inp["a"], self.params["dt_bias"], inp["b"])
-        return {"q": inp["q"], "k": inp["k"], "v": inp["v"], "g": g, "beta": beta}
-
-    def reference_step(self, state, inp):
-        return kda_step(state, **self.sequence_inputs(inp))
-
-    @staticmethod
-    def reference_sequence(checkpoint, window):
-        return KDASequence(checkpoint, L=window, T=1)
+    per_channel = True
+    gates = staticmethod(kda_gates)
+    step = staticmethod(kda_step)
+    sequence_class = KDASequence
 
     @staticmethod
     def wrapper_class():
