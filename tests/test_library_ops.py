@@ -4,6 +4,7 @@ CPU path runs everything here; the CUDA-graph test needs a GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 
 import replayssm_jit
 from replayssm_jit import gdn_layout, mamba2_decode, mamba2_layout, plan_decode
+from replayssm_jit.launch.policy import FLAG_SPLIT
+from replayssm_jit.ops.decode import resolve_workspace
 from replayssm_jit.ops.library import OPS, lookup_plan, plan_handle, release_plan
 
 F32, I32 = torch.float32, torch.int32
@@ -419,3 +422,24 @@ def test_cuda_graphs_reduce_overhead_matches_eager():
     assert [t.data_ptr() for p in got_pools for t in p.values()] == ptrs
     for got_pool, want_pool in zip(got_pools, want_pools):
         assert all(torch.equal(got_pool[n], want_pool[n]) for n in want_pool)
+
+
+def test_workspace_is_required_only_where_the_launch_reads_it():
+    """A plan's workspace_floats covers both its steps (the larger need), but only the split
+    kernels read it: a per-item verify of a plan whose standard step splits (or the reverse)
+    takes no workspace, and one that reads it must get workspace_floats elements."""
+    m2, _ = _layouts()
+    cpu_plan = plan_decode(m2, 2, device="cpu")
+    step_split = dataclasses.replace(cpu_plan, flags=FLAG_SPLIT, workspace_floats=64,
+                                     verify_kernel="per-item")  # fmt: skip
+    verify_split = dataclasses.replace(cpu_plan, workspace_floats=64, verify_kernel="split")
+    assert step_split.reads_workspace() and not step_split.reads_workspace(verify=True)
+    assert verify_split.reads_workspace(verify=True) and not verify_split.reads_workspace()
+    empty = torch.empty(0)
+    assert resolve_workspace(step_split, empty, verify=True) is empty
+    assert resolve_workspace(verify_split, empty) is empty
+    assert resolve_workspace(step_split, None, verify=True).numel() == 0
+    assert resolve_workspace(verify_split, None, verify=True).numel() == 64
+    for plan, verify in ((step_split, False), (verify_split, True)):
+        with pytest.raises(ValueError, match=r"^workspace: expected at least 64 float32 elements"):
+            resolve_workspace(plan, empty, verify=verify)

@@ -82,13 +82,16 @@ def cpu_setup(plan: DecodePlan, seed_value: int, seed_tensor: torch.Tensor | Non
     )  # fmt: skip
 
 
-def resolve_workspace(plan: DecodePlan, workspace: torch.Tensor | None) -> torch.Tensor:
+def resolve_workspace(
+    plan: DecodePlan, workspace: torch.Tensor | None, verify: bool = False
+) -> torch.Tensor:
     """`workspace` (checked: float32 on the plan's device, contiguous, at least
-    plan.workspace_floats elements) or a new one."""
+    plan.workspace_floats elements where the step's launch reads it) or a new one."""
+    needed = plan.workspace_floats if plan.reads_workspace(verify) else 0
     if workspace is None:
-        return torch.empty(plan.workspace_floats, dtype=torch.float32, device=plan.device)
+        return torch.empty(needed, dtype=torch.float32, device=plan.device)
     check_tensor("workspace", workspace, dtype=torch.float32, device=plan.device, contiguous=True)
-    if workspace.numel() < plan.workspace_floats:
+    if workspace.numel() < needed:
         raise ValueError(
             f"workspace: expected at least {plan.workspace_floats} float32 elements "
             f"(plan.workspace_floats), got {workspace.numel()}"

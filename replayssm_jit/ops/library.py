@@ -13,8 +13,9 @@ CUDA graph replays the launch the lookup chose at capture. release_plan() drops 
 Every op mutates `out` (required) and the caller's slot tensors in place and returns nothing;
 its schema marks each tensor it may write, so functionalization and reinplacing see them. The
 kernel is the functional op itself (one code path, same checks); the fake kernel writes and
-allocates nothing. `workspace` may be left out only where plan.workspace_floats == 0 (a
-zero-element tensor made at plan_handle() stands in), so no op allocates. A seed comes as an
+allocates nothing. `workspace` may be left out where the op's launch reads none (only the
+split step and the split verify do; a zero-element tensor made at plan_handle() stands in), so
+no op allocates. A seed comes as an
 int (`seed`) or an int64 device tensor (`seed_tensor`), not both. commit_drafts takes the
 layout's rings by position: ring0..ring2 in plan.layout.ring_names order.
 """
@@ -130,10 +131,10 @@ def _seeded(kwargs: dict) -> dict:
     return {**kwargs, "seed": seed_tensor if seed_tensor is not None else seed}
 
 
-def _with_workspace(plan: DecodePlan, handle: int, kwargs: dict) -> dict:
+def _with_workspace(plan: DecodePlan, handle: int, kwargs: dict, verify: bool) -> dict:
     """kwargs with the plan's zero-element workspace where none is given and none is needed."""
     if kwargs.get("workspace") is None:
-        if plan.workspace_floats:
+        if plan.workspace_floats and plan.reads_workspace(verify):
             raise ValueError(
                 f"workspace: expected a float32 tensor of at least {plan.workspace_floats} "
                 "elements (the registered ops allocate nothing), got None"
@@ -197,8 +198,8 @@ def _optional(args: Sequence[str]) -> tuple[str, ...]:
     return tuple(f"{arg}?" for arg in args)
 
 
-def _step(fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
-    return lambda plan, handle, kw: fn(plan, **_seeded(_with_workspace(plan, handle, kw)))
+def _step(fn: Callable, verify: bool = False) -> Callable[[DecodePlan, int, dict], None]:
+    return lambda plan, handle, kw: fn(plan, **_seeded(_with_workspace(plan, handle, kw, verify)))
 
 
 def _plain(fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
@@ -231,10 +232,12 @@ OPS = {
     "mamba2_verify": register_op(
         "mamba2_verify",
         (*_M2_SLOTS, *_MAMBA2_TOKEN, *_DRAFTS, "workspace!?", *_SEED),
-        _step(mamba2_verify),
+        _step(mamba2_verify, verify=True),
     ),
     "gdn_verify": register_op(
-        "gdn_verify", (*_GDN_SLOTS, *_GDN_TOKEN, *_DRAFTS, "workspace!?", *_SEED), _step(gdn_verify)
+        "gdn_verify",
+        (*_GDN_SLOTS, *_GDN_TOKEN, *_DRAFTS, "workspace!?", *_SEED),
+        _step(gdn_verify, verify=True),
     ),
     "commit_drafts": register_op(
         "commit_drafts",

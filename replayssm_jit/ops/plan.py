@@ -73,6 +73,13 @@ class DecodePlan:
     def replay(self) -> bool:
         return self.mode == "replay"
 
+    def reads_workspace(self, verify: bool = False) -> bool:
+        """Whether this plan's standard step (or, `verify`, its verify step) reads the
+        workspace: only the split kernels do, and they need workspace_floats elements."""
+        if verify:
+            return self.verify_kernel == "split"
+        return bool(self.flags & FLAG_SPLIT)
+
 
 def check_pad_slot_id(pad_slot_id: object) -> int:
     """An int32 pad id (the kernels compare int32 slot ids with it)."""

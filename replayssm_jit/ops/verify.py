@@ -175,7 +175,7 @@ def _verify(
     seed_value, seed_tensor = resolve_seed(plan, seed)
     # Only the split verify reads a workspace: the per-item one allocates none per call.
     if workspace is not None or plan.verify_kernel == "split":
-        workspace = resolve_workspace(plan, workspace)
+        workspace = resolve_workspace(plan, workspace, verify=True)
     if reads_device_values(plan):
         live = _live_rows(plan, slot_indices)
         drafts = _draft_counts(plan, live, num_drafts)
