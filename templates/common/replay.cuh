@@ -71,6 +71,30 @@ struct RowTiling {
     for (int e = 0; e < kVec; ++e) out[e] = to_float(v[col(c) + e]);
   }
 
+  // This lane's part of a state row's dot product with a sliced vector: FP32 FMAs in chunk order,
+  // to be summed over the row's lanes (group_sum<kLanesPerRow>).
+  static __device__ __forceinline__ float dot(const float (&s)[kChunksPerLane][kVec],
+                                              const float (&v)[kChunksPerLane][kVec]) {
+    float acc = 0.f;
+    #pragma unroll
+    for (int c = 0; c < kChunksPerLane; ++c)
+      #pragma unroll
+      for (int e = 0; e < kVec; ++e) acc = fmaf(s[c][e], v[c][e], acc);
+    return acc;
+  }
+  // Two such dots from one pass over the row.
+  static __device__ __forceinline__ void dot2(const float (&s)[kChunksPerLane][kVec], const float (&a)[kChunksPerLane][kVec],
+                                              const float (&b)[kChunksPerLane][kVec], float& sa, float& sb) {
+    sa = 0.f, sb = 0.f;
+    #pragma unroll
+    for (int c = 0; c < kChunksPerLane; ++c)
+      #pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        sa = fmaf(s[c][e], a[c][e], sa);
+        sb = fmaf(s[c][e], b[c][e], sb);
+      }
+  }
+
   // This lane's rows' entries of a length-ROWS vector in shared memory (16-byte aligned when
   // FP32): its rows are consecutive, so FP32 ones load four at a time.
   template <typename T>

@@ -225,14 +225,8 @@ struct Verify {
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
-        float sk = 0.f, sq = 0.f;
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) {
-            sk = fmaf(s[i][c][e], k_reg[c][e], sk);
-            sq = fmaf(s[i][c][e], q_reg[c][e], sq);
-          }
+        float sk, sq;
+        Tile::dot2(s[i], k_reg, q_reg, sk, sq);
         float pred = sm.total[j] * group_sum<Tile::kLanesPerRow>(sk) * rk_j + sm.pred[j][r];
         float o = sm.total[j] * group_sum<Tile::kLanesPerRow>(sq) * rq_j + sm.osum[j][r];
         #pragma unroll
@@ -327,11 +321,7 @@ struct Snapshot {
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
-        float sk = 0.f;
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) sk = fmaf(s[i][c][e], k_reg[c][e], sk);
+        const float sk = Tile::dot(s[i], k_reg);
         const float u = sm.beta[j] * (sm.v[j][r] - alpha * group_sum<Tile::kLanesPerRow>(sk) * rk);
         const float w = u * rk;
         float acc = 0.f;

@@ -298,14 +298,8 @@ struct VerifyState {
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
-        float sk = 0.f, sq = 0.f;
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) {
-            sk = fmaf(s[i][c][e], k_reg[c][e], sk);
-            sq = fmaf(s[i][c][e], q_reg[c][e], sq);
-          }
+        float sk, sq;
+        Tile::dot2(s[i], k_reg, q_reg, sk, sq);
         float pred = sm.scalars[Scalars::kA + j] * group_sum<Tile::kLanesPerRow>(sk) + sm.pred[j][r];
         float o = sm.scalars[Scalars::kB + j] * group_sum<Tile::kLanesPerRow>(sq) + sm.osum[j][r];
         #pragma unroll

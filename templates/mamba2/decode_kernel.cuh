@@ -120,11 +120,7 @@ struct Kernel {
     #pragma unroll
     for (int i = 0; i < Tile::kPasses; ++i) {
       const int r = Tile::row(i);
-      float acc = 0.f;
-      #pragma unroll
-      for (int c = 0; c < Tile::kChunksPerLane; ++c)
-        #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
+      const float acc = Tile::dot(s[i], q_reg);
       float y = group_sum<Tile::kLanesPerRow>(acc) * (flush ? 1.f : total) + extra[r];
       if (flush) {
         #pragma unroll

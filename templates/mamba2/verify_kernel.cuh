@@ -212,11 +212,7 @@ struct Verify {
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
-        float acc = 0.f;
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
+        const float acc = Tile::dot(s[i], q_reg);
         float y = group_sum<Tile::kLanesPerRow>(acc) * sm.total[j] + sm.extra[j][r];
         if (Tile::row_leader()) {
           if constexpr (HAS_Z) y *= sm.z[j][r] / (1.f + expf(-sm.z[j][r]));

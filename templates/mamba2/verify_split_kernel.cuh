@@ -258,11 +258,7 @@ struct VerifyState {
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
-        float acc = 0.f;
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
+        const float acc = Tile::dot(s[i], q_reg);
         float y = group_sum<Tile::kLanesPerRow>(acc) * sm.total[j] + sm.extra[j][r];
         if (Tile::row_leader()) {
           if constexpr (HAS_Z) {
