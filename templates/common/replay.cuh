@@ -71,6 +71,14 @@ struct RowTiling {
     for (int e = 0; e < kVec; ++e) out[e] = to_float(v[col(c) + e]);
   }
 
+  // `value` into this lane's rows of a length-ROWS output (its row leader writes).
+  template <typename T>
+  static __device__ __forceinline__ void fill_rows(T* out, float value) {
+    #pragma unroll
+    for (int i = 0; i < kPasses; ++i)
+      if (row_leader()) out[row(i)] = from_float<T>(value);
+  }
+
   // This lane's part of a state row's dot product with a sliced vector: FP32 FMAs in chunk order,
   // to be summed over the row's lanes (group_sum<kLanesPerRow>).
   static __device__ __forceinline__ float dot(const float (&s)[kChunksPerLane][kVec],

@@ -210,12 +210,10 @@ struct Verify {
     #pragma unroll
     for (int j = 0; j < T; ++j) {
       act_t* out = out_of(j);
-      if (j >= t) {
+      if (j >= t) {  // no such draft: a zero output and no u
         #pragma unroll
-        for (int i = 0; i < Tile::kPasses; ++i) {
-          du[j][i] = 0.f;
-          if (Tile::row_leader()) out[Tile::row(i)] = from_float<act_t>(0.f);
-        }
+        for (int i = 0; i < Tile::kPasses; ++i) du[j][i] = 0.f;
+        Tile::fill_rows(out, 0.f);
         continue;
       }
       const float rk_j = inv_norm(sm.k2[m + j]), rq_j = inv_norm(sm.q2[j]) * p.scale;
@@ -305,10 +303,8 @@ struct Snapshot {
     #pragma unroll 1
     for (int j = 0; j < T; ++j) {
       act_t* out = out_of(j);
-      if (j >= t) {
-        #pragma unroll
-        for (int i = 0; i < Tile::kPasses; ++i)
-          if (Tile::row_leader()) out[Tile::row(i)] = from_float<act_t>(0.f);
+      if (j >= t) {  // no such draft: a zero output
+        Tile::fill_rows(out, 0.f);
         continue;
       }
       const float alpha = expf(sm.g[j]), rk = sm.rk[j], rq = sm.rq[j];

@@ -282,12 +282,10 @@ struct VerifyState {
     #pragma unroll
     for (int j = 0; j < T; ++j) {
       act_t* out = out_of(j);
-      if (j >= t) {
+      if (j >= t) {  // no such draft: a zero output and no u
         #pragma unroll
-        for (int i = 0; i < Tile::kPasses; ++i) {
-          du[j][i] = 0.f;
-          if (Tile::row_leader()) out[Tile::row(i)] = from_float<act_t>(0.f);
-        }
+        for (int i = 0; i < Tile::kPasses; ++i) du[j][i] = 0.f;
+        Tile::fill_rows(out, 0.f);
         continue;
       }
       float k_reg[Tile::kChunksPerLane][Tile::kVec], q_reg[Tile::kChunksPerLane][Tile::kVec];

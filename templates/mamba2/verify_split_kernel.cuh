@@ -247,10 +247,8 @@ struct VerifyState {
     #pragma unroll 1
     for (int j = 0; j < T; ++j) {
       act_t* out = out_of(j);
-      if (j >= t) {
-        #pragma unroll
-        for (int i = 0; i < Tile::kPasses; ++i)
-          if (Tile::row_leader()) out[Tile::row(i)] = from_float<act_t>(0.f);
+      if (j >= t) {  // no such draft: a zero output
+        Tile::fill_rows(out, 0.f);
         continue;
       }
       float q_reg[Tile::kChunksPerLane][Tile::kVec];
