@@ -1,0 +1,32 @@
+"""benchmarks/checkpoint_bytes.py: the formats' byte counts (docs/precision.md) and the table."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import checkpoint_bytes as cb
+
+from replayssm_jit.models import get_model
+
+
+def test_formats_count_values_and_scales():
+    assert cb.checkpoint_bytes("fp32", 2, 4, 32) == 2 * 4 * 32 * 4
+    assert cb.checkpoint_bytes("fp8", 2, 4, 32) == 2 * 4 * 32 + 2 * 4 * 4  # a scale per row
+    assert cb.checkpoint_bytes("nvfp4", 2, 4, 32) == 2 * 4 * 32 / 2 + 2 * 4 * 32 / 16 + 2 * 4
+    assert cb.checkpoint_bytes(None, 2, 4, 32) == 0
+
+
+def test_records_follow_the_layouts_and_two_precision_delta_records_keep_v_and_beta():
+    qwen, m2 = get_model("qwen4b"), get_model("super120b")
+    one = cb.record_bytes(qwen, 1, False)
+    assert one == 32 * 128 * 4 + 16 * 128 * 2 + 32 * 4  # u (fp32), k (bf16), g (fp32)
+    assert cb.record_bytes(qwen, 1, True) == one + 32 * (128 * 2 + 4)
+    assert cb.record_bytes(m2, 17, True) == cb.record_bytes(m2, 17, False)
+
+
+def test_table_rows(capsys):
+    assert cb.main(["--window", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "ring capacity 17" in out and out.count("\n| ") == len(cb.CONFIGS) + 1
