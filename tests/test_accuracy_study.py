@@ -12,14 +12,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import accuracy_study as study
 
 
-def _errors(labels, steps=1024):
+def _errors(labels, steps=1024, family="mamba2"):
     configs = [c for c in study.CONFIGS if c.label in labels]
-    res = study.run(seed=0, steps=steps, m_lo=0.002, m_hi=0.03, configs=configs)
+    res = study.run(seed=0, steps=steps, m_lo=0.002, m_hi=0.03, configs=configs, family=family)
     return {label: row[steps] for label, row in res["ssm_part_error"].items()}
 
 
-def test_replay_rounds_once_per_window_and_separate_keeps_lp_error_out_of_the_recurrence():
-    err = _errors({"replay FP32", "conv FP32", "separate FP32 + FP8", "shared FP8+SR"})
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_replay_rounds_once_per_window_and_separate_keeps_lp_error_out_of_the_recurrence(family):
+    err = _errors(
+        {"replay FP32", "conv FP32", "separate FP32 + FP8", "shared FP8+SR"}, family=family
+    )
     assert err["replay FP32"] < err["conv FP32"] / 2 < 1e-6  # 16x fewer roundings
     assert err["shared FP8+SR"] > 1.5 * err["separate FP32 + FP8"] > 0.01  # issue 18: >= 1.9x at 8K
 
