@@ -125,13 +125,20 @@ def gdn_decode(
     seed as in mamba2_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
-    check_plan(plan, GDN)
-    shape = plan.layout.shape
+    tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
+    return delta_decode(plan, GDN, cpu.gdn_step, tensors, q, k, v, gates, slot_indices, out,
+                        workspace, seed)  # fmt: skip
+
+
+def delta_decode(plan, family, cpu_step, tensors, q, k, v, gates, slot_indices, out, workspace,
+                 seed) -> torch.Tensor:  # fmt: skip
+    """The body of gdn_decode and kda_decode (their families' checks, then one step)."""
+    check_plan(plan, family)
+    shape = plan.layout.shape
     inputs = check_inputs(plan, (plan.batch_size,), q=q, k=k, v=v, gates=gates)
     out = output_buffer(plan, out, (shape.value_heads, shape.value_dim))
-    tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     return run_step(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,
-        seed=seed, cpu_step=cpu.gdn_step,
+        seed=seed, cpu_step=cpu_step,
     )  # fmt: skip

@@ -29,8 +29,7 @@ import torch
 
 from replayssm_jit.families import KDA
 from replayssm_jit.ops import cpu
-from replayssm_jit.ops.decode import check_plan, output_buffer, run_step
-from replayssm_jit.ops.gdn import check_inputs
+from replayssm_jit.ops.gdn import delta_decode
 from replayssm_jit.ops.plan import DecodePlan
 
 
@@ -63,13 +62,7 @@ def kda_decode(
     rings and cursors are required in replay mode; workspace and seed as in gdn_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
-    check_plan(plan, KDA)
-    shape = plan.layout.shape
-    gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    inputs = check_inputs(plan, (plan.batch_size,), q=q, k=k, v=v, gates=gates)
-    out = output_buffer(plan, out, (shape.value_heads, shape.value_dim))
     tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
-    return run_step(
-        plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,
-        seed=seed, cpu_step=cpu.kda_step,
-    )  # fmt: skip
+    gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
+    return delta_decode(plan, KDA, cpu.kda_step, tensors, q, k, v, gates, slot_indices, out,
+                        workspace, seed)  # fmt: skip
