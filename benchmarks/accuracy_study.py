@@ -77,7 +77,7 @@ ANCHOR_8K = {
 
 def store(x: torch.Tensor, fmt: Format, gen: torch.Generator) -> torch.Tensor:
     """x [batch, heads, P, N] as `fmt` stores it, read back as float64."""
-    bits = torch.randint(0, 1 << 32, x.shape, generator=gen, dtype=torch.int64) if fmt.sr else None
+    bits = torch.randint(0, 1 << 16, x.shape, generator=gen, dtype=torch.int64) if fmt.sr else None
     if fmt.name == "fp32":
         return x.to(torch.float32).to(F64)
     if fmt.name in ("fp16", "bf16"):

@@ -2,8 +2,9 @@
 
 Run once per checkout (PYTHONPATH picks it) in the same device call: per model shape, batch and
 16-bit checkpoint dtype, the amortized ReplaySSM step (a CUDA graph of one window of L steps
-from empty rings, so every slot flushes once) with stochastic rounding, as the median of CUDA
-event timings over graph replays, over a state pool larger than the L2. Prints JSON lines.
+from empty rings, so every slot flushes once) with stochastic rounding and (--rounding rn,sr)
+with round-to-nearest beside it, as the median of CUDA event timings over graph replays, over a
+state pool larger than the L2. Prints JSON lines.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ SHAPES = {  # name: (family, key heads, value heads, key dim, value dim)
     "nano4b": ("mamba2", 8, 96, 128, 80),
     "qwen4b": ("gdn", 16, 32, 128, 128),
     "qwen122b": ("gdn", 16, 64, 128, 128),
+    "kimi48b": ("kda", 32, 32, 128, 128),
 }
 L = 16
 
@@ -31,10 +33,10 @@ def make(family, G, H, N, P, slots, state_dtype):
                                      window=L, state_dtype=state_dtype, device="cuda")  # fmt: skip
         wrapper_type = rj.Mamba2DecodeWrapper
     else:
-        cache = rj.GDNDecodeCache(slots, num_k_heads=G, num_v_heads=H, head_k_dim=N,
-                                  head_v_dim=P, window=L, state_dtype=state_dtype,
-                                  device="cuda")  # fmt: skip
-        wrapper_type = rj.GDNDecodeWrapper
+        cache_type = rj.KDADecodeCache if family == "kda" else rj.GDNDecodeCache
+        cache = cache_type(slots, num_k_heads=G, num_v_heads=H, head_k_dim=N, head_v_dim=P,
+                           window=L, state_dtype=state_dtype, device="cuda")  # fmt: skip
+        wrapper_type = rj.KDADecodeWrapper if family == "kda" else rj.GDNDecodeWrapper
     try:
         return cache, wrapper_type(cache, check_slot_values=False)
     except TypeError:  # 0.1's GDN wrapper had no such option (graph capture reads no ids anyway)
@@ -50,10 +52,11 @@ def inputs(family, G, H, N, P, batch, gen):
                     A=-(0.5 + torch.rand(H, generator=gen, device="cuda")), B=r(batch, G, N),
                     C=r(batch, G, N), D=r(H, dtype=torch.float32),
                     dt_bias=0.1 * r(H, dtype=torch.float32))  # fmt: skip
+    channels = (N,) if family == "kda" else ()  # KDA: a decay per key channel
     return dict(q=r(batch, G, N), k=r(batch, G, N), v=r(batch, H, P),
-                a=r(batch, H, dtype=torch.float32), b=r(batch, H, dtype=torch.float32),
+                a=r(batch, H, *channels, dtype=torch.float32), b=r(batch, H, dtype=torch.float32),
                 A_log=torch.log(torch.rand(H, generator=gen, device="cuda") * 4 + 0.5),
-                dt_bias=0.1 * r(H, dtype=torch.float32))  # fmt: skip
+                dt_bias=0.1 * r(H * (N if channels else 1), dtype=torch.float32))  # fmt: skip
 
 
 def step(family, wrapper, t, slots, out):
@@ -67,14 +70,14 @@ def step(family, wrapper, t, slots, out):
                        dt_bias=t["dt_bias"], out=out)  # fmt: skip
 
 
-def measure(name, batch, state_dtype, reps, min_pool_bytes):
+def measure(name, batch, state_dtype, reps, min_pool_bytes, sr=True):
     family, G, H, N, P = SHAPES[name]
     per_slot = H * P * N * 2
     slots = max(batch, -(-min_pool_bytes // per_slot))
     cache, wrapper = make(family, G, H, N, P, slots, state_dtype)
     gen = torch.Generator(device="cuda").manual_seed(0)
     cache.state.copy_(torch.randn(cache.state.shape, generator=gen, device="cuda").to(state_dtype))
-    wrapper.plan(batch, stochastic_rounding=True, seed=3)
+    wrapper.plan(batch, stochastic_rounding=sr, seed=3)
     groups = slots // batch
     slot_sets = [torch.arange(g * batch, (g + 1) * batch, dtype=torch.int32, device="cuda")
                  for g in range(groups)]  # fmt: skip
@@ -104,7 +107,8 @@ def measure(name, batch, state_dtype, reps, min_pool_bytes):
         if i >= 3:
             times.append(start.elapsed_time(end) * 1e3 / L)
     return {"shape": name, "batch": batch, "state": str(state_dtype).split(".")[-1],
-            "kernel": wrapper.kernel, "amortized_us": statistics.median(times)}  # fmt: skip
+            "rounding": "sr" if sr else "rn", "kernel": wrapper.kernel,
+            "amortized_us": statistics.median(times)}  # fmt: skip
 
 
 def main():
@@ -114,12 +118,15 @@ def main():
     p.add_argument("--batches", default="1,8,256")
     p.add_argument("--reps", type=int, default=24)
     p.add_argument("--min-pool-bytes", type=int, default=1 << 30)
+    p.add_argument("--rounding", default="sr", help="comma list of rn, sr (each in turn)")
     args = p.parse_args()
     for name in args.shapes.split(","):
         for batch in map(int, args.batches.split(",")):
             for dtype in (torch.bfloat16, torch.float16):
-                row = measure(name, batch, dtype, args.reps, args.min_pool_bytes)
-                print(json.dumps({"label": args.label, **row}), flush=True)
+                for rounding in args.rounding.split(","):
+                    row = measure(name, batch, dtype, args.reps, args.min_pool_bytes,
+                                  sr=rounding == "sr")  # fmt: skip
+                    print(json.dumps({"label": args.label, **row}), flush=True)
 
 
 if __name__ == "__main__":

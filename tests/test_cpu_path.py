@@ -806,8 +806,23 @@ def py_mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
+M32 = (1 << 32) - 1
+
+
+def py_pair_bits(key: int, pair: int) -> int:
+    x = (key & M32) ^ ((pair * 0x9E3779B9) & M32)
+    x ^= x >> 16
+    x = (x * 0x21F0AAAD) & M32
+    x ^= x >> 15
+    x = (x * 0x735A2D97) & M32
+    x ^= x >> 15
+    return x ^ (key >> 32)
+
+
 def py_rounding_bits(seed: int, stream: int, counter: int) -> int:
-    return py_mix64((seed & M64) ^ py_mix64(stream * 0x9E3779B97F4A7C15 + counter)) >> 32
+    """16 bits per element: one 32-bit hash per pair of elements, keyed once per stream."""
+    key = py_mix64((seed & M64) ^ py_mix64(stream * 0x9E3779B97F4A7C15))
+    return (py_pair_bits(key, (counter >> 1) & M32) >> (16 * (counter & 1))) & 0xFFFF
 
 
 def f32_bits(v: float) -> int:
@@ -816,13 +831,14 @@ def f32_bits(v: float) -> int:
 
 def py_round_bf16(v: float, bits: int) -> int:
     """bf16 bit pattern of a finite FP32 value: add 16 random bits below the kept 16, truncate."""
-    return ((f32_bits(v) + (bits >> 16)) >> 16) & 0xFFFF
+    return ((f32_bits(v) + bits) >> 16) & 0xFFFF
 
 
 def py_round_f16(v: float, bits: int) -> int:
     """fp16 bit pattern of a finite FP32 value, from its two FP16 neighbours in exact float64
-    arithmetic: the upper one with probability (|v| - low) / ulp; never past the largest finite
-    value."""
+    arithmetic: the upper one where the low 13 random bits reach the distance to it in 2^-13
+    ulps (FP16 normals), or where the 16 bits as a fraction fall below (|v| - low) / ulp
+    (subnormals); never past the largest finite value."""
     a = abs(v)
     if a >= 65504.0:
         res = 65504.0
@@ -833,7 +849,11 @@ def py_round_f16(v: float, bits: int) -> int:
         ulp = 2.0 ** (max(exponent, -14) - 10)
         low = math.floor(a / ulp) * ulp
         frac = (a - low) / ulp
-        res = low + ulp if (bits >> 8) / 2.0**24 < frac else low
+        if exponent >= -14:
+            up = (bits & 0x1FFF) + frac * 8192 >= 8192
+        else:
+            up = (bits & 0xFFFF) / 2.0**16 < frac
+        res = low + ulp if up else low
     return struct.unpack("<H", struct.pack("<e", math.copysign(res, v)))[0]
 
 
@@ -863,13 +883,14 @@ def _sr_values(gen, dtype) -> torch.Tensor:
 def test_round_stochastic_matches_python(dtype):
     gen = torch.Generator().manual_seed(42)
     v = _sr_values(gen, dtype)
-    bits = torch.randint(0, 2**32, v.shape, generator=gen, dtype=torch.int64)
-    bits[:8] = torch.tensor([0, 2**32 - 1, 2**31, 255, 256, 65535, 65536, 2**24])
-    # Values halfway between two neighbours, with bits just below, at and above one half (at
-    # it, fp16 keeps the lower neighbour; bf16's integer add carries to the upper one).
+    bits = torch.randint(0, 2**16, v.shape, generator=gen, dtype=torch.int64)
+    bits[:8] = torch.tensor([0, 2**16 - 1, 2**15, 255, 256, 2**13 - 1, 2**13, 2**12])
+    # Values halfway between two neighbours, with bits just below, at and above one half of the
+    # dropped bits (16 for bf16, 13 for fp16): at it, the integer add carries to the upper one.
+    half_bits = 2**15 if dtype == BF16 else 2**12
     half = 1.0 + 2.0 ** (-8 if dtype == BF16 else -11)
     ties = torch.tensor([half, -half] * 3, dtype=F32)
-    tie_bits = torch.tensor([2**31 - 2**16] * 2 + [2**31] * 2 + [2**31 + 2**16] * 2)
+    tie_bits = torch.tensor([half_bits - 1] * 2 + [half_bits] * 2 + [half_bits + 1] * 2)
     v, bits = torch.cat([v, ties]), torch.cat([bits, tie_bits])
     got = cpu.round_stochastic(v, bits, dtype).view(torch.int16).to(torch.int64) & 0xFFFF
     model = py_round_bf16 if dtype == BF16 else py_round_f16
@@ -877,7 +898,7 @@ def test_round_stochastic_matches_python(dtype):
     assert got.tolist() == want
     # Specials round to nearest; FP32 passes through.
     specials = torch.tensor([math.inf, -math.inf, math.nan], dtype=F32)
-    rounded = cpu.round_stochastic(specials, torch.full((3,), 2**32 - 1), dtype).to(F32)
+    rounded = cpu.round_stochastic(specials, torch.full((3,), 2**16 - 1), dtype).to(F32)
     assert rounded[0] == math.inf and rounded[1] == -math.inf and torch.isnan(rounded[2])
     assert torch.equal(cpu.round_stochastic(v, bits, F32), v)
 
@@ -887,7 +908,7 @@ def test_round_stochastic_is_unbiased(dtype):
     """Each value rounds to one of its two neighbours, and on average to itself."""
     gen = torch.Generator().manual_seed(43)
     v = (randn(gen, 64) * 3.0).to(F32)
-    bits = torch.randint(0, 2**32, (4096, 64), generator=gen, dtype=torch.int64)
+    bits = torch.randint(0, 2**16, (4096, 64), generator=gen, dtype=torch.int64)
     r = cpu.round_stochastic(v.expand(4096, 64), bits, dtype).to(F64)
     mantissa_bits = 7 if dtype == BF16 else 10
     ulp = torch.ldexp(torch.ones(64, dtype=F64), torch.frexp(v.to(F64))[1] - 1 - mantissa_bits)

@@ -19,6 +19,7 @@ from replayssm_jit.spec import (
     KernelSpec,
     family_spec,
     gdn_spec,
+    kda_spec,
     make_spec,
     mamba2_spec,
     spec_tilings,
@@ -152,7 +153,8 @@ def test_aot_round_trip_compiles_and_loads(jit_cache, aot_split_modules, monkeyp
 @pytest.mark.nvcc
 def test_kda_module_compiles_and_loads(jit_cache, tmp_path, monkeypatch):
     """A KDA spec (GDN's templates with a decay per key channel) compiles for sm_90a and loads
-    with its conventional and ReplaySSM steps; it has no split step (a workspace of 0 floats)."""
+    with its conventional and ReplaySSM steps, and its split step's workspace holds per (row,
+    value head) the row sums, the per-channel vectors and a flush's decayed k rows."""
     from replayssm_jit.jit.aot import build_aot
     from replayssm_jit.spec import kda_spec
 
@@ -164,7 +166,10 @@ def test_kda_module_compiles_and_loads(jit_cache, tmp_path, monkeypatch):
     monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", "1")
     module = build.load_module(spec)
     assert callable(module.conventional_step) and callable(module.replay_step)
-    assert module.split_workspace_floats(8, 4) == 0
+    K = V = 32
+    cap = spec.capacity
+    extra = 2 * V + 3 * K + (cap - 1) * K  # pred, osum | total q, total k, total | decayed k rows
+    assert module.split_workspace_floats(8, 4) == 8 * (4 * (extra + 5 + cap) + 4)
     with pytest.raises(AttributeError):
         module.verify_step  # noqa: B018
 
@@ -317,6 +322,8 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
         gdn_spec(
             head_k_dim=64, head_v_dim=64, value_heads_per_key_head=2, window=1, act_dtype="f32"
         ),
+        kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1, window=16),
+        kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=32),
     ]
     lines = []
     for s in specs:
@@ -324,11 +331,14 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
         if s.family == "mamba2":
             dims = f"{s.dim('p')}, {s.dim('n')}, {s.dim('hpg')}, {s.window}, {cap}, {act}, float, true, true, true"
             kern = f"mamba2::Records<{dims}>"
-        else:
+        elif s.family == "gdn":
             dims = f"{s.dim('k')}, {s.dim('v')}, {s.dim('vph')}, {s.window}, {cap}, {act}, float, true, true"
             kern = f"gdn::Records<{dims}>"
             few_warps = f"gdn::Records<{dims}, 4>"  # bounded too, not tightly
             lines.append(f'  std::printf("%zu\\n", {few_warps}::kSmemBytes);')
+        else:  # KDA: the GDN records kernel with per-channel decays
+            dims = f"{s.dim('k')}, {s.dim('v')}, {s.dim('vph')}, {s.window}, {cap}, {act}, float, true, true"
+            kern = f"gdn::Records<{dims}, 8, true>"
         lines.append(f'  std::printf("%zu\\n", {kern}::kSmemBytes);')
     compiled = _run_nvcc_program(
         tmp_path,

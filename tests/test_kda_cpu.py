@@ -14,6 +14,7 @@ from replayssm_jit import (
     KDADecodeWrapper,
     LaunchConfig,
     gdn_layout,
+    gdn_spec,
     kda_decode,
     kda_layout,
     kda_spec,
@@ -33,7 +34,7 @@ def test_uri_and_layout():
     spec = kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1)
     assert spec.uri == "kda_k128_v128_vph1_L16_T1_act-bf16_state-f32_gates_in_kernel_qk_l2norm"
     ctx = spec.template_context()
-    assert ctx["decay_per_channel"] and not ctx["split_kernel"] and not ctx["verify"]
+    assert ctx["decay_per_channel"] and ctx["split_kernel"] and not ctx["verify"]
     gdn = gdn_layout(**KIMI, window=8).tensors()
     kda = kda_layout(**KIMI, window=8).tensors()
     assert [t.name for t in kda] == [t.name for t in gdn]
@@ -48,7 +49,7 @@ def test_uri_and_layout():
 @pytest.mark.parametrize("preset", ["kda-tests", "sanitizer"])
 def test_preset_kda_specs_render(preset):
     """Every KDA spec of the presets renders GDN's template with the per-channel decay, the
-    safe gate's lower bound in both bindings, and no split step."""
+    safe gate's lower bound in both bindings, and the split step with per-channel decays."""
     specs = [s for s in preset_specs([preset]) if s.family == "kda"]
     assert specs and all(s.drafts == 1 for s in specs)
     for spec in specs:
@@ -56,22 +57,27 @@ def test_preset_kda_specs_render(preset):
         assert spec.uri in text and "{{" not in text and "{%" not in text
         assert "constexpr bool kPerChannel = true;" in text
         assert text.count("double lower_bound, TensorView out") == 2
-        assert '#include "gdn/split_kernel.cuh"' not in text and "SplitRecords" not in text
+        assert '#include "gdn/split_kernel.cuh"' in text
+        assert "WARPS, kPerChannel>" in text and "kPerChannel>;" in text
 
 
-def test_kda_has_no_speculative_or_split_kernels_yet():
+def test_kda_launches_as_gdn_and_has_no_speculative_kernels_yet():
     with pytest.raises(ValueError, match=r"^drafts: expected 1 for kda .*got 4$"):
         kda_layout(**KIMI, drafts=4)
     with pytest.raises(ValueError, match=r"^drafts: expected 1 for kda"):
         kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1, drafts=2)
     spec = kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1)
-    # Where GDN would split, the per-item kernel keeps the window; below, FP32 checkpoints flush
-    # every token as GDN's do.
-    assert choose_launch(spec, 1, 32, 132, replay=True).kernel == "flush-every-step"
-    for batch in (5, 64, 256, 4096):
-        assert choose_launch(spec, batch, 32, 132, replay=True).kernel == "per-item"
-    with pytest.raises(ValueError, match=r"^config.kernel: expected .* for kda"):
-        choose_launch(spec, 256, 32, 132, replay=True, config=LaunchConfig(kernel="split"))
+    gdn = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1)
+    for batch in (1, 5, 64, 256, 4096):  # the same policy as GDN's, split step included
+        ours, theirs = (choose_launch(s, batch, 32, 132, replay=True) for s in (spec, gdn))
+        assert (ours.kernel, ours.rows_per_cta, ours.flags) == (
+            theirs.kernel,
+            theirs.rows_per_cta,
+            theirs.flags,
+        )
+    assert choose_launch(spec, 256, 32, 132, replay=True).kernel == "split"
+    forced = choose_launch(spec, 5, 32, 132, replay=True, config=LaunchConfig(kernel="split"))
+    assert forced.kernel == "split"
 
 
 @pytest.mark.parametrize(

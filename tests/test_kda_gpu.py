@@ -16,7 +16,9 @@ import torch
 from gpu_schedule import rel_err
 
 from replayssm_jit import KDADecodeCache, KDADecodeWrapper, LaunchConfig
+from replayssm_jit.families.base import DTYPE_NAMES
 from replayssm_jit.launch.config import LAUNCH_ENV
+from replayssm_jit.launch.policy import FLAG_CAPPED_STATE_REGISTERS, FLAG_FEW_RECORDS_WARPS
 from replayssm_jit.reference import kda_gates, kda_step_pool
 from replayssm_jit.spec import kda_spec, spec_tilings
 
@@ -125,11 +127,12 @@ def fp32_steps(batch, window):
     return 256 if batch <= 64 else 4 * window + 8
 
 
+@pytest.mark.parametrize("kernel", ["split", "per-item"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 7, 64, 256])
 @pytest.mark.parametrize("window", [1, 4, 16, 32])
-def test_replay_fp32_matches_reference(shape, batch, window):
-    config = LaunchConfig(kernel="per-item")
+def test_replay_fp32_matches_reference(shape, batch, window, kernel):
+    config = LaunchConfig(kernel=kernel)
     r = run_schedule(shape, batch, window, steps=fp32_steps(batch, window), config=config)
     assert r.min_flushes >= 3, r
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
@@ -144,11 +147,20 @@ def test_flush_every_step_fp32_matches_reference(shape, batch):
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_switching_kernels_carries_held_records(shape):
-    """Records held by the per-item step are folded by a flush-every-step wrapper that takes over
-    mid-window (L = 16, switch after 21 steps)."""
-    config = LaunchConfig(kernel="per-item")
-    r = run_schedule(shape, 7, 16, steps=48, switch=(21, "flush-every-step"), config=config)
+@pytest.mark.parametrize(
+    "first,then",
+    [
+        ("per-item", "flush-every-step"),
+        ("split", "flush-every-step"),
+        ("flush-every-step", "split"),
+        ("per-item", "split"),
+    ],
+)
+def test_switching_kernels_carries_held_records(shape, first, then):
+    """A wrapper planned for another kernel takes over the cache mid-window: records held by one
+    kernel are folded or replayed by the next (L = 16, switch after 21 steps)."""
+    config = LaunchConfig(kernel=first)
+    r = run_schedule(shape, 7, 16, steps=48, switch=(21, then), config=config)
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
 
@@ -208,6 +220,70 @@ def test_every_row_tiling():
         config = LaunchConfig(kernel="per-item", rows_per_cta=rows)
         r = run_schedule("k3shard", 7, 4, steps=24, config=config)
         assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
+
+
+def test_every_split_tile():
+    """Each row tile of the split step's state kernel, forced through rows_per_cta (L = 4)."""
+    spec = kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1, window=4)
+    for rows in [rows for rows, _ in spec_tilings(spec)]:
+        config = LaunchConfig(kernel="split", rows_per_cta=rows)
+        r = run_schedule("k3shard", 7, 4, steps=24, config=config)
+        assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
+
+
+# (shape, gates in kernel, activation, checkpoint, SR, L): specializations of the kda-tests preset.
+BITWISE_CASES = [
+    ("kimi48b", True, torch.float32, torch.float32, False, 16),
+    ("gva", True, torch.float32, torch.float32, False, 4),
+    ("k3shard", False, torch.float32, torch.float32, False, 16),
+    ("kimi48b", True, torch.bfloat16, torch.bfloat16, True, 16),
+    ("kimi48b", True, torch.bfloat16, torch.float32, False, 16),
+]
+
+
+@pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", BITWISE_CASES)
+def test_split_matches_per_item_bitwise(shape, gates_in_kernel, act, state, sr, window):
+    """The split step does the per-item kernel's per-channel arithmetic in the same order."""
+    gpu_schedule.assert_kernels_agree_bitwise(
+        KDA(shape, gates_in_kernel=gates_in_kernel), ("split", "per-item"), act=act, state=state,
+        sr=sr, window=window,
+    )  # fmt: skip
+
+
+# The split step's large-batch variants, forced for both kernels: (name, config, flag, cases).
+SPLIT_VARIANTS = [
+    ("4-warp-records", LaunchConfig(records_warps=4), FLAG_FEW_RECORDS_WARPS, BITWISE_CASES[:3]),
+    (
+        "capped-state",
+        LaunchConfig(capped_state_registers=True),
+        FLAG_CAPPED_STATE_REGISTERS,
+        BITWISE_CASES[2:],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "config, flag, case",
+    [
+        pytest.param(config, flag, case, id=f"{name}-{case[0]}-{DTYPE_NAMES[case[3]]}")
+        for name, config, flag, cases in SPLIT_VARIANTS
+        for case in cases
+    ],
+)
+def test_split_variant_matches_per_item_bitwise(config, flag, case):
+    shape, gates_in_kernel, act, state, sr, window = case
+    gpu_schedule.assert_kernels_agree_bitwise(
+        KDA(shape, gates_in_kernel=gates_in_kernel), ("split", "per-item"), act=act, state=state,
+        sr=sr, window=window, config=config, launch_flags=flag,
+    )  # fmt: skip
+
+
+def test_split_matches_per_item_bitwise_without_speculative_loads():
+    """Ring rows read after the cursor (the split step's default at large batch)."""
+    gpu_schedule.assert_kernels_agree_bitwise(
+        KDA("gva"), ("split", "per-item"), act=torch.float32, state=torch.float32, sr=False,
+        config=LaunchConfig(speculative_records=False),
+    )  # fmt: skip
 
 
 def test_per_item_matches_flush_every_step_bitwise_at_window_1():

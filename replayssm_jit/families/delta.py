@@ -14,14 +14,20 @@ from replayssm_jit.launch.tiles import TARGET_CTAS_PER_SM
 class DeltaFamily(Family):
     def records_shared_bytes(self, spec) -> int:
         """Records::Smem of templates/gdn/split_kernel.cuh for a key head's value heads: held k
-        rows, this token's k, q and v, the scalars, and the held u rows where they fit (the
-        4-warp variant holds them in shared memory less often, so this bounds it too)."""
+        rows, this token's k, q and v, the scalars, the per-channel decays (KDA), and the held u
+        rows where they fit (the 4-warp variant holds them in shared memory less often, so this
+        bounds it too)."""
         act, cap = DTYPE_BYTES[spec.act_dtype], spec.capacity
         ring = max(cap - 1, 1)
         heads, k, v = spec.dim("vph"), spec.dim("k"), spec.dim("v")
         base = (ring + 2) * k * act + 4 * (4 * heads * cap + 3 * cap + 1 + 3 * heads)
-        base += 6 * 16  # 16-byte alignment of the record arrays
+        base += 4 * self.channel_decay_words(heads, cap, k)
+        base += 8 * 16  # 16-byte alignment of the record arrays
         return self.held_rows_where_they_fit(base, heads * ring * v * 4, v * 4)
+
+    def channel_decay_words(self, heads: int, cap: int, key_dim: int) -> int:
+        """Words of per-channel log-decays a records CTA stages (the held rows and this token's)."""
+        return heads * (cap + 1) * key_dim if self.decay_per_channel else 2
 
     def verify_records_shared_bytes(self, spec) -> int | None:
         """VerifyRecords::Smem of templates/gdn/verify_split_kernel.cuh: k and q rows, dots,
@@ -121,11 +127,10 @@ KDA = KimiDeltaFamily(
     ),
     default_flags=GDN.default_flags,
     plan_options=GDN.plan_options,
-    records_warps=(8,),
-    capped_state_registers=False,
+    records_warps=GDN.records_warps,
+    capped_state_registers=True,
     flush_every_step_kernel=False,
     tile_targets=GDN.tile_targets,
     decay_per_channel=True,
-    split_kernel=False,
     speculative_kernels=False,
 )

@@ -36,8 +36,8 @@ draft into caller-given slots).
 Rows are grouped by their held count and each group is computed at once, vectorised over rows
 and heads. Slots must be distinct among non-pad rows (the callers check).
 
-Stochastic rounding reproduces templates/common/rounding.cuh bit for bit (SplitMix64 in wrapping
-int64 arithmetic): an element's bits are rounding_bits(seed, slot << 32 | epoch, element) with
+Stochastic rounding reproduces templates/common/rounding.cuh bit for bit (its hashes in wrapping
+int64 arithmetic): an element's 16 bits are rounding_bits(seed, slot << 32 | epoch, element) with
 the element's flat index in its slot's state block and the epoch read at the step's start (0 in
 conventional mode), so the same seed gives the GPU's bits.
 
@@ -101,12 +101,28 @@ def _mix64(z: torch.Tensor) -> torch.Tensor:
     return z ^ _shr(z, 31)
 
 
+_MASK32 = (1 << 32) - 1
+
+
+def _pair_bits(key: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+    """pair_bits(key, pair) of rounding.cuh on int64 tensors: 32 bits in [0, 2^32)."""
+    x = (key & _MASK32) ^ ((pair * 0x9E3779B9) & _MASK32)
+    x ^= x >> 16
+    x = (x * 0x21F0AAAD) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x735A2D97) & _MASK32
+    x ^= x >> 15
+    return x ^ _shr(key, 32)
+
+
 def rounding_bits(seed: int, stream: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
-    """rounding_bits(seed, stream, counter) of rounding.cuh: 32 random bits per element, as
-    int64 values in [0, 2^32). stream and counter: int64 tensors (uint64 bit patterns) that
-    broadcast together."""
-    inner = _mix64(stream * _GOLDEN + counter)
-    return _shr(_mix64(inner ^ _signed64(seed)), 32)
+    """The 16 random bits rounding.cuh's store_chunk gives element `counter` of stream `stream`
+    (slot << 32 | epoch) under `seed`: half of pair_bits(rounding_key(seed, stream), counter >>
+    1), the low half for even counters. int64 values in [0, 2^16); stream and counter: int64
+    tensors (uint64 bit patterns) that broadcast together."""
+    key = _mix64(_signed64(seed) ^ _mix64(stream * _GOLDEN))
+    bits = _pair_bits(key, _shr(counter, 1) & _MASK32)
+    return (bits >> (16 * (counter & 1))) & 0xFFFF
 
 
 def _from_bits16(bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -120,36 +136,45 @@ def _bits16(t: torch.Tensor) -> torch.Tensor:
 
 
 def _round_bf16(v: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    """BF16: add the top 16 random bits below the kept ones, then truncate; inf / NaN as RN."""
+    """BF16: add the 16 random bits below the kept ones, then truncate; inf / NaN as RN."""
     u = v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    rounded = _from_bits16(_shr(u + _shr(bits, 16), 16), torch.bfloat16)
+    rounded = _from_bits16(_shr(u + bits, 16), torch.bfloat16)
     return torch.where(torch.isfinite(v), rounded, v.to(torch.bfloat16))
 
 
 def _round_f16(v: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     """FP16: the neighbour away from zero with probability equal to the distance from the one
-    toward zero (one FP16 ulp apart); exact values, inf and NaN round to nearest."""
+    toward zero. From 2^-14 up (finite): add the low 13 random bits to the 13 FP32 mantissa bits
+    below an FP16 ulp and truncate (past 65504, truncation keeps 65504). Below: FP16
+    subnormals, where the 16 bits (as a fraction of 1) are compared with the exact fraction;
+    exact values, inf and NaN round to nearest."""
+    u = v.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    magnitude = u & 0x7FFFFFFF
+    normal = (magnitude >= 0x38800000) & (magnitude < 0x7F800000)
+    # Truncation toward zero of FP32 bit patterns to FP16, in the normal range: drop 13 bits.
+    bumped = (u + (bits & 0x1FFF)) & 0xFFFFFFFF
+    exponent = ((bumped >> 23) & 0xFF) - 127
+    mantissa = (bumped >> 13) & 0x3FF
+    sign = (bumped >> 16) & 0x8000
+    truncated = torch.where(exponent > 15, 0x7BFF, ((exponent + 15).clamp(min=0) << 10) | mantissa)
+    normal_bits = sign | truncated
+    # Subnormal range: neighbours on the 2^-24 grid.
     nearest = v.to(torch.float16)
     nearest_bits = _bits16(nearest)
-    # Toward zero: the nearest value, or one step back toward zero where it rounded outward.
     outward = nearest.to(_F32).abs() > v.abs()
-    toward_bits = torch.where(outward, nearest_bits - 1, nearest_bits)  # magnitude - 1 ulp
-    toward = _from_bits16(toward_bits, torch.float16)
-    low = toward.to(_F32)
-    away_bits = toward_bits + 1  # one ulp away from zero (the sign bit stays)
-    away = _from_bits16(away_bits, torch.float16)
-    high = away.to(_F32)
-    frac = (v - low) / (high - low)  # exact in FP32: the divisor is one FP16 ulp, a power of 2
-    r = _shr(bits, 8).to(_F32) * (1.0 / 16777216.0)
-    choice = torch.where(r < frac, away, toward)
-    choice = torch.where(torch.isinf(away), toward, choice)  # never round a finite value to inf
-    exact = (low == v) | ~torch.isfinite(v) | torch.isinf(toward)
-    return torch.where(exact, nearest, choice)
+    toward_bits = torch.where(outward, nearest_bits - 1, nearest_bits)
+    low = _from_bits16(toward_bits, torch.float16).to(_F32)
+    frac = (v - low).abs() * 16777216.0
+    r = (bits & 0xFFFF).to(_F32) * (1.0 / 65536.0)
+    small_bits = torch.where((low != v) & (r < frac), toward_bits + 1, toward_bits)
+    result = torch.where(normal, normal_bits, small_bits)
+    rounded = _from_bits16(result, torch.float16)
+    return torch.where(torch.isfinite(v), rounded, nearest)
 
 
 def round_stochastic(v: torch.Tensor, bits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """round_stochastic<dtype>(v, bits) of rounding.cuh: FP32 `v` to `dtype` with the random
-    `bits` (int64 in [0, 2^32), broadcasting with v); FP32 is returned unchanged."""
+    `bits` (int64 in [0, 2^16), broadcasting with v); FP32 is returned unchanged."""
     v = v.to(_F32)
     if dtype == torch.bfloat16:
         return _round_bf16(v, bits)

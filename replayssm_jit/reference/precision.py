@@ -18,14 +18,15 @@ Formats (all round-to-nearest-even unless `bits` is given):
                   FP32 scale per head; nvfp4_decode (table) and nvfp4_decode_bits (shift-and-mask
                   integer decode, the Hopper path) agree bit for bit.
 
-Stochastic rounding (`bits`: int64 tensor of 32 random bits per element, in [0, 2^32), e.g.
+Stochastic rounding (`bits`: int64 tensor of 16 random bits per element, in [0, 2^16), e.g.
 from ops.cpu.rounding_bits, broadcasting with the input) follows rounding.cuh's convention for
-FP16: with u = (bits >> 8) * 2^-24 (the top 24 bits as a uniform in [0, 1)), a value strictly
-between its two representable neighbours rounds to the one away from zero iff u < frac, where
-frac = (|x| - lower) / (upper - lower) is its distance from the one toward zero in units of the
-gap, so E[rounded] = x up to the 2^-24 resolution of u. Representable values stay, values past
-the format's max saturate to it (never rounded up to NaN / inf), NaN stays NaN. BF16 instead
-adds the top 16 bits below its kept 16 bits and truncates (the same rule at 2^-16 resolution).
+FP16 subnormals: with u = bits * 2^-16 (a uniform in [0, 1)), a value strictly between its two
+representable neighbours rounds to the one away from zero iff u < frac, where frac = (|x| -
+lower) / (upper - lower) is its distance from the one toward zero in units of the gap, so
+E[rounded] = x up to the 2^-16 resolution of u. Representable values stay, values past the
+format's max saturate to it (never rounded up to NaN / inf), NaN stays NaN. BF16 instead adds
+the 16 bits below its kept 16 bits and truncates, and FP16 normals add the low 13 bits below
+their kept mantissa and truncate (exactly unbiased: frac has 13 bits there).
 """
 
 from __future__ import annotations
@@ -132,8 +133,9 @@ def round_half_rn(x: torch.Tensor, dtype: torch.dtype) -> Rounded:
 
 def round_half_sr(x: torch.Tensor, bits: torch.Tensor, dtype: torch.dtype) -> Rounded:
     """x -> FP32 (RN) -> `dtype` by rounding.cuh's round_stochastic with `bits` (int64 in
-    [0, 2^32)): BF16 adds bits >> 16 below its kept 16 bits and truncates; FP16 rounds away
-    from zero iff (bits >> 8) * 2^-24 < frac. Inf / NaN / exact values round to nearest."""
+    [0, 2^16)): BF16 adds the bits below its kept 16 bits and truncates; FP16 adds the low 13
+    below its kept mantissa and truncates (normals) or rounds away from zero iff bits * 2^-16 <
+    frac (subnormals). Inf / NaN / exact values round to nearest."""
     _check_half(dtype)
     stored = round_stochastic(x.to(_F32), bits, dtype)
     return Rounded(stored, stored.to(_F64))
@@ -145,8 +147,8 @@ def round_half_sr(x: torch.Tensor, bits: torch.Tensor, dtype: torch.dtype) -> Ro
 
 
 def sr_uniform(bits: torch.Tensor) -> torch.Tensor:
-    """The stochastic-rounding uniform of 32 random bits: (bits >> 8) * 2^-24 in [0, 1)."""
-    return (bits >> 8).to(_F64) * 2.0**-24
+    """The stochastic-rounding uniform of 16 random bits: bits * 2^-16 in [0, 1)."""
+    return bits.to(_F64) * 2.0**-16
 
 
 def _grid_index(mag: torch.Tensor, grid: torch.Tensor, bits: torch.Tensor | None) -> torch.Tensor:

@@ -359,18 +359,30 @@ __device__ __forceinline__ void finish_step_cursor(int32_t* cursor, int ctas_per
   }
 }
 
-// Convert a row chunk to storage type, stochastically rounded when SR (key: slot/epoch, element).
+// The stochastic-rounding key of a slot's checkpoint at a flush epoch (0 without SR): formed
+// once per CTA, before the stores.
+template <bool SR>
+__device__ __forceinline__ uint64_t checkpoint_rounding_key(uint64_t seed, int slot, uint64_t epoch) {
+  return SR ? rounding_key(seed, (uint64_t(slot) << 32) | epoch) : 0;
+}
+
+// Convert a row chunk to storage type, stochastically rounded when SR (the checkpoint's key from
+// checkpoint_rounding_key, the chunk's first element's index in the slot).
 template <typename state_t, bool SR, int VEC>
-__device__ __forceinline__ void store_chunk(state_t* dst, const float (&v)[VEC], uint64_t seed, uint64_t stream,
-                                            uint64_t element) {
+__device__ __forceinline__ void store_chunk(state_t* dst, const float (&v)[VEC], uint64_t key, uint64_t element) {
   Vec16<state_t> out;
-  #pragma unroll
-  for (int e = 0; e < VEC; ++e) {
-    if constexpr (SR) {
-      out.set(e, round_stochastic<state_t>(v[e], rounding_bits(seed, stream, element + e)));
-    } else {
-      out.set(e, from_float<state_t>(v[e]));
+  if constexpr (SR && !std::is_same_v<state_t, float>) {
+    // A chunk starts at an even element (16-byte aligned rows of 2-byte values): a hash per pair.
+    static_assert(VEC % 2 == 0, "stochastic rounding draws bits for pairs of elements");
+    #pragma unroll
+    for (int e = 0; e < VEC; e += 2) {
+      const uint32_t bits = pair_bits(key, static_cast<uint32_t>((element + e) >> 1));
+      out.set(e, round_stochastic<state_t>(v[e], bits & 0xffffu));
+      out.set(e + 1, round_stochastic<state_t>(v[e + 1], bits >> 16));
     }
+  } else {
+    #pragma unroll
+    for (int e = 0; e < VEC; ++e) out.set(e, from_float<state_t>(v[e]));
   }
   out.store(dst);
 }

@@ -174,12 +174,12 @@ template <class Tile, bool SR, int HEAD_ROWS, typename state_t>
 __device__ __forceinline__ void store_tile(state_t* rows,
                                            const float (&s)[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec],
                                            uint64_t seed, int slot, uint64_t epoch, int head, int row0) {
+  const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
   #pragma unroll
   for (int i = 0; i < Tile::kPasses; ++i)
     #pragma unroll
     for (int c = 0; c < Tile::kChunksPerLane; ++c)
-      store_chunk<state_t, SR>(rows + int64_t(Tile::row(i)) * Tile::kCols + Tile::col(c), s[i][c], seed,
-                               (uint64_t(slot) << 32) | epoch,
+      store_chunk<state_t, SR>(rows + int64_t(Tile::row(i)) * Tile::kCols + Tile::col(c), s[i][c], sr_key,
                                (uint64_t(head) * HEAD_ROWS + row0 + Tile::row(i)) * Tile::kCols + Tile::col(c));
 }
 

@@ -144,13 +144,13 @@ struct Kernel {
   // u_j. All in shared memory; q, k and v FP32 or as stored. Shared with the split kernel.
   // PER_CHANNEL: sc.total is 1, the S_c dots read `decays`' q_decayed and k_decayed, the fold
   // scales S by its total per column, and the held k rows (m < held) are already decayed.
-  template <typename IN, typename REC>
+  template <typename IN, typename REC, typename DECAYS = DecaySmem<PER_CHANNEL, kRecords, K>>
   static __device__ __forceinline__ void finish_rows(const Params& p, const typename Tile::Regs& s_raw, state_t* rows,
                                                      act_t* out, bool flush, int held, const RowScalars& sc, int slot,
                                                      uint64_t seed, uint64_t epoch, int vhead, int row0, const IN* q,
                                                      const IN* v, const float* pred, const float* osum, const float* u,
                                                      const REC* k,
-                                                     const DecaySmem<PER_CHANNEL, kRecords, K>* decays = nullptr) {
+                                                     const DECAYS* decays = nullptr) {
     const REC* k_j = k + held * K;
     const float total = sc.total, beta = sc.beta, rk_j = sc.rk_j, rq = sc.rq, coef_q_cur = sc.coef_q_cur;
     const int records = held + 1;
@@ -243,6 +243,7 @@ struct Kernel {
       }
       float q_reg[Tile::kChunksPerLane][Tile::kVec];
       Tile::slice(q, q_reg);
+      const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
@@ -251,8 +252,8 @@ struct Kernel {
         for (int c = 0; c < Tile::kChunksPerLane; ++c) {
           #pragma unroll
           for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
-          store_chunk<state_t, SR>(rows + int64_t(r) * K + Tile::col(c), s[i][c], seed,
-                                   (uint64_t(slot) << 32) | epoch, (uint64_t(vhead) * V + row0 + r) * K + Tile::col(c));
+          store_chunk<state_t, SR>(rows + int64_t(r) * K + Tile::col(c), s[i][c], sr_key,
+                                   (uint64_t(vhead) * V + row0 + r) * K + Tile::col(c));
         }
         o[i] = group_sum<Tile::kLanesPerRow>(acc) * rq;
       }

@@ -8,23 +8,45 @@
 // a flush also gets coef_i = dec_i / |k_i|. It appends g_j and k_j (u_j needs the checkpoint).
 // State: the per-item row tiles (decode_kernel.cuh) with those sums from the workspace; it
 // appends u_j and advances the cursor once every records CTA has finished.
+// PER_CHANNEL (KDA): the records kernel also turns each value head's per-channel log-decays into
+// decays, and hands the state kernel total * q_j, total * k_j, total and (a flush) the decayed
+// held k rows dec_i * k_i, so that the state kernel's rows are the per-item kernel's.
 #pragma once
 #include "common/split.cuh"
 #include "gdn/decode_kernel.cuh"
 
 namespace replayssm::gdn {
 
-// Per (batch row, value head): extra = [pred | osum] (2 V), scalars = RowScalars, coef [CAP].
-template <int V, int CAP>
-using Workspace = SplitWorkspace<2 * V, 5, CAP>;
+// Per (batch row, value head): extra = [pred | osum] (2 V), per channel then [total * q_j |
+// total * k_j | total] (3 K) and a flush's decayed held k rows ((CAP - 1) K); scalars =
+// RowScalars, coef [CAP].
+template <int K, int V, int CAP, bool PER_CHANNEL>
+struct WorkspaceLayout {
+  static constexpr int kChannels = 2 * V;                // offset of total * q_j in extra
+  static constexpr int kDecayedRows = kChannels + 3 * K;  // offset of the decayed held k rows
+  static constexpr int kExtra = PER_CHANNEL ? kDecayedRows + (CAP > 1 ? CAP - 1 : 1) * K : 2 * V;
+};
+template <int K, int V, int CAP, bool PER_CHANNEL = false>
+using Workspace = SplitWorkspace<WorkspaceLayout<K, V, CAP, PER_CHANNEL>::kExtra, 5, CAP>;
+
+// The state kernel's per-channel vectors, named as decode_kernel.cuh's DecaySmem for finish_rows.
+template <int K>
+struct ChannelDecays {
+  alignas(16) float q_decayed[K];
+  alignas(16) float k_decayed[K];
+  alignas(16) float total[K];
+};
 
 // WARPS: 8, or 4 where the grid covers the chip many times over (ops/tiling.py): a warp's fixed
 // work (index math, copies' set-up, barriers) then counts for less against the per-row work.
 template <int K, int V, int VPH, int L, int CAP, typename act_t, typename state_t, bool L2NORM, bool GATES_IN_KERNEL,
-          int WARPS = 8>
+          int WARPS = 8, bool PER_CHANNEL = false>
 struct Records {
   using Params = gdn::Params<act_t, state_t>;
-  using Workspace = gdn::Workspace<V, CAP>;
+  using Workspace = gdn::Workspace<K, V, CAP, PER_CHANNEL>;
+  using Offsets = WorkspaceLayout<K, V, CAP, PER_CHANNEL>;
+  static constexpr int kChannelHeads = PER_CHANNEL ? VPH : 1, kChannelRows = PER_CHANNEL ? CAP : 1,
+                       kChannels = PER_CHANNEL ? K : 1;
   static constexpr int kWarps = WARPS, kThreads = kWarps * 32;
   static constexpr int kRing = CAP > 1 ? CAP - 1 : 1;  // ring rows held before this token, at most
 
@@ -44,6 +66,10 @@ struct Records {
     alignas(16) act_t k_cur[K];
     alignas(16) act_t q[K];
     Scalars s;
+    // Per channel: each value head's log-decays (ring rows, then this token's at [held]), turned
+    // into the decays dec_i in place.
+    alignas(16) float channel_g[kChannelHeads][kChannelRows][kChannels];
+    alignas(16) float channel_g_cur[kChannelHeads][kChannels];
   };
   static constexpr bool kRingRowsInShared = fills_sm_threads<sizeof(Layout<true>), kThreads>();
   using Smem = Layout<kRingRowsInShared>;
@@ -58,8 +84,14 @@ struct Records {
     stage_held_rows<kRingRowsInShared, float, V, VPH, kRing, CAP, kThreads>(&sm.u[0][0][0], rec_u, count);
     copy_columns_async<act_t, K, 1, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
                                                   0, K, count);
-    copy_columns_async<float, 1, VPH, kThreads>(&sm.s.g[0][0], CAP, 1,
-                                                    p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * CAP, CAP, 1, count);
+    if constexpr (PER_CHANNEL) {
+      copy_columns_async<float, K, VPH, kThreads>(&sm.channel_g[0][0][0], CAP * K, K,
+                                                  p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * K, CAP * K,
+                                                  K, count);
+    } else {
+      copy_columns_async<float, 1, VPH, kThreads>(&sm.s.g[0][0], CAP, 1,
+                                                  p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * CAP, CAP, 1, count);
+    }
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
@@ -87,7 +119,11 @@ struct Records {
     if (!p.speculative) copy_ring(p, sm, slot, khead, held);
     // This token's gates once the ring copies are under way (their loads then add no round trip),
     // apart from sm.s.g, which the ring copies may still be filling.
-    if (threadIdx.x < VPH) {
+    if constexpr (PER_CHANNEL) {
+      for (int e = threadIdx.x; e < VPH * K; e += kThreads)
+        sm.channel_g_cur[e / K][e % K] = token_channel_log_decay<GATES_IN_KERNEL, K>(p, row, vhead0 + e / K, e % K);
+      if (threadIdx.x < VPH) sm.s.beta[threadIdx.x] = token_beta<GATES_IN_KERNEL>(p, row, vhead0 + threadIdx.x);
+    } else if (threadIdx.x < VPH) {
       float g, beta;
       token_gates<GATES_IN_KERNEL>(p, row, vhead0 + threadIdx.x, g, beta);
       sm.s.g_cur[threadIdx.x] = g;
@@ -120,19 +156,11 @@ struct Records {
         }
       }
     }
-    for (int h = warp; h < VPH; h += kWarps) {
-      if (records <= 32) {  // one scan, in registers: lane l holds record records - 32 + l
-        const int i = records - 32 + lane;
-        float decay_i;
-        const float total = suffix_decay_lane(i < 0 ? 0.f : (i == held ? sm.s.g_cur[h] : sm.s.g[h][i]), decay_i);
-        if (i >= 0) sm.s.decay[h][i] = decay_i;
-        if (lane == 0) sm.s.total[h] = total;
-        continue;
-      }
-      if (lane == 0) sm.s.g[h][held] = sm.s.g_cur[h];
-      __syncwarp();
-      const float total = suffix_decays(sm.s.g[h], sm.s.decay[h], records);
-      if (lane == 0) sm.s.total[h] = total;
+    const Workspace ws{p.workspace, p.batch, p.num_v_heads};
+    if constexpr (PER_CHANNEL) {
+      channel_decays(sm, ws, row, vhead0, held);
+    } else {
+      for (int h = warp; h < VPH; h += kWarps) scalar_decays(sm, h, held);
     }
     __syncthreads();
 
@@ -140,16 +168,110 @@ struct Records {
     // products, in its order. (Formed per thread, they made the sums below issue-bound.)
     const float rk_j = sm.s.rk[held];
     const float rq = (L2NORM ? rsqrtf(sm.s.q2 + kNormEps) : 1.f) * p.scale;
-    for (int e = threadIdx.x; e < VPH * held; e += kThreads) {
-      const int h = e / held, i = e % held;
-      const float rk_i = sm.s.rk[i];
-      sm.s.w_pred[h][i] = sm.s.decay[h][i] * sm.s.kk[i] * rk_i * rk_j;
-      sm.s.w_osum[h][i] = sm.s.decay[h][i] * sm.s.kq[i] * rk_i * rq;
+    if constexpr (PER_CHANNEL) {
+      channel_weights(sm, ws, row, vhead0, held, flush, rk_j, rq);
+    } else {
+      for (int e = threadIdx.x; e < VPH * held; e += kThreads) {
+        const int h = e / held, i = e % held;
+        const float rk_i = sm.s.rk[i];
+        sm.s.w_pred[h][i] = sm.s.decay[h][i] * sm.s.kk[i] * rk_i * rk_j;
+        sm.s.w_osum[h][i] = sm.s.decay[h][i] * sm.s.kq[i] * rk_i * rq;
+      }
     }
     __syncthreads();
+    row_sums(p, sm, ws, row, slot, vhead0, held);
 
-    // Per-row sums, kVec consecutive rows of one value head per thread.
-    const Workspace ws{p.workspace, p.batch, p.num_v_heads};
+    if (threadIdx.x < VPH) {
+      float* sc = ws.scalars(row, vhead0 + threadIdx.x);
+      sc[0] = PER_CHANNEL ? 1.f : sm.s.total[threadIdx.x];  // per channel: inside the decayed q and k
+      sc[1] = sm.s.beta[threadIdx.x];
+      sc[2] = rk_j;
+      sc[3] = rq;
+      sc[4] = sm.s.kq[held] * rk_j * rq;  // dec_j = 1
+    }
+    if (flush) {  // weights of the held u_i in the fold: dec_i / |k_i| (per channel: 1 / |k_i|)
+      for (int e = threadIdx.x; e < VPH * CAP; e += kThreads) {
+        const int h = e / CAP, i = e % CAP;
+        if (i < held) ws.coef(row, vhead0 + h)[i] = PER_CHANNEL ? sm.s.rk[i] : sm.s.decay[h][i] * sm.s.rk[i];
+      }
+    } else {  // append g_j and raw k_j at ring row `held` (u_j: the state kernel)
+      if constexpr (PER_CHANNEL) {
+        for (int e = threadIdx.x; e < VPH * K; e += kThreads)
+          p.rec_g[((int64_t(slot) * p.num_v_heads + vhead0 + e / K) * CAP + held) * K + e % K] = sm.channel_g_cur[e / K][e % K];
+      } else if (threadIdx.x < VPH) {
+        p.rec_g[(int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held] = sm.s.g_cur[threadIdx.x];
+      }
+      store_rows<act_t, K, 1, kThreads>(p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K, 0, sm.k_cur, 0);
+    }
+    // the state kernel advances the cursor from this
+    if (khead == 0 && threadIdx.x == 0) ws.set_row_info(row, held, flush, epoch);
+  }
+
+  // Value head h's decays dec_i and total (a warp).
+  static __device__ __forceinline__ void scalar_decays(Smem& sm, int h, int held) {
+    const int lane = threadIdx.x % 32, records = held + 1;
+    if (records <= 32) {  // one scan, in registers: lane l holds record records - 32 + l
+      const int i = records - 32 + lane;
+      float decay_i;
+      const float total = suffix_decay_lane(i < 0 ? 0.f : (i == held ? sm.s.g_cur[h] : sm.s.g[h][i]), decay_i);
+      if (i >= 0) sm.s.decay[h][i] = decay_i;
+      if (lane == 0) sm.s.total[h] = total;
+      return;
+    }
+    if (lane == 0) sm.s.g[h][held] = sm.s.g_cur[h];
+    __syncwarp();
+    const float total = suffix_decays(sm.s.g[h], sm.s.decay[h], records);
+    if (lane == 0) sm.s.total[h] = total;
+  }
+
+  // Per channel, a thread per (value head, channel): dec_i = exp(sum_{m>i} g_m) in place and
+  // total = exp(sum of all), as the per-item kernel sums them; total * q_j, total * k_j and
+  // total go to the workspace.
+  static __device__ __forceinline__ void channel_decays(Smem& sm, const Workspace& ws, int row, int vhead0, int held) {
+    for (int e = threadIdx.x; e < VPH * K; e += kThreads) {
+      const int h = e / K, c = e % K;
+      float suffix = 0.f;
+      for (int i = held; i >= 0; --i) {
+        const float g = i == held ? sm.channel_g_cur[h][c] : sm.channel_g[h][i][c];
+        sm.channel_g[h][i][c] = expf(suffix);
+        suffix += g;
+      }
+      const float total = expf(suffix);
+      float* channels = ws.extra(row, vhead0 + h) + Offsets::kChannels;
+      channels[c] = total * to_float(sm.q[c]);
+      channels[K + c] = total * to_float(sm.k_cur[c]);
+      channels[2 * K + c] = total;
+    }
+  }
+
+  // Per channel, a warp per (value head, held record): (dec_i * k_i) . k_j and . q_j into the
+  // weights; a flush also writes the decayed row dec_i * k_i for the state kernel's fold.
+  static __device__ __forceinline__ void channel_weights(Smem& sm, const Workspace& ws, int row, int vhead0, int held,
+                                                         bool flush, float rk_j, float rq) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int w = warp; w < VPH * held; w += kWarps) {
+      const int h = w / held, i = w % held;
+      float* decayed_row = ws.extra(row, vhead0 + h) + Offsets::kDecayedRows + i * K;
+      float kk = 0.f, kq = 0.f;
+      for (int c = lane; c < K; c += 32) {
+        const float decayed = to_float(sm.k[i][c]) * sm.channel_g[h][i][c];
+        kk = fmaf(decayed, to_float(sm.k_cur[c]), kk);
+        kq = fmaf(decayed, to_float(sm.q[c]), kq);
+        if (flush) decayed_row[c] = decayed;
+      }
+      kk = group_sum<32>(kk);
+      kq = group_sum<32>(kq);
+      if (lane == 0) {
+        const float rk_i = sm.s.rk[i];
+        sm.s.w_pred[h][i] = kk * rk_i * rk_j;
+        sm.s.w_osum[h][i] = kq * rk_i * rq;
+      }
+    }
+  }
+
+  // Per-row sums, kVec consecutive rows of one value head per thread.
+  static __device__ __forceinline__ void row_sums(const Params& p, Smem& sm, const Workspace& ws, int row, int slot,
+                                                  int vhead0, int held) {
     constexpr int kVec = elements_per_thread<V, VPH * V, kThreads>();
     for (int e = threadIdx.x * kVec; e < VPH * V; e += kThreads * kVec) {
       const int h = e / V, r = e % V;
@@ -188,25 +310,6 @@ struct Records {
       store_floats<kVec>(extra + r, pred);
       store_floats<kVec>(extra + V + r, osum);
     }
-    if (threadIdx.x < VPH) {
-      float* sc = ws.scalars(row, vhead0 + threadIdx.x);
-      sc[0] = sm.s.total[threadIdx.x];
-      sc[1] = sm.s.beta[threadIdx.x];
-      sc[2] = rk_j;
-      sc[3] = rq;
-      sc[4] = sm.s.kq[held] * rk_j * rq;  // dec_j = 1
-    }
-    if (flush) {  // weights of the held u_i in the fold: dec_i / |k_i|
-      for (int e = threadIdx.x; e < VPH * CAP; e += kThreads) {
-        const int h = e / CAP, i = e % CAP;
-        if (i < held) ws.coef(row, vhead0 + h)[i] = sm.s.decay[h][i] * sm.s.rk[i];
-      }
-    } else {  // append g_j and raw k_j at ring row `held` (u_j: the state kernel)
-      if (threadIdx.x < VPH) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held] = sm.s.g_cur[threadIdx.x];
-      store_rows<act_t, K, 1, kThreads>(p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K, 0, sm.k_cur, 0);
-    }
-    // the state kernel advances the cursor from this
-    if (khead == 0 && threadIdx.x == 0) ws.set_row_info(row, held, flush, epoch);
   }
 };
 
@@ -220,31 +323,35 @@ constexpr bool capped_registers_tile() {
 }
 
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
-          bool GATES_IN_KERNEL, bool SR, bool CAPPED_REGISTERS = false>
+          bool GATES_IN_KERNEL, bool SR, bool CAPPED_REGISTERS = false, bool PER_CHANNEL = false>
 struct State {
-  using Base = Kernel<K, V, VPH, L, CAP, ROWS, WARPS, act_t, state_t, true, L2NORM, GATES_IN_KERNEL, SR>;
+  using Base = Kernel<K, V, VPH, L, CAP, ROWS, WARPS, act_t, state_t, true, L2NORM, GATES_IN_KERNEL, SR, PER_CHANNEL>;
   using Params = typename Base::Params;
   using Tile = typename Base::Tile;
-  using Workspace = gdn::Workspace<V, CAP>;
+  using Workspace = gdn::Workspace<K, V, CAP, PER_CHANNEL>;
+  using Offsets = WorkspaceLayout<K, V, CAP, PER_CHANNEL>;
   static constexpr int kThreads = Base::kThreads, kSplits = Base::kSplits;
   static constexpr int kCappedRegisters = 96;
   static constexpr int kMinBlocks = CAPPED_REGISTERS ? kRegistersPerSm / (kThreads * kCappedRegisters) : 0;
 
   // FP32 checkpoints only: with BF16 ones the registers it frees are chosen by batch instead
-  // (CAPPED_REGISTERS).
-  static constexpr bool kConvertK = !std::is_same_v<act_t, float> && std::is_same_v<state_t, float>;
+  // (CAPPED_REGISTERS). Per channel the fold's held rows are FP32 (decayed) anyway.
+  static constexpr bool kConvertK =
+      PER_CHANNEL || (!std::is_same_v<act_t, float> && std::is_same_v<state_t, float>);
+  static constexpr int kRawKRows = PER_CHANNEL ? 1 : CAP;  // per channel: this token's k only
 
   // Inputs land as stored (asynchronous copies, no staging registers next to the checkpoint
   // rows); a flush scales its u rows in place. Kept small: shared memory comes out of the L1
   // that holds the checkpoint loads in flight.
   struct Smem {
     alignas(16) float u[CAP][ROWS];  // a flush's held u rows
-    alignas(16) act_t k[CAP][K];     // raw k: a flush's ring rows, this token's at [held]
+    alignas(16) act_t k[kRawKRows][K];  // raw k: a flush's ring rows, this token's at [held] ([0] per channel)
     alignas(16) act_t q[K];
     alignas(16) act_t v[ROWS];
     alignas(16) float pred[ROWS];
     alignas(16) float osum[ROWS];
     float coef[CAP], scalars[5];
+    ChannelDecays<PER_CHANNEL ? K : 4> channels;  // per channel: total * q_j, total * k_j, total
     // A flush's k, q and v as FP32, converted once per CTA: its fold would otherwise convert a
     // bf16 k value per FMA (narrow rows: each lane reads most of every k row).
     alignas(16) float k_f32[kConvertK ? CAP : 1][K];
@@ -290,10 +397,21 @@ struct State {
     copy_rows_async<float, ROWS, kThreads>(sm.pred, 0, 0, extra + row0, 0, 0, 1, 1);
     copy_rows_async<float, ROWS, kThreads>(sm.osum, 0, 0, extra + V + row0, 0, 0, 1, 1);
     copy_rows_async<float, 1, kThreads>(sm.scalars, 0, 1, ws.scalars(row, vhead), 0, 1, 1, 5);
-    copy_rows_async<act_t, K, kThreads>(sm.k[held], 0, 0, k_cur, 0, 0, 1, 1);
+    const int k_j_row = PER_CHANNEL ? 0 : held;
+    copy_rows_async<act_t, K, kThreads>(sm.k[k_j_row], 0, 0, k_cur, 0, 0, 1, 1);
+    if constexpr (PER_CHANNEL) {
+      const float* channels = extra + Offsets::kChannels;
+      copy_rows_async<float, K, kThreads>(sm.channels.q_decayed, 0, 0, channels, 0, 0, 1, 1);
+      copy_rows_async<float, K, kThreads>(sm.channels.k_decayed, 0, 0, channels + K, 0, 0, 1, 1);
+      if (flush) {  // the fold's column scale and its decayed held k rows
+        copy_rows_async<float, K, kThreads>(sm.channels.total, 0, 0, channels + 2 * K, 0, 0, 1, 1);
+        copy_rows_async<float, K, kThreads>(&sm.k_f32[0][0], 0, K, extra + Offsets::kDecayedRows, 0, K, 1, held);
+      }
+    }
     if (flush) {  // the held records to fold, and their weights
-      copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
-                                          0, K, 1, held);
+      if constexpr (!PER_CHANNEL)
+        copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
+                                            0, K, 1, held);
       copy_rows_async<float, ROWS, kThreads>(&sm.u[0][0], 0, ROWS,
                                              p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * CAP * V + row0, 0, V, 1,
                                              held);
@@ -304,7 +422,9 @@ struct State {
     if (flush) {  // u_i scaled by dec_i / |k_i|, as the per-item kernel does
       for (int e = threadIdx.x; e < held * ROWS; e += kThreads) sm.u[e / ROWS][e % ROWS] *= sm.coef[e / ROWS];
       if constexpr (kConvertK) {
-        for (int e = threadIdx.x; e < records * K; e += kThreads) (&sm.k_f32[0][0])[e] = to_float((&sm.k[0][0])[e]);
+        const int first_raw = PER_CHANNEL ? held : 0;  // per channel only k_j is raw (the held rows came as FP32)
+        for (int e = first_raw * K + threadIdx.x; e < records * K; e += kThreads)
+          (&sm.k_f32[0][0])[e] = to_float((&sm.k[0][0])[e - first_raw * K]);
         for (int c = threadIdx.x; c < K; c += kThreads) sm.q_f32[c] = to_float(sm.q[c]);
         for (int r = threadIdx.x; r < ROWS; r += kThreads) sm.v_f32[r] = to_float(sm.v[r]);
       }
@@ -313,7 +433,7 @@ struct State {
     const typename Base::RowScalars sc{sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3], sm.scalars[4]};
     const auto finish = [&](bool fold, const auto* q, const auto* v, const auto* k) {
       Base::finish_rows(p, s_raw, rows, out, fold, held, sc, slot, seed, epoch, vhead, row0, q, v, sm.pred, sm.osum,
-                        &sm.u[0][0], k);
+                        &sm.u[0][0], k, &sm.channels);
     };
     if (kConvertK && flush) {
       finish(true, sm.q_f32, sm.v_f32, &sm.k_f32[0][0]);

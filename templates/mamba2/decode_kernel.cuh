@@ -117,6 +117,7 @@ struct Kernel {
     }
     float q_reg[Tile::kChunksPerLane][Tile::kVec];
     Tile::slice(q, q_reg);
+    const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
     #pragma unroll
     for (int i = 0; i < Tile::kPasses; ++i) {
       const int r = Tile::row(i);
@@ -125,8 +126,8 @@ struct Kernel {
       if (flush) {
         #pragma unroll
         for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          store_chunk<state_t, SR>(rows + int64_t(r) * N + Tile::col(c), s[i][c], seed,
-                                   (uint64_t(slot) << 32) | epoch, (uint64_t(head) * P + row0 + r) * N + Tile::col(c));
+          store_chunk<state_t, SR>(rows + int64_t(r) * N + Tile::col(c), s[i][c], sr_key,
+                                   (uint64_t(head) * P + row0 + r) * N + Tile::col(c));
       }
       if (Tile::row_leader()) {
         if constexpr (HAS_Z) y *= to_float(z[r]) / (1.f + expf(-to_float(z[r])));
