@@ -206,6 +206,7 @@ def assert_kernels_agree_bitwise(
     window: int = 4,
     config: LaunchConfig | None = None,
     launch_flags: int = 0,
+    rtol: float = 0.0,
 ) -> None:
     """Run the same steps (three flush cycles, padded rows, random checkpoints) through two
     ReplaySSM kernels (each planned with `config` and LaunchConfig kernel=kernel) and require
@@ -213,7 +214,18 @@ def assert_kernels_agree_bitwise(
     arithmetic in the same order. `config` fixes other launch choices for both, e.g.
     LaunchConfig(speculative_records=False): ring rows read after the cursor, as the split
     kernel does by default at large batch. `launch_flags`: bits the first kernel's launch must
-    carry (so that the kernel variant meant is the one compared)."""
+    carry (so that the kernel variant meant is the one compared). `rtol` > 0: agreement to that
+    relative error (rel_err) instead of bit for bit, for kernels whose sums round differently;
+    cursors still agree exactly and NaN-poisoned ring rows stay in the same places."""
+
+    def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+        if rtol == 0.0:
+            return torch.equal(a, b)
+        nan = a.isnan()
+        if not torch.equal(nan, b.isnan()):
+            return False
+        return rel_err(a[~nan].double(), b[~nan].double()) <= rtol
+
     base = config or LaunchConfig()
     pad = -1
     gen = torch.Generator(device="cuda").manual_seed(7)
@@ -244,9 +256,9 @@ def assert_kernels_agree_bitwise(
             inputs.run(w, tok, slot_indices, out)
             outs.append(out)
         assert not outs[0].isnan().any(), step
-        assert torch.equal(outs[0], outs[1]), step
+        assert same(outs[0], outs[1]), step
     (c1, _), (c2, _) = runs.values()
-    assert torch.equal(c1.state, c2.state)
+    assert same(c1.state, c2.state)
     assert torch.equal(c1.cursors[:, :2], c2.cursors[:, :2])
     for name in c1.rings:
-        assert torch.equal(c1.rings[name], c2.rings[name]), name
+        assert same(c1.rings[name], c2.rings[name]), name
