@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import pytest
 import torch
 
 from replayssm_jit import LaunchConfig
@@ -262,3 +263,22 @@ def assert_kernels_agree_bitwise(
     assert torch.equal(c1.cursors[:, :2], c2.cursors[:, :2])
     for name in c1.rings:
         assert same(c1.rings[name], c2.rings[name]), name
+
+
+def split_variant_params(four_warp_cases: list, capped_cases: list) -> list:
+    """pytest params (config, flag, case) forcing the split step's large-batch variants (4-warp
+    records CTAs, the capped-register state kernel) on the given delta-rule cases (shape, gates
+    in kernel, activation, checkpoint, SR, L), named variant-shape-checkpoint."""
+    from replayssm_jit.families.base import DTYPE_NAMES
+    from replayssm_jit.launch.policy import FLAG_CAPPED_STATE_REGISTERS, FLAG_FEW_RECORDS_WARPS
+
+    variants = [
+        ("4-warp-records", LaunchConfig(records_warps=4), FLAG_FEW_RECORDS_WARPS, four_warp_cases),
+        ("capped-state", LaunchConfig(capped_state_registers=True), FLAG_CAPPED_STATE_REGISTERS,
+         capped_cases),
+    ]  # fmt: skip
+    return [
+        pytest.param(config, flag, case, id=f"{name}-{case[0]}-{DTYPE_NAMES[case[3]]}")
+        for name, config, flag, cases in variants
+        for case in cases
+    ]

@@ -13,9 +13,7 @@ import torch
 from gpu_schedule import rel_err
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper, LaunchConfig
-from replayssm_jit.families.base import DTYPE_NAMES
 from replayssm_jit.launch.config import LAUNCH_ENV
-from replayssm_jit.launch.policy import FLAG_CAPPED_STATE_REGISTERS, FLAG_FEW_RECORDS_WARPS
 from replayssm_jit.reference import gdn_gates, gdn_step_pool
 from replayssm_jit.spec import gdn_spec, spec_tilings
 
@@ -283,26 +281,8 @@ def test_split_matches_per_item_bitwise(shape, gates_in_kernel, act, state, sr, 
     )
 
 
-# The split kernel's large-batch variants, forced for both kernels:
-# (name, launch config, launch flag, cases).
-SPLIT_VARIANTS = [
-    ("4-warp-records", LaunchConfig(records_warps=4), FLAG_FEW_RECORDS_WARPS, BITWISE_CASES[1:4]),
-    (
-        "capped-state",
-        LaunchConfig(capped_state_registers=True),
-        FLAG_CAPPED_STATE_REGISTERS,
-        BITWISE_CASES[2:],
-    ),
-]
-
-
 @pytest.mark.parametrize(
-    "config, flag, case",
-    [
-        pytest.param(config, flag, case, id=f"{name}-{case[0]}-{DTYPE_NAMES[case[3]]}")
-        for name, config, flag, cases in SPLIT_VARIANTS
-        for case in cases
-    ],
+    "config, flag, case", gpu_schedule.split_variant_params(BITWISE_CASES[1:4], BITWISE_CASES[2:])
 )
 def test_split_variant_matches_per_item_bitwise(config, flag, case):
     """The 4-warp records CTAs and the capped-register state kernel (large batches) do the

@@ -16,9 +16,7 @@ import torch
 from gpu_schedule import rel_err
 
 from replayssm_jit import KDADecodeCache, KDADecodeWrapper, LaunchConfig
-from replayssm_jit.families.base import DTYPE_NAMES
 from replayssm_jit.launch.config import LAUNCH_ENV
-from replayssm_jit.launch.policy import FLAG_CAPPED_STATE_REGISTERS, FLAG_FEW_RECORDS_WARPS
 from replayssm_jit.reference import kda_gates, kda_step_pool
 from replayssm_jit.spec import kda_spec, spec_tilings
 
@@ -257,25 +255,9 @@ def test_split_agrees_with_per_item(shape, gates_in_kernel, act, state, sr, wind
     )  # fmt: skip
 
 
-# The split step's large-batch variants, forced for both kernels: (name, config, flag, cases).
-SPLIT_VARIANTS = [
-    ("4-warp-records", LaunchConfig(records_warps=4), FLAG_FEW_RECORDS_WARPS, AGREEMENT_CASES[:3]),
-    (
-        "capped-state",
-        LaunchConfig(capped_state_registers=True),
-        FLAG_CAPPED_STATE_REGISTERS,
-        AGREEMENT_CASES[2:],
-    ),
-]
-
-
 @pytest.mark.parametrize(
     "config, flag, case",
-    [
-        pytest.param(config, flag, case, id=f"{name}-{case[0]}-{DTYPE_NAMES[case[3]]}")
-        for name, config, flag, cases in SPLIT_VARIANTS
-        for case in cases
-    ],
+    gpu_schedule.split_variant_params(AGREEMENT_CASES[:3], AGREEMENT_CASES[2:]),
 )
 def test_split_variant_agrees_with_per_item(config, flag, case):
     shape, gates_in_kernel, act, state, sr, window = case
