@@ -13,6 +13,7 @@ from fuzz.families import ADAPTERS, adapters_on
 from fuzz.layouts import draw_device
 from fuzz.values import INT32_MAX, INT32_MIN, draw_bool, draw_choice, draw_int, is_int
 from replayssm_jit import LaunchConfig, SlotCache, plan_decode
+from replayssm_jit.families import FAMILIES
 from replayssm_jit.families.base import DTYPE_BYTES, DTYPE_NAMES
 from replayssm_jit.families.layout import family_layout
 from replayssm_jit.launch.config import LAUNCH_ENV
@@ -115,11 +116,14 @@ def draw_config(draw, fam, layout, replay: bool, device: str, v: Validity):
     if draw(st.booleans()):
         warps = draw(st.sampled_from([4, 16] if v.spend(draw) else [8]))
         fields["records_warps"] = warps
-        v.mark(warps == 8 or (warps == 4 and fam.name == "gdn"), f"records_warps={warps}")
+        v.mark(warps in FAMILIES[fam.name].records_warps, f"records_warps={warps}")
     if draw(st.booleans()):
         capped = draw(st.booleans())
         fields["capped_state_registers"] = capped
-        v.mark(not capped or fam.name == "gdn", f"capped_state_registers={capped}")
+        v.mark(
+            not capped or FAMILIES[fam.name].capped_state_registers,
+            f"capped_state_registers={capped}",
+        )
     for name in ("overlap_prior_kernel", "speculative_records"):
         if draw(st.booleans()):
             fields[name] = draw(st.booleans())
