@@ -99,7 +99,7 @@ def draw_config(draw, fam, layout, replay: bool, device: str, v: Validity):
     if kernel != "auto":
         fields["kernel"] = kernel
         if kernel == "split" and replay:
-            splits = fam.name != "kda"
+            splits = FAMILIES[fam.name].split_kernel
             # (the sanitizer shapes split)
             v.mark((True if device == "cuda" else None) if splits else False, "split")
     s = layout.shape
