@@ -240,10 +240,10 @@ AGREEMENT_CASES = [
 
 
 def agreement(act, state) -> float:
-    """How closely the split and per-item steps agree (rel_err): the same per-channel arithmetic,
-    except that some u rows differ in their last bit (measured on the H200: 1 ulp, up to 4.8e-7
-    absolute, in rec_u from the first held record on), which 16-bit outputs and checkpoints can
-    round to different neighbours."""
+    """How closely the split and per-item steps agree (rel_err). On the H200 at d85b67b some u
+    rows differed in their last bit from the first held record on (one FMA contraction differed,
+    docs/tuning.md, KDA), which 16-bit outputs and checkpoints can round to different
+    neighbours; the state kernel has been aligned since, and these bounds hold either way."""
     return 1e-6 if act == state == torch.float32 else 2e-3
 
 

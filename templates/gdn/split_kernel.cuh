@@ -430,7 +430,10 @@ struct State {
       }
       __syncthreads();
     }
-    const typename Base::RowScalars sc{sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3], sm.scalars[4]};
+    // Per channel the decays are inside q and k: total is the constant 1, as in the per-item kernel,
+    // so that both kernels contract the same products into the same FMAs.
+    const typename Base::RowScalars sc{PER_CHANNEL ? 1.f : sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3],
+                                       sm.scalars[4]};
     const auto finish = [&](bool fold, const auto* q, const auto* v, const auto* k) {
       Base::finish_rows(p, s_raw, rows, out, fold, held, sc, slot, seed, epoch, vhead, row0, q, v, sm.pred, sm.osum,
                         &sm.u[0][0], k, &sm.channels);
