@@ -407,3 +407,39 @@ def test_verify_modules_compile_and_export_the_speculative_steps(family, jit_cac
     module = build.load_module(spec)
     for name in ("verify_step", "snapshot_step", "commit_step", "replay_step"):
         assert callable(getattr(module, name)), name
+
+
+@pytest.mark.nvcc
+def test_nvfp4_decode_header_matches_the_integer_reference(tmp_path):
+    """templates/common/nvfp4.cuh (compiled by nvcc, run on the host) decodes every byte in every
+    position of a word under every e4m3 block code and a few head scales to the bits of
+    reference.precision's nvfp4_decode_bits (itself held equal to the table decode)."""
+    from replayssm_jit.reference import precision as P
+
+    heads = [1.0, 0.0078125, 3.75e-3, 2.5e4]
+    body = (
+        '#include <cstdio>\n#include "common/nvfp4.cuh"\nusing namespace replayssm::nvfp4;\n'
+        "int main() {\n  const float heads[] = {"
+        + ", ".join(f"{h!r}f" for h in heads)
+        + "};\n  for (float head : heads)\n    for (uint32_t code = 0; code < 256; ++code) {\n"
+        "      const float s = block_multiplier(code, head);\n"
+        "      for (uint32_t b = 0; b < 256; b += 2) {  // bytes b, b + 1, 255 - b, 254 - b\n"
+        "        const uint32_t word = b | (b + 1) << 8 | (255 - b) << 16 | (254 - b) << 24;\n"
+        "        float v[8];\n        decode_word(word, s, v);\n"
+        "        for (float x : v) {\n          uint32_t u;\n          memcpy(&u, &x, 4);\n"
+        '          std::printf("%u\\n", u);\n        }\n      }\n    }\n}\n'
+    )
+    got = torch.tensor(_run_nvcc_program(tmp_path, "nvfp4", body), dtype=torch.int64)
+    b = torch.arange(0, 256, 2)
+    packed = torch.stack((b, b + 1, 255 - b, 254 - b), dim=-1).to(torch.uint8).view(-1, 8)
+    want = []
+    for head in heads:
+        for code in range(256):
+            block = torch.full((packed.shape[0], 1), code, dtype=torch.uint8)
+            values = P.nvfp4_decode_bits(packed, block, torch.tensor(head))
+            want.append(values.to(torch.float32).view(torch.int32).to(torch.int64) & 0xFFFFFFFF)
+    want = torch.cat([w.flatten() for w in want])
+    nan_got = (got & 0x7FFFFFFF) > 0x7F800000
+    nan_want = (want & 0x7FFFFFFF) > 0x7F800000
+    assert torch.equal(nan_got, nan_want)
+    assert torch.equal(got[~nan_got], want[~nan_want])
