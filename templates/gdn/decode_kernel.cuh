@@ -94,6 +94,21 @@ __device__ __forceinline__ float token_beta(const Params& p, int row, int vhead)
   return GATES_IN_KERNEL ? 1.f / (1.f + expf(-beta)) : beta;
 }
 
+// Channel c's decays over records 0..held, the per-item and split kernels' one order: the held
+// records' log-decays at column[i * STRIDE] (i < held) and this token's `g_held` in, dec_i =
+// exp(sum_{m>i} g_m) at column[i * STRIDE] (i <= held) out; returns total = exp(sum of all).
+// Decays are exps of suffix sums, never ratios of cumulative decays (those overflow).
+template <int STRIDE>
+__device__ __forceinline__ float channel_suffix_decays(float* column, int held, float g_held) {
+  float suffix = 0.f;
+  for (int i = held; i >= 0; --i) {
+    const float g = i == held ? g_held : column[i * STRIDE];
+    column[i * STRIDE] = expf(suffix);
+    suffix += g;
+  }
+  return expf(suffix);
+}
+
 // The records' log-decays and decays in shared memory: one of each per record for a scalar decay;
 // per channel, one [RECORDS][K] array staged with the log-decays and turned into the decays in
 // place, plus total = a(1:j) and the query and this token's key scaled by it.
@@ -295,14 +310,9 @@ struct Kernel {
     }
     const int64_t g_row = ((int64_t(slot) * p.num_v_heads + vhead) * CAP + held) * K;
     for (int c = threadIdx.x; c < K; c += kThreads) {
-      float suffix = 0.f;
-      for (int i = held; i >= 0; --i) {
-        const float g = sm.dec.decay[i][c];
-        if (i == held && append) p.rec_g[g_row + c] = g;
-        sm.dec.decay[i][c] = expf(suffix);
-        suffix += g;
-      }
-      const float total = expf(suffix);
+      const float g_held = sm.dec.decay[held][c];
+      if (append) p.rec_g[g_row + c] = g_held;
+      const float total = channel_suffix_decays<K>(&sm.dec.decay[0][c], held, g_held);
       sm.dec.total[c] = total;
       sm.dec.q_decayed[c] = total * sm.q[0][c];
       sm.dec.k_decayed[c] = total * sm.k[held][c];

@@ -158,7 +158,7 @@ struct Records {
     }
     const Workspace ws{p.workspace, p.batch, p.num_v_heads};
     if constexpr (PER_CHANNEL) {
-      channel_decays(sm, ws, row, vhead0, held);
+      channel_decays(sm, ws, row, vhead0, held, flush);
     } else {
       for (int h = warp; h < VPH; h += kWarps) scalar_decays(sm, h, held);
     }
@@ -224,23 +224,18 @@ struct Records {
     if (lane == 0) sm.s.total[h] = total;
   }
 
-  // Per channel, a thread per (value head, channel): dec_i = exp(sum_{m>i} g_m) in place and
-  // total = exp(sum of all), as the per-item kernel sums them; total * q_j, total * k_j and
-  // total go to the workspace.
-  static __device__ __forceinline__ void channel_decays(Smem& sm, const Workspace& ws, int row, int vhead0, int held) {
+  // Per channel, a thread per (value head, channel): the decays dec_i in place and total
+  // (channel_suffix_decays, as the per-item kernel forms them); total * q_j, total * k_j and (a
+  // flush's column scale) total go to the workspace.
+  static __device__ __forceinline__ void channel_decays(Smem& sm, const Workspace& ws, int row, int vhead0, int held,
+                                                        bool flush) {
     for (int e = threadIdx.x; e < VPH * K; e += kThreads) {
       const int h = e / K, c = e % K;
-      float suffix = 0.f;
-      for (int i = held; i >= 0; --i) {
-        const float g = i == held ? sm.channel_g_cur[h][c] : sm.channel_g[h][i][c];
-        sm.channel_g[h][i][c] = expf(suffix);
-        suffix += g;
-      }
-      const float total = expf(suffix);
+      const float total = channel_suffix_decays<K>(&sm.channel_g[h][0][c], held, sm.channel_g_cur[h][c]);
       float* channels = ws.extra(row, vhead0 + h) + Offsets::kChannels;
       channels[c] = total * to_float(sm.q[c]);
       channels[K + c] = total * to_float(sm.k_cur[c]);
-      channels[2 * K + c] = total;
+      if (flush) channels[2 * K + c] = total;
     }
   }
 
