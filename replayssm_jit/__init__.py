@@ -7,9 +7,9 @@ Public API:
                                             functional ops on caller-owned tensors
     reset_slots, copy_slots                 slot lifecycle on them: new sequences, forks
     materialize_slots                       a slot's exact FP32 state (prefix caching)
-    mamba2_verify, gdn_verify, commit_drafts
+    mamba2_verify, gdn_verify, kda_verify, commit_drafts
                                             speculative decoding (docs/speculative.md)
-    mamba2_snapshot_verify, gdn_snapshot_verify, commit_snapshots
+    mamba2_ / gdn_ / kda_snapshot_verify, commit_snapshots
                                             the conventional spec baseline to compare with
     torch.ops.replayssm.*                   the same ops as torch.library ops, for torch.compile
                                             (replayssm_jit.ops.plan_handle gives a plan's handle)
@@ -40,6 +40,8 @@ from replayssm_jit.ops import (
     gdn_snapshot_verify,
     gdn_verify,
     kda_decode,
+    kda_snapshot_verify,
+    kda_verify,
     mamba2_decode,
     mamba2_snapshot_verify,
     mamba2_verify,
@@ -75,6 +77,8 @@ __all__ = [
     "gdn_spec",
     "gdn_verify",
     "kda_decode",
+    "kda_snapshot_verify",
+    "kda_verify",
     "kda_layout",
     "kda_spec",
     "mamba2_decode",

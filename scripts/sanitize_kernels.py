@@ -5,7 +5,7 @@ split, the split step in each records-CTA width and state-kernel register form t
 compiles) x speculative ring loads on/off x compiled row tile x checkpoint dtype, and runs a
 short schedule: 6 rows (3 live slots of a 6-slot pool, one faulted row of each kind, the rest pad
 rows), rows permuted every step, the slots joining at steps 0, 1 and 3 so that one launch mixes
-flush and non-flush rows holding different record counts, 2L + 2 steps (L = 4) so that every slot
+flush and non-flush rows holding different record counts, 2L + 4 steps (L = 4) so that every slot
 flushes and its ring rows are written again after the flush, fresh random inputs every step. The
 faulted rows: one names a slot id outside the pool (a new one each step: past the end, negative,
 the int32 extremes), and in ReplaySSM configs one names slot 5, whose cursor is corrupted before
@@ -64,6 +64,8 @@ from replayssm_jit import (
     gdn_snapshot_verify,
     gdn_verify,
     kda_decode,
+    kda_snapshot_verify,
+    kda_verify,
     mamba2_decode,
     mamba2_snapshot_verify,
     mamba2_verify,
@@ -101,6 +103,7 @@ OUT_OF_RANGE_IDS = (NUM_SLOTS, NUM_SLOTS + 1000, -2, -(2**31), 2**31 - 1)
 JOIN_STEPS = (0, 1, 3)  # the step at which each live slot's sequence starts
 PLAN_SEED = 12345
 STEP_SEED = 777  # the device-tensor seed passed on odd steps
+FULL_STEPS = 2 * WINDOW + 4  # every schedule's cases reached (a speculative one's ring rows rewritten)
 # (state dtype, stochastic rounding): every checkpoint dtype the preset builds
 STATES = (("f32", False), ("bf16", False), ("bf16", True), ("f16", False))
 QUICK_STATES = (("f32", False), ("bf16", True))
@@ -222,8 +225,8 @@ CASES: dict[str, Case] = {
         decode=kda_decode,
         params=_kda_params,
         token=_kda_token,
-        verify=None,
-        snapshot=None,
+        verify=kda_verify,
+        snapshot=kda_snapshot_verify,
     ),
 }
 
@@ -722,7 +725,7 @@ def run_spec_config(cfg: SpecConfig, *, device: torch.device, steps: int, output
         got = final["cursors"][live].tolist()
         check(got == want, f"cursors {got}, expected {want}")
         untouched = [s for s in range(num_slots) if s not in LIVE_SLOTS]
-        if steps >= 2 * WINDOW + 2:  # the full schedule reaches every case it is written for
+        if steps >= FULL_STEPS:  # the full schedule reaches every case it is written for
             check(all(seen.values()), f"the schedule missed a case: {seen}")
     else:
         check(bool(torch.isfinite(final["state"][sorted(written)].float()).all()),
@@ -792,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"check that every URI is in the AOT preset {PRESET!r} and exit (CPU)",
     )  # fmt: skip
     parser.add_argument(
-        "--steps", type=int, default=2 * WINDOW + 2, help="decode steps per config (2L + 2)"
+        "--steps", type=int, default=FULL_STEPS, help="decode steps per config (2L + 4)"
     )
     parser.add_argument(
         "--outputs", choices=("empty", "nan"), default="empty",

@@ -21,8 +21,9 @@ from replayssm_jit import (
     plan_decode,
 )
 from replayssm_jit.jit import build
+from replayssm_jit.ops import plan_handle
 from replayssm_jit.jit.aot import preset_specs
-from replayssm_jit.launch.policy import choose_launch
+from replayssm_jit.launch.policy import choose_launch, choose_verify_kernel
 from replayssm_jit.reference import KDASequence, kda_gates
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")
@@ -49,24 +50,30 @@ def test_uri_and_layout():
 @pytest.mark.parametrize("preset", ["kda-tests", "sanitizer"])
 def test_preset_kda_specs_render(preset):
     """Every KDA spec of the presets renders GDN's template with the per-channel decay, the
-    safe gate's lower bound in both bindings, and the split step with per-channel decays."""
+    safe gate's lower bound in every binding (the two steps, and verify and snapshot with
+    drafts), and the split step with per-channel decays."""
     specs = [s for s in preset_specs([preset]) if s.family == "kda"]
-    assert specs and all(s.drafts == 1 for s in specs)
+    assert specs and any(s.drafts == 1 for s in specs)
     for spec in specs:
         text = build.render(spec)
         assert spec.uri in text and "{{" not in text and "{%" not in text
         assert "constexpr bool kPerChannel = true;" in text
-        assert text.count("double lower_bound, TensorView out") == 2
+        assert text.count("double lower_bound, TensorView out") == (2 if spec.drafts == 1 else 4)
         assert '#include "gdn/split_kernel.cuh"' in text
         assert "WARPS, kPerChannel>" in text and "kPerChannel>;" in text
 
 
-def test_kda_launches_as_gdn_and_has_no_speculative_kernels_yet():
-    with pytest.raises(ValueError, match=r"^drafts: expected 1 for kda .*got 4$"):
-        kda_layout(**KIMI, drafts=4)
-    with pytest.raises(ValueError, match=r"^drafts: expected 1 for kda"):
-        kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1, drafts=2)
+def test_kda_launches_as_gdn_and_verifies_per_item():
     spec = kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1)
+    drafts = kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1, drafts=4)
+    assert kda_layout(**KIMI, drafts=4).drafts == 4
+    for batch in (1, 64, 256, 4096):  # no split verify for a decay per key channel
+        for kernel in ("auto", "split"):
+            config = LaunchConfig(kernel=kernel)
+            assert choose_verify_kernel(drafts, batch, 32, 132, config) == "per-item"
+    text = build.render(drafts)
+    assert '#include "gdn/verify_kernel.cuh"' in text and "verify_split_kernel" not in text
+    assert text.count("double lower_bound, TensorView out") == 4  # and verify, snapshot
     gdn = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1)
     for batch in (1, 5, 64, 256, 4096):  # the same policy as GDN's, split step included
         ours, theirs = (choose_launch(s, batch, 32, 132, replay=True) for s in (spec, gdn))
@@ -244,3 +251,34 @@ def test_custom_op_matches_the_functional_op():
     finally:
         release_plan(handle)
     assert all(torch.equal(pools[0][n], pools[1][n]) for n in pools[0])
+
+
+def test_kda_custom_ops_pass_opcheck():
+    """torch.library.opcheck of KDA's decode, verify and snapshot ops on one small CPU pool."""
+    gen = torch.Generator().manual_seed(3)
+    layout = kda_layout(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8, window=4,
+                        drafts=2, act_dtype=torch.float32)  # fmt: skip
+    pool = layout.allocate(6, "cpu")
+    pool["state"].copy_(torch.randn(pool["state"].shape, generator=gen))
+    handle = plan_handle(plan_decode(layout, 3, device="cpu"))
+    slots = torch.tensor([1, -1, 3], dtype=torch.int32)
+
+    def tokens(*lead):
+        return dict(q=torch.randn(*lead, 2, 16, generator=gen),
+                    k=torch.randn(*lead, 2, 16, generator=gen),
+                    v=torch.randn(*lead, 4, 8, generator=gen),
+                    a=torch.randn(*lead, 4, 16, generator=gen) - 2,
+                    b=torch.randn(*lead, 4, generator=gen),
+                    A_log=torch.full((4,), -1.0), dt_bias=torch.zeros(4 * 16),
+                    slot_indices=slots)  # fmt: skip
+
+    cases = [
+        ("kda_decode", {**pool, **tokens(3), "out": torch.empty(3, 4, 8)}),
+        ("kda_verify", {**pool, **tokens(3, 2), "out": torch.empty(3, 2, 4, 8)}),
+        ("kda_snapshot_verify", dict(state=pool["state"], **tokens(3, 2),
+                                     out=torch.empty(3, 2, 4, 8),
+                                     snapshot_slots=torch.tensor([[0, 2], [0, 0], [4, 5]],
+                                                                 dtype=torch.int32))),
+    ]  # fmt: skip
+    for name, kwargs in cases:
+        torch.library.opcheck(getattr(torch.ops.replayssm, name).default, (handle,), kwargs)

@@ -129,9 +129,11 @@ def test_every_op_is_registered_with_its_written_tensors_declared():
         "kda_decode": {"state", "rec_u", "rec_k", "rec_g", "cursors", "out", "workspace"},
         "mamba2_verify": {"state", "rec_x", "rec_b", "rec_dt", "cursors", "out", "workspace"},
         "gdn_verify": {"state", "rec_u", "rec_k", "rec_g", "cursors", "out", "workspace"},
+        "kda_verify": {"state", "rec_u", "rec_k", "rec_g", "cursors", "out", "workspace"},
         "commit_drafts": {"cursors", "ring0", "ring1", "ring2"},
         "mamba2_snapshot_verify": {"state", "out"},
         "gdn_snapshot_verify": {"state", "out"},
+        "kda_snapshot_verify": {"state", "out"},
         "commit_snapshots": {"state"},
     }
     assert set(OPS) == set(written)

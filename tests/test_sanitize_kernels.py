@@ -36,7 +36,7 @@ def test_list_names_every_speculative_config(sk, capsys):
     decode = [c for c in configs if not isinstance(c, sk.SpecConfig)]
     # Every family x op x verify kernel x drafts x checkpoint dtype, each in every compiled
     # verify tile; the split verify wherever the family has one.
-    assert not any(c.family == "kda" for c in spec)  # (no speculative kernels yet)
+    assert {c.family for c in spec} == set(SPECULATIVE) and "kda" in SPECULATIVE
     for family in SPECULATIVE:
         for op in sk.SPEC_OPS:
             for drafts in sk.SPEC_DRAFTS:
@@ -64,7 +64,8 @@ def test_list_selects_ops(sk, capsys):
     assert all(" verify " in line for line in lines[:-1])
     per_kernel = len(sk.SPEC_DRAFTS) * len(sk.QUICK_STATES) * 2  # two tiles each
     splits = sum(1 for f in SPECULATIVE if any(" verify split " in x and f in x for x in lines))
-    assert splits == len(SPECULATIVE)  # every speculative family has a split verify
+    # Every speculative family has a split verify but KDA (per item only).
+    assert splits == len(SPECULATIVE) - 1 and not any("kda" in x and " split " in x for x in lines)
     assert len(lines) - 1 == per_kernel * (len(SPECULATIVE) + splits)
     assert sum(" verify split " in line for line in lines) == per_kernel * splits
 

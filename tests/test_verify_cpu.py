@@ -22,6 +22,8 @@ from hypothesis import strategies as st
 from replayssm_jit import (
     GDNDecodeCache,
     GDNDecodeWrapper,
+    KDADecodeCache,
+    KDADecodeWrapper,
     Mamba2DecodeCache,
     Mamba2DecodeWrapper,
     commit_drafts,
@@ -30,6 +32,10 @@ from replayssm_jit import (
     gdn_layout,
     gdn_snapshot_verify,
     gdn_verify,
+    kda_decode,
+    kda_layout,
+    kda_snapshot_verify,
+    kda_verify,
     mamba2_decode,
     mamba2_layout,
     mamba2_snapshot_verify,
@@ -39,9 +45,12 @@ from replayssm_jit import (
 from replayssm_jit.ops import cpu
 from replayssm_jit.reference import (
     GDNSequence,
+    KDASequence,
     Mamba2Sequence,
     gdn_gates,
     gdn_step,
+    kda_gates,
+    kda_step,
     mamba2_step,
     root_path,
 )
@@ -193,7 +202,41 @@ class GDN:
         return o[0], s[0]
 
 
-FAMILIES = {"mamba2": Mamba2, "gdn": GDN}
+class KDA(GDN):
+    """GDN's schedule with KDA's gates: a per key channel [..., HV, K], dt_bias [HV K], and
+    decays near 1 (small A_log) so that the state carries the outputs."""
+
+    name = "kda"
+    verify_op, decode_op, snapshot_op = (staticmethod(kda_verify), staticmethod(kda_decode),
+                                         staticmethod(kda_snapshot_verify))  # fmt: skip
+
+    def layout(self, L, T, state_dtype=F32):
+        return kda_layout(num_k_heads=self.H, num_v_heads=self.HV, head_k_dim=self.K,
+                          head_v_dim=self.V, window=L, drafts=T, act_dtype=F32,
+                          state_dtype=state_dtype)  # fmt: skip
+
+    def params(self, gen):
+        self.A_log = torch.log(0.05 + 0.2 * torch.rand(self.HV, generator=gen))
+        self.dt_bias = 0.5 * torch.rand(self.HV * self.K, generator=gen) - 0.25
+
+    def tokens(self, gen, *lead):
+        tok = super().tokens(gen, *lead)
+        tok["a"] = -3.0 + 3.0 * torch.rand(*lead, self.HV, self.K, generator=gen)
+        return tok
+
+    def ref_inputs(self, tok, index):
+        g, beta = kda_gates(self.A_log, tok["a"][index], self.dt_bias, tok["b"][index])
+        return dict(q=tok["q"][index], k=tok["k"][index], v=tok["v"][index], g=g, beta=beta)
+
+    def sequence(self, checkpoint, L, T):
+        return KDASequence(checkpoint, scale=self.K**-0.5, use_qk_l2norm=True, L=L, T=T)
+
+    def conv(self, state, q, k, v, g, beta):
+        o, s = kda_step(state[None], q[None], k[None], v[None], g[None], beta[None])
+        return o[0], s[0]
+
+
+FAMILIES = {"mamba2": Mamba2, "gdn": GDN, "kda": KDA}
 over_families = pytest.mark.parametrize("fam", list(FAMILIES), indirect=True)
 
 
@@ -581,7 +624,7 @@ def test_device_values_are_clamped_by_the_cpu_path(fam):
     twin = clone(tensors)
     setup = cpu.StepSetup(True, False, L, frozenset(plans(2).spec.flags), -1, 0, T)
     tok = fam.tokens(gen, 2, T)
-    op = cpu.mamba2_verify if fam.name == "mamba2" else cpu.gdn_verify
+    op = {"mamba2": cpu.mamba2_verify, "gdn": cpu.gdn_verify, "kda": cpu.kda_verify}[fam.name]
     inputs = _cpu_inputs(fam, tok)
     outs = []
     for pool, nd, par in ((tensors, [9, -4], [[-1, 5, 1], [-1, 0, -7]]),
@@ -607,8 +650,9 @@ def _cpu_inputs(fam, tok):
     if fam.name == "mamba2":
         return dict(x=tok["x"], z=tok["z"], dt=tok["dt"], A=fam.A, D=fam.D, dt_bias=fam.dt_bias,
                     B=tok["B"], C=tok["C"])  # fmt: skip
+    extra = {"lower_bound": 0.0} if fam.name == "kda" else {}
     return dict(q=tok["q"], k=tok["k"], v=tok["v"], gate_a=tok["a"], gate_b=tok["b"],
-                A_log=fam.A_log, dt_bias=fam.dt_bias, scale=fam.K**-0.5)  # fmt: skip
+                A_log=fam.A_log, dt_bias=fam.dt_bias, scale=fam.K**-0.5, **extra)  # fmt: skip
 
 
 @over_families
@@ -789,6 +833,8 @@ WRAPPERS = {
     "mamba2": (Mamba2DecodeCache, Mamba2DecodeWrapper,
                dict(num_heads=4, headdim=8, dstate=16, ngroups=2)),
     "gdn": (GDNDecodeCache, GDNDecodeWrapper,
+            dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8)),
+    "kda": (KDADecodeCache, KDADecodeWrapper,
             dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8)),
 }  # fmt: skip
 

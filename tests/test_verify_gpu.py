@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from verify_schedule import GDNFamily, Mamba2Family, rel_err, run_schedule
+from verify_schedule import GDNFamily, KDAFamily, Mamba2Family, rel_err, run_schedule
 
 from replayssm_jit import LaunchConfig, commit_drafts, commit_snapshots, plan_decode, reset_slots
 
@@ -22,8 +22,15 @@ MODELS = {
     "nano4b": Mamba2Family(96, 80, 128, 8),
     "qwen4b": GDNFamily(16, 32, 128, 128),
     "qwen122b": GDNFamily(16, 64, 128, 128),
+    "kimi48b": KDAFamily(32, 32, 128, 128),
+    "kimi-k3-shard": KDAFamily(12, 12, 128, 128),
+    "kda-gva": KDAFamily(8, 16, 128, 128),
 }
-SMALL = {"mamba2": Mamba2Family(6, 16, 32, 3), "gdn": GDNFamily(2, 4, 32, 32)}
+SMALL = {
+    "mamba2": Mamba2Family(6, 16, 32, 3),
+    "gdn": GDNFamily(2, 4, 32, 32),
+    "kda": KDAFamily(2, 4, 32, 32),
+}
 
 
 # --- CPU: the schedules themselves -------------------------------------------------------------
@@ -55,10 +62,14 @@ def test_verify_chain_fused_commit(model, T, L, batch):
     assert worst["flushes"] > 0, worst
 
 
+# KDA verifies per item only (a forced "split" plans per-item: tests/test_kda_cpu.py).
+KERNELS = [(model, kernel) for model in sorted(MODELS) for kernel in ("split", "per-item")
+           if kernel == "per-item" or not isinstance(MODELS[model], KDAFamily)]  # fmt: skip
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("model,kernel", KERNELS)
 @pytest.mark.parametrize("T", [2, 4, 8])
-@pytest.mark.parametrize("kernel", ["split", "per-item"])
 @pytest.mark.parametrize("mode", ["fused-chain", "tree-variable"])
 def test_verify_kernels(model, T, kernel, mode):
     """Each verify kernel, whatever the policy would pick at this batch."""
@@ -89,7 +100,7 @@ def test_verify_200_steps(model):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", ["super120b", "qwen4b"])
+@pytest.mark.parametrize("model", ["super120b", "qwen4b", "kimi48b"])
 def test_replay_verify_agrees_with_snapshot_baseline_1000_steps(model):
     """Our verify + commit and our conventional spec baseline (one snapshot per draft, then a
     copy of the accepted one), fed the same drafts and accept counts, agree at every step."""
@@ -124,7 +135,7 @@ def test_replay_verify_agrees_with_snapshot_baseline_1000_steps(model):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("model", ["super120b", "qwen122b"])
+@pytest.mark.parametrize("model", ["super120b", "qwen122b", "kimi48b"])
 def test_verify_in_cuda_graph_clamps_bad_device_values(model):
     """Inside a captured graph nothing is checked on the host: accept counts above the pending
     drafts, parents at or past their own index and draft counts past T are clamped, slot ids out

@@ -23,6 +23,8 @@ from replayssm_jit import (
     gdn_verify,
     kda_decode,
     kda_layout,
+    kda_snapshot_verify,
+    kda_verify,
     mamba2_decode,
     mamba2_layout,
     mamba2_snapshot_verify,
@@ -30,7 +32,7 @@ from replayssm_jit import (
     plan_decode,
     reset_slots,
 )
-from replayssm_jit.reference import gdn_gates, gdn_step, mamba2_step
+from replayssm_jit.reference import gdn_gates, gdn_step, kda_gates, kda_step, mamba2_step
 
 
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -155,6 +157,19 @@ class KDAFamily(GDNFamily):
 
     def decode_op(self):
         return kda_decode
+
+    def verify(self, plan, tensors, params, drafts, slots, **kw):
+        return kda_verify(plan, **tensors, **params, **drafts, slot_indices=slots, **kw)
+
+    def snapshot(self, plan, state, params, drafts, slots, snaps, **kw):
+        return kda_snapshot_verify(plan, state=state, **params, **drafts, slot_indices=slots,
+                                   snapshot_slots=snaps, **kw)  # fmt: skip
+
+    def oracle_step(self, states, params, drafts, j):
+        g, beta = kda_gates(
+            params["A_log"], drafts["a"][:, j], params["dt_bias"], drafts["b"][:, j]
+        )
+        return kda_step(states, drafts["q"][:, j], drafts["k"][:, j], drafts["v"][:, j], g, beta)
 
 
 @dataclass

@@ -32,8 +32,8 @@ class DeltaFamily(Family):
     def verify_records_shared_bytes(self, spec) -> int | None:
         """VerifyRecords::Smem of templates/gdn/verify_split_kernel.cuh: k and q rows, dots,
         norms, per-value-head decays and weights, all 4-byte words."""
-        if not self.speculative_kernels:
-            return None
+        if not self.speculative_kernels or self.decay_per_channel:
+            return None  # (per channel: the per-item verify kernel only)
         T, k, heads = spec.drafts, spec.dim("k"), spec.dim("vph")
         records = spec.capacity - 1 + T
         words = (records + T) * k + 2 * T * records + records + T
@@ -132,5 +132,4 @@ KDA = KimiDeltaFamily(
     flush_every_step_kernel=False,
     tile_targets=GDN.tile_targets,
     decay_per_channel=True,
-    speculative_kernels=False,
 )

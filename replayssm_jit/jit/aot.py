@@ -97,13 +97,21 @@ def _speculative_families() -> list[str]:
 
 
 def _preset_verify_tests() -> list[KernelSpec]:
-    """What tests/test_verify_gpu.py loads: every model shape, L = 4 and 16, T = 2, 4 and 8, FP32
-    activations (outputs held to 1e-5) and checkpoints."""
-    return [
+    """What tests/test_verify_gpu.py loads: every model shape and KDA's GVA shape (2 value heads
+    per key head), L = 4 and 16, T = 2, 4 and 8, FP32 activations (outputs held to 1e-5) and
+    checkpoints."""
+    specs = [
         spec
         for family in _speculative_families()
         for spec in _model_specs(family, (4, 16), ("f32",), ("f32",), drafts=(2, 4, 8))
     ]
+    specs += [
+        family_spec("kda", head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=w,
+                    drafts=t, act_dtype="f32", state_dtype="f32")
+        for w in (4, 16)
+        for t in (2, 4, 8)
+    ]  # fmt: skip
+    return specs
 
 
 def _preset_verify_bench() -> list[KernelSpec]:

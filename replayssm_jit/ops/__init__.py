@@ -7,10 +7,10 @@
     reset_slots(layout, tensors, slots, initial_state=None)   start sequences in slots
     copy_slots(layout, tensors, src, dst)                     fork slots (prefix sharing)
     materialize_slots(plan, tensors, slots, A=...)            a slot's FP32 state at any position
-    mamba2_verify / gdn_verify(plan, ..., num_drafts=, parents=, num_accepted=)
+    mamba2_verify / gdn_verify / kda_verify(plan, ..., num_drafts=, parents=, num_accepted=)
                                            verify draft tokens (docs/speculative.md)
     commit_drafts(plan, tensors, num_accepted=, slot_indices=, accepted_path=None)
-    mamba2_snapshot_verify / gdn_snapshot_verify, commit_snapshots
+    mamba2_ / gdn_ / kda_snapshot_verify, commit_snapshots
                                            the conventional spec baseline (state snapshots)
     plan_handle(plan) -> int, then torch.ops.replayssm.<op>(handle, ..., out=out)
                                            the same ops as torch.library custom ops (ops/library.py)
@@ -32,6 +32,8 @@ from replayssm_jit.ops.verify import (
     commit_snapshots,
     gdn_snapshot_verify,
     gdn_verify,
+    kda_snapshot_verify,
+    kda_verify,
     mamba2_snapshot_verify,
     mamba2_verify,
 )
@@ -45,6 +47,8 @@ __all__ = [
     "gdn_snapshot_verify",
     "gdn_verify",
     "kda_decode",
+    "kda_snapshot_verify",
+    "kda_verify",
     "lookup_plan",
     "mamba2_decode",
     "mamba2_snapshot_verify",

@@ -854,21 +854,83 @@ def gdn_verify(
     so each u is computed along its own root path. Rows, flush and cursors: see the section
     notes.
     """
+    gates_in_kernel = "gates_in_kernel" in setup.flags
+    _delta_verify(
+        setup, "GDN",
+        lambda rows, live: _gdn_gates(_draft_inputs(gate_a, rows, live),
+                                      _draft_inputs(gate_b, rows, live), A_log, dt_bias,
+                                      gates_in_kernel),
+        state=state, rec_u=rec_u, rec_k=rec_k, rec_g=rec_g, cursors=cursors, q=q, k=k, v=v,
+        scale=scale, out=out, slot_indices=slot_indices, num_drafts=num_drafts,
+        parents=parents, num_accepted=num_accepted,
+    )  # fmt: skip
+
+
+def kda_verify(
+    setup: StepSetup,
+    *,
+    state: torch.Tensor,
+    rec_u: torch.Tensor,
+    rec_k: torch.Tensor,
+    rec_g: torch.Tensor,
+    cursors: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_a: torch.Tensor,
+    gate_b: torch.Tensor,
+    A_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    lower_bound: float,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    num_drafts: torch.Tensor | None,
+    parents: torch.Tensor | None,
+    num_accepted: torch.Tensor | None,
+) -> None:
+    """Verify T KDA drafts per row: gdn_verify with gate_a [batch, T, HV, K], dt_bias [HV * K]
+    and kda_step's gates; tot and dec_i are vectors over the key channels, inside the dots:
+        u_j = beta_j (v_j - (S (tot * k^_j) + sum_{i in W_j, i != j} ((dec_i * k^_i) . k^_j) u_i))
+        o_j = S (tot * q^_j) + sum_{i in W_j} ((dec_i * k^_i) . q^_j) u_i
+    """
+    gates_in_kernel = "gates_in_kernel" in setup.flags
+
+    def gates(rows, live):
+        a, b = _draft_inputs(gate_a, rows, live), _draft_inputs(gate_b, rows, live)
+        g, beta = _kda_gates(a.flatten(0, 1), b.flatten(0, 1), A_log, dt_bias, lower_bound,
+                             gates_in_kernel)  # fmt: skip
+        return g.view(a.shape), beta.view(b.shape)
+
+    _delta_verify(
+        setup, "KDA", gates, state=state, rec_u=rec_u, rec_k=rec_k, rec_g=rec_g,
+        cursors=cursors, q=q, k=k, v=v, scale=scale, out=out, slot_indices=slot_indices,
+        num_drafts=num_drafts, parents=parents, num_accepted=num_accepted,
+    )  # fmt: skip
+
+
+def _delta_verify(setup: StepSetup, family: str, gates, *, state, rec_u, rec_k, rec_g, cursors,
+                  q, k, v, scale: float, out, slot_indices, num_drafts, parents,
+                  num_accepted) -> None:  # fmt: skip
+    """The body of gdn_verify and kda_verify: `gates(rows, live)` gives the drafts' (g, beta)
+    [r, T, HV] (or g [r, T, HV, K] per key channel); a per-head decay is the per-channel one
+    with the same decay on every channel."""
     flags, seed, T = setup.flags, setup.seed, setup.drafts
-    sr = _check_flags(flags, _GDN_FLAGS, "GDN")
-    k_heads, v_heads = q.shape[2], v.shape[2]
+    sr = _check_flags(flags, _GDN_FLAGS, family)
+    k_heads, v_heads, K = q.shape[2], v.shape[2], q.shape[3]
     per_key = v_heads // k_heads
-    l2norm, gates_in_kernel = "qk_l2norm" in flags, "gates_in_kernel" in flags
+    l2norm = "qk_l2norm" in flags
+
+    def per_channel(g: torch.Tensor) -> torch.Tensor:
+        return g if g.dim() == 4 else g[..., None].expand(*g.shape, K)
 
     def compute(rows, slots, held, flush, epochs, drafts, anc):
         live = _live_drafts(drafts, T)
         q_d = _draft_inputs(q, rows, live)  # [r, T, H, K]
         k_d = _draft_inputs(k, rows, live)
         v_d = _draft_inputs(v, rows, live)  # [r, T, HV, V]
-        g_d, beta_d = _gdn_gates(_draft_inputs(gate_a, rows, live),
-                                 _draft_inputs(gate_b, rows, live), A_log, dt_bias,
-                                 gates_in_kernel)  # fmt: skip
-        g_d = torch.where(live[..., None], g_d, 0.0)  # [r, T, HV]
+        g_d, beta_d = gates(rows, live)  # [r, T, HV] or [r, T, HV, K]
+        g_d = torch.where(live.view(*live.shape, *([1] * (g_d.dim() - 2))), g_d, 0.0)
         s = state[slots].to(_F32)  # [r, HV, V, K]
         if flush:  # early flush: the committed records only, never the drafts
             s = delta_fold(s, rec_u[slots, :, :held].to(_F32), rec_k[slots, :, :held].to(_F32),
@@ -876,7 +938,8 @@ def gdn_verify(
             _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs)
             held = 0
         ks = torch.cat([rec_k[slots, :, :held].to(_F32), k_d.transpose(1, 2)], 2)  # [r,H,M,K]
-        gs = torch.cat([rec_g[slots, :, :held].to(_F32), g_d.transpose(1, 2)], 2)  # [r,HV,M]
+        gs = torch.cat([per_channel(rec_g[slots, :, :held].to(_F32)),
+                        per_channel(g_d).transpose(1, 2)], 2)  # [r, HV, M, K]  # fmt: skip
         us = torch.cat([rec_u[slots, :, :held].to(_F32),
                         torch.zeros_like(v_d).transpose(1, 2)], 2)  # [r, HV, M, V]  # fmt: skip
         rk = _key_norms(ks, l2norm, per_key)  # [r, HV, M]
@@ -886,23 +949,26 @@ def gdn_verify(
         for j in range(T):
             at = held + j
             window = windows[:, j, None]  # [r, 1, M]
-            decay, total = _suffix_decays(torch.where(window, gs, 0.0))  # [r, HV, M], [r, HV]
+            # [r, HV, K, M], [r, HV, K]
+            decay, total = _suffix_decays(torch.where(window[..., None, :], gs.transpose(-1, -2), 0.0))
+            decayed = keys * decay.transpose(-1, -2)  # k_i * dec_i over W_j
             before = window.clone()
             before[..., at] = False  # the records replayed before draft j
             q_j, query = q_d[:, j], q_d[:, j].repeat_interleave(per_key, dim=1)  # [r, HV, K]
-            kk = (ks @ k_d[:, j, :, :, None]).squeeze(-1).repeat_interleave(per_key, dim=1)
-            kq = (ks @ q_j[..., None]).squeeze(-1).repeat_interleave(per_key, dim=1)
+            key_j = keys[:, :, at]
+            kk = (decayed @ key_j[..., None]).squeeze(-1)  # [r, HV, M]
+            kq = (decayed @ query[..., None]).squeeze(-1)
             rq = _query_scale(q_j, l2norm, per_key, scale)  # [r, HV]
             rk_j = rk[..., at]
-            sk = (s @ keys[:, :, at, :, None]).squeeze(-1) * rk_j[..., None]  # S k^_j
-            sq = (s @ query[..., None]).squeeze(-1) * rq[..., None]  # S q^_j
-            base = torch.where(before, decay * kk * rk * rk_j[..., None], 0.0)
-            coef = torch.where(before, decay * kq * rk * rq[..., None], 0.0)
+            sk = (s @ (total * key_j)[..., None]).squeeze(-1) * rk_j[..., None]  # S (tot k^_j)
+            sq = (s @ (total * query)[..., None]).squeeze(-1) * rq[..., None]  # S (tot q^_j)
+            base = torch.where(before, kk * rk * rk_j[..., None], 0.0)
+            coef = torch.where(before, kq * rk * rq[..., None], 0.0)
             pred = (base[..., None] * us).sum(dim=2)  # [r, HV, V]
             osum = (coef[..., None] * us).sum(dim=2)
-            u_j = beta_d[:, j, :, None] * (v_d[:, j] - (total[..., None] * sk + pred))
+            u_j = beta_d[:, j, :, None] * (v_d[:, j] - (sk + pred))
             u_j = torch.where(live[:, j, None, None], u_j, 0.0)
-            o = total[..., None] * sq + osum + (kq[..., at] * rk_j * rq)[..., None] * u_j
+            o = sq + osum + (kq[..., at] * rk_j * rq)[..., None] * u_j  # dec_j = 1
             us[:, :, at] = u_j
             outs.append(torch.where(live[:, j, None, None], o, 0.0))
         out[rows] = torch.stack(outs, dim=1).to(out.dtype)
@@ -1058,25 +1124,70 @@ def gdn_snapshot(
     inputs as gdn_verify's, snapshot_slots [batch, T] int. Draft j of a row is a conventional
     step of the state after draft j - 1 (u = beta (v - alpha S k^), S <- alpha S + u k^T,
     o = S q^); the state slot_indices[b] is read, never written."""
+    gates_in_kernel = "gates_in_kernel" in setup.flags
+    _delta_snapshot(
+        setup, "GDN",
+        lambda rows, live, j: _gdn_gates(_draft_inputs(gate_a, rows, live)[:, j],
+                                         _draft_inputs(gate_b, rows, live)[:, j], A_log,
+                                         dt_bias, gates_in_kernel),
+        state=state, q=q, k=k, v=v, scale=scale, out=out, slot_indices=slot_indices,
+        snapshot_slots=snapshot_slots, num_drafts=num_drafts,
+    )  # fmt: skip
+
+
+def kda_snapshot(
+    setup: StepSetup,
+    *,
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate_a: torch.Tensor,
+    gate_b: torch.Tensor,
+    A_log: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    scale: float,
+    lower_bound: float,
+    out: torch.Tensor,
+    slot_indices: torch.Tensor,
+    snapshot_slots: torch.Tensor,
+    num_drafts: torch.Tensor | None,
+) -> None:
+    """The conventional KDA spec baseline: gdn_snapshot with kda_verify's gates and a decay per
+    key channel (S <- S Diag(alpha) + u k^T, u = beta (v - S Diag(alpha) k^))."""
+    gates_in_kernel = "gates_in_kernel" in setup.flags
+    _delta_snapshot(
+        setup, "KDA",
+        lambda rows, live, j: _kda_gates(_draft_inputs(gate_a, rows, live)[:, j],
+                                         _draft_inputs(gate_b, rows, live)[:, j], A_log,
+                                         dt_bias, lower_bound, gates_in_kernel),
+        state=state, q=q, k=k, v=v, scale=scale, out=out, slot_indices=slot_indices,
+        snapshot_slots=snapshot_slots, num_drafts=num_drafts,
+    )  # fmt: skip
+
+
+def _delta_snapshot(setup: StepSetup, family: str, gates, *, state, q, k, v, scale: float, out,
+                    slot_indices, snapshot_slots, num_drafts) -> None:  # fmt: skip
+    """The body of gdn_snapshot and kda_snapshot: `gates(rows, live, j)` gives draft j's (g,
+    beta), g [r, HV] per head or [r, HV, K] per key channel."""
     flags = setup.flags
-    _check_flags(flags, _GDN_FLAGS, "GDN")
+    _check_flags(flags, _GDN_FLAGS, family)
     per_key = v.shape[2] // q.shape[2]
-    l2norm, gates_in_kernel = "qk_l2norm" in flags, "gates_in_kernel" in flags
+    l2norm = "qk_l2norm" in flags
 
     def token(s, rows, j, live):
         q_j = _draft_inputs(q, rows, live)[:, j]  # [r, H, K]
         k_j = _draft_inputs(k, rows, live)[:, j]
         v_j = _draft_inputs(v, rows, live)[:, j]  # [r, HV, V]
-        g_j, beta = _gdn_gates(_draft_inputs(gate_a, rows, live)[:, j],
-                               _draft_inputs(gate_b, rows, live)[:, j], A_log, dt_bias,
-                               gates_in_kernel)  # fmt: skip
+        g_j, beta = gates(rows, live, j)
         rk = _key_norms(k_j[:, :, None], l2norm, per_key)[..., 0]  # [r, HV]
         key = k_j.repeat_interleave(per_key, dim=1) * rk[..., None]  # k^ [r, HV, K]
         query = q_j.repeat_interleave(per_key, dim=1)
         query = query * _query_scale(q_j, l2norm, per_key, scale)[..., None]
-        alpha = torch.exp(g_j)[..., None, None]
-        u = beta[..., None] * (v_j - alpha[..., 0] * (s @ key[..., None]).squeeze(-1))
-        s = alpha * s + u[..., None] * key[:, :, None]
+        alpha = torch.exp(g_j)[..., None, None] if g_j.dim() == 2 else torch.exp(g_j)[..., None, :]
+        s = alpha * s
+        u = beta[..., None] * (v_j - (s @ key[..., None]).squeeze(-1))
+        s = s + u[..., None] * key[:, :, None]
         return (s @ query[..., None]).squeeze(-1), s
 
     _run_snapshot_rows(setup, state=state, out=out, slot_indices=slot_indices,

@@ -38,6 +38,8 @@ from replayssm_jit.ops.verify import (
     commit_snapshots,
     gdn_snapshot_verify,
     gdn_verify,
+    kda_snapshot_verify,
+    kda_verify,
     mamba2_snapshot_verify,
     mamba2_verify,
 )
@@ -239,6 +241,11 @@ OPS = {
         (*_GDN_SLOTS, *_GDN_TOKEN, *_DRAFTS, "workspace!?", *_SEED),
         _step(gdn_verify, verify=True),
     ),
+    "kda_verify": register_op(
+        "kda_verify",
+        (*_GDN_SLOTS, *_GDN_TOKEN, *_DRAFTS, "workspace!?", *_SEED),
+        _step(kda_verify, verify=True),
+    ),
     "commit_drafts": register_op(
         "commit_drafts",
         (
@@ -261,6 +268,11 @@ OPS = {
         "gdn_snapshot_verify",
         ("state!", *_GDN_TOKEN, "snapshot_slots", "num_drafts?"),
         _plain(gdn_snapshot_verify),
+    ),
+    "kda_snapshot_verify": register_op(
+        "kda_snapshot_verify",
+        ("state!", *_GDN_TOKEN, "snapshot_slots", "num_drafts?"),
+        _plain(kda_snapshot_verify),
     ),
     "commit_snapshots": register_op(
         "commit_snapshots",

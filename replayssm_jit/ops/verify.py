@@ -2,9 +2,9 @@
 and the conventional snapshot baseline to measure against. The contract: docs/speculative.md.
 
     mamba2_verify(plan, state=, rec_x=, rec_b=, rec_dt=, cursors=, x=, dt=, A=, B=, C=, ...)
-    gdn_verify(plan, state=, rec_u=, rec_k=, rec_g=, cursors=, q=, k=, v=, ...)
+    gdn_verify / kda_verify(plan, state=, rec_u=, rec_k=, rec_g=, cursors=, q=, k=, v=, ...)
     commit_drafts(plan, tensors, num_accepted=, slot_indices=, accepted_path=None)
-    mamba2_snapshot_verify / gdn_snapshot_verify(plan, state=, ..., snapshot_slots=)
+    mamba2_ / gdn_ / kda_snapshot_verify(plan, state=, ..., snapshot_slots=)
     commit_snapshots(plan, state=, snapshot_slots=, num_accepted=, slot_indices=)
 
 The token inputs are those of ops/mamba2.py and ops/gdn.py with a draft dim (dim 1) of
@@ -12,6 +12,7 @@ T = plan.layout.drafts (2..8), each with any strides in its batch, draft and hea
 C, q, k, v: a unit stride in the last dim and 16-byte aligned rows):
     Mamba-2  x, z [batch, T, H, P]; dt [batch, T, H] float32; B, C [batch, T, G, N]
     GDN      q, k [batch, T, H, K]; v [batch, T, HV, V]; a, b or g, beta [batch, T, HV] float32
+    KDA      as GDN, with a or g [batch, T, HV, K] float32 (a decay per key channel)
     out          [batch, T, H, P] / [batch, T, HV, V], act dtype, contiguous
     num_drafts   [batch] int32 contiguous: drafts per row t in [0, T] (T for every row if None)
     parents      [batch, T] int32 contiguous: parents[b, j] in [-1, j) (a chain if None)
@@ -34,7 +35,7 @@ from itertools import pairwise
 import torch
 
 from replayssm_jit.checks import check_tensor
-from replayssm_jit.families import GDN, MAMBA2
+from replayssm_jit.families import GDN, KDA, MAMBA2
 from replayssm_jit.families.base import MAX_VERIFY_DRAFTS, Family
 from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops import cpu
@@ -56,6 +57,8 @@ __all__ = [
     "commit_snapshots",
     "gdn_snapshot_verify",
     "gdn_verify",
+    "kda_snapshot_verify",
+    "kda_verify",
     "mamba2_snapshot_verify",
     "mamba2_verify",
 ]
@@ -287,16 +290,63 @@ def gdn_verify(
     Gates as in gdn_decode, with the draft dim. The rest as in mamba2_verify; each draft's
     correction u is computed along its own root path, so a tree's accepted path commits exactly.
     """
-    T = _check_speculative_plan(plan, GDN, "replay", "gdn_verify")
-    shape = plan.layout.shape
+    tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
+    return _delta_verify(plan, GDN, "gdn_verify", cpu.gdn_verify, tensors, q, k, v, gates,
+                         slot_indices, out, num_drafts, parents, num_accepted, seed,
+                         workspace)  # fmt: skip
+
+
+@torch.no_grad()
+def kda_verify(
+    plan: DecodePlan,
+    *,
+    state: torch.Tensor,
+    rec_u: torch.Tensor,
+    rec_k: torch.Tensor,
+    rec_g: torch.Tensor,
+    cursors: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_indices: torch.Tensor,
+    a: torch.Tensor | None = None,
+    b: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    num_drafts: torch.Tensor | None = None,
+    parents: torch.Tensor | None = None,
+    num_accepted: torch.Tensor | None = None,
+    seed: int | torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Verify T KDA draft tokens per row; returns out [batch, T, HV, V] (allocated when None).
+
+    As gdn_verify, with KDA's gates (ops/kda.py) and a draft dim: a or g [batch, T, HV, K]
+    (unit stride in K), b or beta [batch, T, HV], dt_bias [HV * K]. KDA verifies with the
+    per-item kernel only (it reads no workspace).
+    """
+    tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
+    gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
+    return _delta_verify(plan, KDA, "kda_verify", cpu.kda_verify, tensors, q, k, v, gates,
+                         slot_indices, out, num_drafts, parents, num_accepted, seed,
+                         workspace)  # fmt: skip
+
+
+def _delta_verify(plan, family, op, cpu_verify, tensors, q, k, v, gates, slot_indices, out,
+                  num_drafts, parents, num_accepted, seed, workspace) -> torch.Tensor:  # fmt: skip
+    """The body of gdn_verify and kda_verify (their family's checks, then _verify)."""
+    T = _check_speculative_plan(plan, family, "replay", op)
+    shape = plan.layout.shape
     inputs = gdn_ops.check_inputs(plan, (plan.batch_size, T), q=q, k=k, v=v, gates=gates)
     out = output_buffer(plan, out, (T, shape.value_heads, shape.value_dim))
-    tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     return _verify(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, num_drafts=num_drafts,
         parents=parents, num_accepted=num_accepted, seed=seed, workspace=workspace,
-        cpu_verify=cpu.gdn_verify,
+        cpu_verify=cpu_verify,
     )  # fmt: skip
 
 
@@ -492,14 +542,47 @@ def gdn_snapshot_verify(
 ) -> torch.Tensor:
     """The conventional GDN spec baseline; see mamba2_snapshot_verify. Returns out
     [batch, T, HV, V]."""
-    T = _check_speculative_plan(plan, GDN, None, "gdn_snapshot_verify")
-    shape = plan.layout.shape
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
+    return _delta_snapshot(plan, GDN, "gdn_snapshot_verify", cpu.gdn_snapshot, state, q, k, v,
+                           gates, slot_indices, snapshot_slots, out, num_drafts)  # fmt: skip
+
+
+@torch.no_grad()
+def kda_snapshot_verify(
+    plan: DecodePlan,
+    *,
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_indices: torch.Tensor,
+    snapshot_slots: torch.Tensor,
+    a: torch.Tensor | None = None,
+    b: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    g: torch.Tensor | None = None,
+    beta: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    num_drafts: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The conventional KDA spec baseline; see mamba2_snapshot_verify, gates as kda_verify's.
+    Returns out [batch, T, HV, V]."""
+    gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
+    return _delta_snapshot(plan, KDA, "kda_snapshot_verify", cpu.kda_snapshot, state, q, k, v,
+                           gates, slot_indices, snapshot_slots, out, num_drafts)  # fmt: skip
+
+
+def _delta_snapshot(plan, family, op, cpu_snapshot, state, q, k, v, gates, slot_indices,
+                    snapshot_slots, out, num_drafts) -> torch.Tensor:  # fmt: skip
+    """The body of gdn_snapshot_verify and kda_snapshot_verify."""
+    T = _check_speculative_plan(plan, family, None, op)
+    shape = plan.layout.shape
     inputs = gdn_ops.check_inputs(plan, (plan.batch_size, T), q=q, k=k, v=v, gates=gates)
     out = output_buffer(plan, out, (T, shape.value_heads, shape.value_dim))
     return _snapshot(plan, state, inputs, out=out, slot_indices=slot_indices,
                      snapshot_slots=snapshot_slots, num_drafts=num_drafts,
-                     cpu_snapshot=cpu.gdn_snapshot)  # fmt: skip
+                     cpu_snapshot=cpu_snapshot)  # fmt: skip
 
 
 @torch.no_grad()

@@ -7,6 +7,7 @@ import torch
 from replayssm_jit.families import KDA
 from replayssm_jit.families.layout import kda_layout
 from replayssm_jit.ops.kda import kda_decode
+from replayssm_jit.ops.verify import kda_verify
 from replayssm_jit.wrappers.base import DecodeWrapper
 from replayssm_jit.wrappers.cache import FamilyCache
 
@@ -33,3 +34,13 @@ class KDADecodeWrapper(DecodeWrapper):
         Everything is checked first; on error nothing is touched."""
         return self._run(kda_decode, q=q, k=k, v=v, slot_indices=slot_indices,
                          **gates_and_options)  # fmt: skip
+
+    def verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_indices: torch.Tensor,
+               **gates_and_options) -> torch.Tensor:  # fmt: skip
+        """Verify T draft tokens per row; returns out [batch, T, HV, V]. Inputs as run()'s with a
+        draft dim after the batch (q, k [batch, T, H, K], v [batch, T, HV, V], a or g [batch, T,
+        HV, K], b or beta [batch, T, HV]); options as run()'s plus num_drafts, parents,
+        num_accepted (replayssm_jit.ops.verify). Everything is checked first; on error nothing
+        is touched."""
+        return self._verify(kda_verify, q=q, k=k, v=v, slot_indices=slot_indices,
+                            **gates_and_options)  # fmt: skip

@@ -74,17 +74,22 @@ __device__ __forceinline__ void token_gates(const Params& p, int row, int vhead,
   }
 }
 
-// This token's log-decay of key channel c for `vhead` (per-channel decay): given, or (GATES_IN_KERNEL)
-// formed from a as g = -exp(A_log) softplus(a + dt_bias) (fla's gate), or where p.lower_bound < 0
-// the safe gate g = lower_bound sigmoid(exp(A_log) (a + dt_bias)).
+// A log-decay of key channel c for `vhead` (per-channel decay) from its given input: itself, or
+// (GATES_IN_KERNEL) formed from a as g = -exp(A_log) softplus(a + dt_bias) (fla's gate), or where
+// p.lower_bound < 0 the safe gate g = lower_bound sigmoid(exp(A_log) (a + dt_bias)). This token's:
+// token_channel_log_decay.
+template <bool GATES_IN_KERNEL, int K, typename Params>
+__device__ __forceinline__ float channel_log_decay(const Params& p, float given, int vhead, int c) {
+  if constexpr (GATES_IN_KERNEL) {
+    const float x = given + p.dt_bias[int64_t(vhead) * K + c], rate = expf(p.A_log[vhead]);
+    return p.lower_bound < 0.f ? p.lower_bound / (1.f + expf(-rate * x)) : -rate * softplus(x);
+  }
+  return given;
+}
 template <bool GATES_IN_KERNEL, int K, typename Params>
 __device__ __forceinline__ float token_channel_log_decay(const Params& p, int row, int vhead, int c) {
-  float g = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(vhead) * p.ga_stride_h + c];
-  if constexpr (GATES_IN_KERNEL) {
-    const float x = g + p.dt_bias[int64_t(vhead) * K + c], rate = expf(p.A_log[vhead]);
-    g = p.lower_bound < 0.f ? p.lower_bound / (1.f + expf(-rate * x)) : -rate * softplus(x);
-  }
-  return g;
+  return channel_log_decay<GATES_IN_KERNEL, K>(
+      p, p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(vhead) * p.ga_stride_h + c], vhead, c);
 }
 
 // This token's beta for `vhead`: given, or (GATES_IN_KERNEL) sigmoid(b).

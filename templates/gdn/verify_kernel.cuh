@@ -9,6 +9,10 @@
 //   o_j    = total_j (S_c q^_j) + sum_{i in committed + W_j} dec_ij (k^_i . q^_j) u_i
 // The drafts' u depend on their ancestors' only: solved in order of j, per row, in registers
 // (the unit-triangular T x T system), without forming a state. Records as in mamba2/verify_kernel.cuh.
+//
+// PER_CHANNEL (KDA): dec_ij and total_j are vectors over the key channels, exps of sums of
+// log-decays along the window (never ratios), inside the dots: ((dec_ij * k^_i) . k^_j) and
+// S_c (total_j * k^_j); an early flush folds S_c Diag(a(committed)) + sum_i u_i (dec_i * k^_i)^T.
 #pragma once
 #include "common/verify.cuh"
 #include "gdn/decode_kernel.cuh"
@@ -42,11 +46,20 @@ __device__ __forceinline__ void draft_gates(const P& p, const DraftParams& d, in
   }
 }
 
+// Draft j's log-decay of key channel c at `vhead` (per-channel decay, channel_log_decay).
+template <bool GATES_IN_KERNEL, int K, typename P>
+__device__ __forceinline__ float draft_channel_log_decay(const P& p, const DraftParams& d, int row, int j, int vhead,
+                                                        int c) {
+  return channel_log_decay<GATES_IN_KERNEL, K>(
+      p, p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(j) * d.ga_stride_t + int64_t(vhead) * p.ga_stride_h + c],
+      vhead, c);
+}
+
 // Called by every CTA of a verify row once it has read the rings (and written its u rows): the
 // row's last CTA writes the rows value heads and row tiles share (every head's g, every key
 // head's k) at ring rows first.. (0 after an early flush, else after the committed ones), then
-// the cursor.
-template <int K, int CAP, int THREADS, bool GATES_IN_KERNEL, typename act_t, typename state_t>
+// the cursor. PER_CHANNEL: a g row holds K log-decays.
+template <int K, int CAP, int THREADS, bool GATES_IN_KERNEL, bool PER_CHANNEL, typename act_t, typename state_t>
 __device__ __forceinline__ void append_shared_drafts(const VerifyParams<act_t, state_t>& vp, const VerifyRow& vr,
                                                      int row, int slot, int num_k_heads, int splits, int* flag) {
   const auto& p = vp.base;
@@ -54,11 +67,19 @@ __device__ __forceinline__ void append_shared_drafts(const VerifyParams<act_t, s
   int32_t* cursor = slot_cursor(p.cursors, slot);
   if (!last_arrival(cursor, p.num_v_heads * splits, flag)) return;
   const int t = vr.drafts, first = vr.flush ? 0 : vr.committed;
-  for (int e = threadIdx.x; e < t * p.num_v_heads; e += THREADS) {
-    const int j = e / p.num_v_heads, h = e % p.num_v_heads;
-    float g, beta;
-    draft_gates<GATES_IN_KERNEL>(p, d, row, j, h, g, beta);
-    p.rec_g[(int64_t(slot) * p.num_v_heads + h) * CAP + first + j] = g;
+  if constexpr (PER_CHANNEL) {
+    for (int e = threadIdx.x; e < t * p.num_v_heads * K; e += THREADS) {
+      const int j = e / (p.num_v_heads * K), h = e / K % p.num_v_heads, c = e % K;
+      p.rec_g[((int64_t(slot) * p.num_v_heads + h) * CAP + first + j) * K + c] =
+          draft_channel_log_decay<GATES_IN_KERNEL, K>(p, d, row, j, h, c);
+    }
+  } else {
+    for (int e = threadIdx.x; e < t * p.num_v_heads; e += THREADS) {
+      const int j = e / p.num_v_heads, h = e % p.num_v_heads;
+      float g, beta;
+      draft_gates<GATES_IN_KERNEL>(p, d, row, j, h, g, beta);
+      p.rec_g[(int64_t(slot) * p.num_v_heads + h) * CAP + first + j] = g;
+    }
   }
   copy_rows<act_t, K, THREADS>(
       t * num_k_heads,
@@ -68,8 +89,22 @@ __device__ __forceinline__ void append_shared_drafts(const VerifyParams<act_t, s
   finish_verify_cursor(cursor, vr);
 }
 
+// A verify row's per-channel log-decays (PER_CHANNEL): staged per record (committed, then drafts),
+// the committed ones then turned into their suffix sums to the committed records' end in place,
+// plus the committed records' sum, each draft's root-path sum and total_j * q_j, total_j * k_j.
+template <bool PER_CHANNEL, int RECORDS, int T, int K>
+struct VerifyChannels {};
+template <int RECORDS, int T, int K>
+struct VerifyChannels<true, RECORDS, T, K> {
+  alignas(16) float g[RECORDS][K];
+  alignas(16) float path[T][K];
+  alignas(16) float committed[K];  // the sum; after the dots, exp of it (an early flush's column scale)
+  alignas(16) float q_decayed[T][K];
+  alignas(16) float k_decayed[T][K];
+};
+
 template <int K, int V, int VPH, int L, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
-          bool GATES_IN_KERNEL, bool SR>
+          bool GATES_IN_KERNEL, bool SR, bool PER_CHANNEL = false>
 struct Verify {
   static constexpr int kCap = L + T;
   using Params = VerifyParams<act_t, state_t>;
@@ -92,10 +127,70 @@ struct Verify {
     DraftTree<T> tree;
     float fold_total;
     int last;
+    VerifyChannels<PER_CHANNEL, kRecords, T, K> ch;
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
   static __device__ __forceinline__ float inv_norm(float sq) { return L2NORM ? rsqrtf(sq + kNormEps) : 1.f; }
+
+  // Per channel, once the records, log-decays and parents are staged: |k_i|^2 and |q_j|^2, the
+  // committed log-decays' suffix sums (in place) and sum, each draft's path sum (a thread per
+  // channel), the tree's ancestor sets; after a barrier, total_j * q_j and total_j * k_j and the
+  // dots ((dec_ij * k_i) . k_j) and ((dec_ij * k_i) . q_j) of every pair on a window (a warp per
+  // pair; zero off it), raw as dots_with_drafts leaves them.
+  static __device__ __forceinline__ void channel_logs_and_dots(Smem& sm, int m, int mc, int t, bool flush) {
+    const int count = m + t;
+    dots_with_drafts<K, T, WARPS>(sm.k, count, sm.q, 0, nullptr, 0, sm.k2);
+    dots_with_drafts<K, T, WARPS>(sm.q, t, sm.q, 0, nullptr, 0, sm.q2);
+    if (threadIdx.x == 0) sm.tree.link();
+    for (int c = threadIdx.x; c < K; c += kThreads) {
+      float suffix = 0.f;
+      for (int i = m - 1; i >= 0; --i) {
+        const float g = sm.ch.g[i][c];
+        sm.ch.g[i][c] = suffix;
+        suffix += g;
+      }
+      sm.ch.committed[c] = suffix;
+      for (int j = 0; j < t; ++j) {
+        float path = 0.f;
+        for (int node = j; node >= 0; node = sm.tree.parent[node]) path += sm.ch.g[m + node][c];
+        sm.ch.path[j][c] = path;
+      }
+    }
+    __syncthreads();
+    const float committed_scale = flush ? 0.f : 1.f;  // after an early flush the window starts at the drafts
+    for (int e = threadIdx.x; e < t * K; e += kThreads) {
+      const int j = e / K, c = e % K;
+      const float total = expf(committed_scale * sm.ch.committed[c] + sm.ch.path[j][c]);
+      sm.ch.q_decayed[j][c] = total * sm.q[j][c];
+      sm.ch.k_decayed[j][c] = total * sm.k[m + j][c];
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int pair = warp; pair < t * count; pair += WARPS) {
+      const int j = pair / count, i = pair % count;
+      const bool committed = i < mc, on_path = i >= m && sm.tree.on_path(j, i - m);
+      float kk = 0.f, kq = 0.f;
+      if (committed || on_path) {
+        for (int c = lane; c < K; c += 32) {
+          float log_dec = 0.f;
+          if (committed) {
+            log_dec = sm.ch.g[i][c] + sm.ch.path[j][c];
+          } else {
+            for (int node = j; node != i - m; node = sm.tree.parent[node]) log_dec += sm.ch.g[m + node][c];
+          }
+          const float decayed = sm.k[i][c] * expf(log_dec);
+          kk = fmaf(decayed, sm.k[m + j][c], kk);
+          kq = fmaf(decayed, sm.q[j][c], kq);
+        }
+        kk = group_sum<32>(kk);
+        kq = group_sum<32>(kq);
+      }
+      if (lane == 0) {
+        sm.kk[j][i] = kk;
+        sm.kq[j][i] = kq;
+      }
+    }
+  }
 
   static __device__ __forceinline__ void run(const Params& vp, Smem& sm) {
     const auto& p = vp.base;
@@ -125,7 +220,8 @@ struct Verify {
                         int64_t(vhead) * p.gb_stride_h];
     }
     const int parent_given = draft_lane ? DraftTree<T>::given_parent(d.parents, row, threadIdx.x) : 0;
-    const float A_log = GATES_IN_KERNEL ? p.A_log[vhead] : 0.f, dt_bias = GATES_IN_KERNEL ? p.dt_bias[vhead] : 0.f;
+    const float A_log = GATES_IN_KERNEL && !PER_CHANNEL ? p.A_log[vhead] : 0.f;
+    const float dt_bias = GATES_IN_KERNEL && !PER_CHANNEL ? p.dt_bias[vhead] : 0.f;
 
     int32_t* cursor = slot_cursor(p.cursors, slot);
     const VerifyRow vr = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
@@ -139,19 +235,26 @@ struct Verify {
     // Records: committed ones from the rings at [0, m) (one more round trip), drafts at [m, m + t).
     const act_t* rec_k = p.rec_k + (int64_t(slot) * num_k_heads + khead) * kCap * K;
     const float* rec_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * kCap * V + row0;
-    const float* rec_g = p.rec_g + (int64_t(slot) * p.num_v_heads + vhead) * kCap;
+    const float* rec_g = p.rec_g + (int64_t(slot) * p.num_v_heads + vhead) * kCap * (PER_CHANNEL ? K : 1);
     RowStager<act_t, K, kCap - 1, kThreads> k_held;
     RowStager<float, ROWS, kCap - 1, kThreads> u_held;
     k_held.load(rec_k, K, m);
     u_held.load(rec_u, V, m);
-    for (int i = threadIdx.x; i < m; i += kThreads) sm.g[i] = rec_g[i];
+    if constexpr (PER_CHANNEL) {
+      for (int e = threadIdx.x; e < count * K; e += kThreads) {
+        const int i = e / K, c = e % K;
+        sm.ch.g[i][c] = i < m ? rec_g[e] : draft_channel_log_decay<GATES_IN_KERNEL, K>(p, d, row, i - m, vhead, c);
+      }
+    } else {
+      for (int i = threadIdx.x; i < m; i += kThreads) sm.g[i] = rec_g[i];
+    }
     if (draft_lane && threadIdx.x < t) {
       float g = gate_a, beta = gate_b;
       if constexpr (GATES_IN_KERNEL) {
-        g = -expf(A_log) * softplus(g + dt_bias);
+        if constexpr (!PER_CHANNEL) g = -expf(A_log) * softplus(g + dt_bias);
         beta = 1.f / (1.f + expf(-beta));
       }
-      sm.g[m + threadIdx.x] = g;
+      if constexpr (!PER_CHANNEL) sm.g[m + threadIdx.x] = g;
       sm.beta[threadIdx.x] = beta;
     }
     if (draft_lane) sm.tree.set_parent(threadIdx.x, parent_given);
@@ -162,24 +265,29 @@ struct Verify {
     v_draft.store(sm.v, 0, t);
     __syncthreads();
 
-    // Dots (raw) of every record's k with each draft's k (and |k_i|^2) and q, log-decays.
-    dots_with_drafts<K, T, WARPS>(sm.k, count, sm.k + m, t, &sm.kk[0][0], kRecords, sm.k2);
-    dots_with_drafts<K, T, WARPS>(sm.k, count, sm.q, t, &sm.kq[0][0], kRecords, nullptr);
-    dots_with_drafts<K, T, WARPS>(sm.q, t, sm.q, 0, nullptr, 0, sm.q2);
-    window_logs<T, kThreads>(sm.tree, sm.g, sm.log_after, m, t, &sm.fold_total);
+    // Dots (raw) of every record's k with each draft's k (and |k_i|^2) and q, log-decays (per
+    // channel: the decays inside the dots).
+    if constexpr (PER_CHANNEL) {
+      channel_logs_and_dots(sm, m, mc, t, vr.flush);
+    } else {
+      dots_with_drafts<K, T, WARPS>(sm.k, count, sm.k + m, t, &sm.kk[0][0], kRecords, sm.k2);
+      dots_with_drafts<K, T, WARPS>(sm.k, count, sm.q, t, &sm.kq[0][0], kRecords, nullptr);
+      dots_with_drafts<K, T, WARPS>(sm.q, t, sm.q, 0, nullptr, 0, sm.q2);
+      window_logs<T, kThreads>(sm.tree, sm.g, sm.log_after, m, t, &sm.fold_total);
+    }
     __syncthreads();
 
     // Weights of u_i in pred_j (kk) and in o_j (kq), in place; zero off committed + W_j.
-    const float committed_log = vr.flush ? 0.f : sm.fold_total;
+    const float committed_log = vr.flush || PER_CHANNEL ? 0.f : sm.fold_total;
     for (int pair = threadIdx.x; pair < t * count; pair += kThreads) {
       const int j = pair / count, i = pair % count;
-      const float dec = window_decay(sm.tree, sm.g, sm.log_after, m, mc, j, i);
+      const float dec = PER_CHANNEL ? 1.f : window_decay(sm.tree, sm.g, sm.log_after, m, mc, j, i);
       const float rk_i = inv_norm(sm.k2[i]), rk_j = inv_norm(sm.k2[m + j]);
       const float rq_j = inv_norm(sm.q2[j]) * p.scale;
       sm.kk[j][i] = i == m + j ? 0.f : dec * sm.kk[j][i] * rk_i * rk_j;
       sm.kq[j][i] = dec * sm.kq[j][i] * rk_i * rq_j;
     }
-    if (threadIdx.x < t) sm.total[threadIdx.x] = expf(committed_log + sm.tree.path_log[threadIdx.x]);
+    if (threadIdx.x < t) sm.total[threadIdx.x] = PER_CHANNEL ? 1.f : expf(committed_log + sm.tree.path_log[threadIdx.x]);
     __syncthreads();
     // The committed records' part of each (draft, row); a flush's fold weights in place instead.
     for (int e = threadIdx.x; e < t * ROWS; e += kThreads) {
@@ -192,16 +300,29 @@ struct Verify {
       sm.pred[j][r] = pr;
       sm.osum[j][r] = os;
     }
-    if (vr.flush)
+    if (vr.flush) {
       for (int e = threadIdx.x; e < m * ROWS; e += kThreads) {
         const int i = e / ROWS, r = e % ROWS;
-        sm.u[i][r] *= expf(sm.log_after[i]) * inv_norm(sm.k2[i]);
+        sm.u[i][r] *= (PER_CHANNEL ? 1.f : expf(sm.log_after[i])) * inv_norm(sm.k2[i]);
       }
+      if constexpr (PER_CHANNEL) {  // the fold's decayed k rows and column scale, in place
+        for (int e = threadIdx.x; e < m * K; e += kThreads) sm.k[e / K][e % K] *= expf(sm.ch.g[e / K][e % K]);
+        for (int c = threadIdx.x; c < K; c += kThreads) sm.ch.committed[c] = expf(sm.ch.committed[c]);
+      }
+    }
     __syncthreads();
 
     // Rows: the early flush's fold (written back), then the drafts in order, u in registers.
     float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    fold_tile<Tile, ROWS>(s_raw, s, vr.flush ? expf(sm.fold_total) : 1.f, vr.flush, sm.u, sm.k, m);
+    if constexpr (PER_CHANNEL) {
+      if (vr.flush) {
+        fold_tile<Tile, ROWS>(s_raw, s, static_cast<const float*>(sm.ch.committed), true, sm.u, sm.k, m);
+      } else {
+        fold_tile<Tile, ROWS>(s_raw, s, 1.f, false, sm.u, sm.k, m);
+      }
+    } else {
+      fold_tile<Tile, ROWS>(s_raw, s, vr.flush ? expf(sm.fold_total) : 1.f, vr.flush, sm.u, sm.k, m);
+    }
     if (vr.flush)
       store_tile<Tile, SR, V>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? vr.epoch : 0), vhead, row0);
     const int first = vr.flush ? 0 : m;
@@ -218,8 +339,13 @@ struct Verify {
       }
       const float rk_j = inv_norm(sm.k2[m + j]), rq_j = inv_norm(sm.q2[j]) * p.scale;
       float k_reg[Tile::kChunksPerLane][Tile::kVec], q_reg[Tile::kChunksPerLane][Tile::kVec];
-      Tile::slice(&sm.k[m + j][0], k_reg);
-      Tile::slice(&sm.q[j][0], q_reg);
+      if constexpr (PER_CHANNEL) {
+        Tile::slice(&sm.ch.k_decayed[j][0], k_reg);
+        Tile::slice(&sm.ch.q_decayed[j][0], q_reg);
+      } else {
+        Tile::slice(&sm.k[m + j][0], k_reg);
+        Tile::slice(&sm.q[j][0], q_reg);
+      }
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
@@ -240,14 +366,16 @@ struct Verify {
       }
     }
 
-    append_shared_drafts<K, kCap, kThreads, GATES_IN_KERNEL>(vp, vr, row, slot, num_k_heads, kSplits, &sm.last);
+    append_shared_drafts<K, kCap, kThreads, GATES_IN_KERNEL, PER_CHANNEL>(vp, vr, row, slot, num_k_heads, kSplits,
+                                                                        &sm.last);
   }
 };
 
 // The conventional spec baseline (mamba2::Snapshot): the t drafts as a chain of conventional
 // steps from one read of the state, the state after draft j written into snapshot_slots[row, j].
+// PER_CHANNEL: the decay alpha_j is a vector over the key channels (the state's columns).
 template <int K, int V, int VPH, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
-          bool GATES_IN_KERNEL>
+          bool GATES_IN_KERNEL, bool PER_CHANNEL = false>
 struct Snapshot {
   using Params = VerifyParams<act_t, state_t>;
   using Tile = RowTiling<state_t, K, ROWS, WARPS, true>;
@@ -258,6 +386,7 @@ struct Snapshot {
     float k[T][K], q[T][K];
     float v[T][ROWS];
     float g[T], beta[T], rk[T], rq[T];
+    alignas(16) float alpha[PER_CHANNEL ? T : 1][PER_CHANNEL ? K : 4];  // per channel: exp(g_j)
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
@@ -282,7 +411,18 @@ struct Snapshot {
     k_draft.store(sm.k, 0, t);
     q_draft.store(sm.q, 0, t);
     v_draft.store(sm.v, 0, t);
-    if (threadIdx.x < t) draft_gates<GATES_IN_KERNEL>(p, d, row, threadIdx.x, vhead, sm.g[threadIdx.x], sm.beta[threadIdx.x]);
+    if constexpr (PER_CHANNEL) {
+      for (int e = threadIdx.x; e < t * K; e += kThreads)
+        sm.alpha[e / K][e % K] = expf(draft_channel_log_decay<GATES_IN_KERNEL, K>(p, d, row, e / K, vhead, e % K));
+      if (threadIdx.x < t) {
+        const float b = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(threadIdx.x) * d.gb_stride_t +
+                                 int64_t(vhead) * p.gb_stride_h];
+        sm.g[threadIdx.x] = 0.f;  // (the decays are in alpha)
+        sm.beta[threadIdx.x] = GATES_IN_KERNEL ? 1.f / (1.f + expf(-b)) : b;
+      }
+    } else {
+      if (threadIdx.x < t) draft_gates<GATES_IN_KERNEL>(p, d, row, threadIdx.x, vhead, sm.g[threadIdx.x], sm.beta[threadIdx.x]);
+    }
     __syncthreads();
     for (int i = threadIdx.x; i < 2 * t; i += kThreads) {
       const float* a = i < t ? sm.k[i] : sm.q[i - t];
@@ -314,9 +454,17 @@ struct Snapshot {
       float k_reg[Tile::kChunksPerLane][Tile::kVec], q_reg[Tile::kChunksPerLane][Tile::kVec];
       Tile::slice(&sm.k[j][0], k_reg);
       Tile::slice(&sm.q[j][0], q_reg);
+      float alpha_reg[PER_CHANNEL ? Tile::kChunksPerLane : 1][Tile::kVec];
+      if constexpr (PER_CHANNEL) Tile::slice(&sm.alpha[j][0], alpha_reg);
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
+        if constexpr (PER_CHANNEL) {  // S Diag(alpha_j) first; alpha is then 1
+          #pragma unroll
+          for (int c = 0; c < Tile::kChunksPerLane; ++c)
+            #pragma unroll
+            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= alpha_reg[c][e];
+        }
         const float sk = Tile::dot(s[i], k_reg);
         const float u = sm.beta[j] * (sm.v[j][r] - alpha * group_sum<Tile::kLanesPerRow>(sk) * rk);
         const float w = u * rk;

@@ -312,7 +312,7 @@ struct VerifyState {
         }
       }
     }
-    append_shared_drafts<K, kCap, kThreads, GATES_IN_KERNEL>(vp, vr, row, slot, num_k_heads, kSplits, &sm.last);
+    append_shared_drafts<K, kCap, kThreads, GATES_IN_KERNEL, false>(vp, vr, row, slot, num_k_heads, kSplits, &sm.last);
   }
 };
 

@@ -1,6 +1,6 @@
-"""Speculative entries (docs/speculative.md): mamba2_verify / gdn_verify and commit_drafts on a
+"""Speculative entries (docs/speculative.md): mamba2_/gdn_/kda_verify and commit_drafts on a
 cache with a history of verifies and commits, and the conventional baseline
-(mamba2_snapshot_verify / gdn_snapshot_verify, commit_snapshots), each with zero to two
+(mamba2_/gdn_/kda_snapshot_verify, commit_snapshots), each with zero to two
 arguments replaced by a drawn variant, against the float64 references. On CUDA the entries keep
 to the AOT `sanitizer` preset: its head shapes and flags, L = 4, T = 2 or 4, BF16 activations,
 replay plans (the preset has no conventional module with drafts)."""
@@ -21,22 +21,27 @@ from replayssm_jit import (
     commit_snapshots,
     gdn_snapshot_verify,
     gdn_verify,
+    kda_snapshot_verify,
+    kda_verify,
     mamba2_snapshot_verify,
     mamba2_verify,
     plan_decode,
 )
 from replayssm_jit.reference import (
     GDNSequence,
+    KDASequence,
     Mamba2Sequence,
     gdn_gates,
     gdn_step,
+    kda_gates,
+    kda_step,
     mamba2_step,
     root_path,
 )
 
 F64, I32 = torch.float64, torch.int32
-VERIFY = {"mamba2": mamba2_verify, "gdn": gdn_verify}
-SNAPSHOT = {"mamba2": mamba2_snapshot_verify, "gdn": gdn_snapshot_verify}
+VERIFY = {"mamba2": mamba2_verify, "gdn": gdn_verify, "kda": kda_verify}
+SNAPSHOT = {"mamba2": mamba2_snapshot_verify, "gdn": gdn_snapshot_verify, "kda": kda_snapshot_verify}
 INDEX = ("num_drafts", "parents", "num_accepted", "accepted_path", "snapshot_slots")
 SLOT_TENSORS = ("state", "rec_x", "rec_b", "rec_dt", "rec_u", "rec_k", "rec_g", "cursors")
 NAMES = ("plan", "tensors", "slot_indices", "out", "seed", *INDEX, *SLOT_TENSORS)
@@ -91,7 +96,8 @@ class Spec:
             return dict(x=a["x"][index], dt=a["dt"][index], B=a["B"][index], C=a["C"][index],
                         z=None if z is None else z[index])  # fmt: skip
         if "a" in a:
-            g, beta = gdn_gates(a["A_log"], a["a"][index], a["dt_bias"], a["b"][index])
+            gates = kda_gates if self.fam.per_channel else gdn_gates
+            g, beta = gates(a["A_log"], a["a"][index], a["dt_bias"], a["b"][index])
         else:
             g, beta = a["g"][index], a["beta"][index]
         return dict(q=a["q"][index], k=a["k"][index], v=a["v"][index], g=g, beta=beta)
@@ -102,8 +108,8 @@ class Spec:
             return Mamba2Sequence(checkpoint, p["A"], p.get("D"), p.get("dt_bias"),
                                   o.get("dt_softplus", True), L=self.L, T=self.T)  # fmt: skip
         l2norm = o.get("use_qk_l2norm", True)
-        return GDNSequence(checkpoint, scale=o.get("scale"), use_qk_l2norm=l2norm, L=self.L,
-                           T=self.T)  # fmt: skip
+        cls = KDASequence if self.fam.per_channel else GDNSequence
+        return cls(checkpoint, scale=o.get("scale"), use_qk_l2norm=l2norm, L=self.L, T=self.T)
 
     def conv(self, state: torch.Tensor, inputs: dict):
         """One float64 conventional step of one row: (output, new state)."""
@@ -114,13 +120,14 @@ class Spec:
                                p.get("D"), one["z"], p.get("dt_bias"),
                                o.get("dt_softplus", True))  # fmt: skip
         else:
-            y, s = gdn_step(state[None], one["q"], one["k"], one["v"], one["g"], one["beta"],
-                            o.get("scale"), o.get("use_qk_l2norm", True))  # fmt: skip
+            step = kda_step if self.fam.per_channel else gdn_step
+            y, s = step(state[None], one["q"], one["k"], one["v"], one["g"], one["beta"],
+                        o.get("scale"), o.get("use_qk_l2norm", True))  # fmt: skip
         return y[0], s[0]
 
 
 def _draw_spec(draw, device: str, *, snapshot: bool = False) -> Spec:
-    fam = ADAPTERS[draw(st.sampled_from(sorted(n for n in ADAPTERS if n != "kda")))]  # (no drafts)
+    fam = ADAPTERS[draw(st.sampled_from(sorted(ADAPTERS)))]
     shape = draw(st.sampled_from(fam.shapes[device]))
     if device == "cuda":  # the sanitizer preset's speculative specs: L = 4, T = 2 and 4
         L, T = 4, draw(st.sampled_from([2, 4]))
@@ -421,7 +428,8 @@ def _variants(draw, v: Validity, kinds: list[str]) -> list[str]:
     return list(dict.fromkeys(draw(st.sampled_from(kinds)) for _ in range(count)))
 
 
-@entry("verify.op", covers=("mamba2_verify", "gdn_verify", "commit_drafts"), weight=0.5)
+@entry("verify.op", covers=("mamba2_verify", "gdn_verify", "kda_verify", "commit_drafts"),
+       weight=0.5)  # fmt: skip
 def build_verify(draw, device):
     sc = _draw_spec(draw, device)
     target = draw(st.sampled_from(["verify", "commit"]))
@@ -532,8 +540,8 @@ def _check_commit_snapshots(sc: Spec, args: dict, before: dict) -> None:
             assert tensors_identical(t, before[name]), name
 
 
-@entry("snapshot.op", covers=("mamba2_snapshot_verify", "gdn_snapshot_verify", "commit_snapshots"),
-       weight=0.5)  # fmt: skip
+@entry("snapshot.op", covers=("mamba2_snapshot_verify", "gdn_snapshot_verify",
+                             "kda_snapshot_verify", "commit_snapshots"), weight=0.5)  # fmt: skip
 def build_snapshot(draw, device):
     sc = _draw_spec(draw, device, snapshot=True)
     target = draw(st.sampled_from(["snapshot", "commit"]))
