@@ -150,19 +150,19 @@ __device__ __forceinline__ void fold_tile(const typename Tile::Regs& s_raw,
                                           float (&s)[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec], SCALE scale,
                                           bool fold, const float (*w)[ROWS], const V (*v)[Tile::kCols], int count) {
   #pragma unroll
-  for (int c = 0; c < Tile::kChunksPerLane; ++c) {
-    float scale_c[Tile::kVec];
-    if constexpr (std::is_pointer_v<SCALE>) {
-      Tile::chunk(scale, c, scale_c);
-    } else {
-      #pragma unroll
-      for (int e = 0; e < Tile::kVec; ++e) scale_c[e] = scale;
-    }
+  for (int i = 0; i < Tile::kPasses; ++i)
     #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i)
+    for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+      float scale_c[Tile::kVec];
+      if constexpr (std::is_pointer_v<SCALE>) {
+        Tile::chunk(scale, c, scale_c);
+      } else {
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) scale_c[e] = scale;
+      }
       #pragma unroll
       for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * scale_c[e];
-  }
+    }
   if (!fold) return;
   for (int k = 0; k < count; ++k) {
     float wk[Tile::kPasses];
