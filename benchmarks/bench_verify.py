@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import SCRATCH_DIR, copy_ceiling, environment, time_graph, write_results
-from verify_schedule import GDNFamily, Mamba2Family
+from verify_schedule import GDNFamily, KDAFamily, Mamba2Family
 
 from replayssm_jit import LaunchConfig, commit_drafts, commit_snapshots, plan_decode, reset_slots
 from replayssm_jit.models import get_model
@@ -53,7 +53,8 @@ WINDOW = 16
 def family_of(model):
     if model.family == "mamba2":
         return Mamba2Family(model.value_heads, model.d_v, model.d_k, model.key_heads)
-    return GDNFamily(model.key_heads, model.value_heads, model.d_k, model.d_v)
+    cls = KDAFamily if model.family == "kda" else GDNFamily
+    return cls(model.key_heads, model.value_heads, model.d_k, model.d_v)
 
 
 def acceptance(kind: str, T: int, batch: int, rng: random.Random) -> list[int]:
