@@ -103,7 +103,9 @@ OUT_OF_RANGE_IDS = (NUM_SLOTS, NUM_SLOTS + 1000, -2, -(2**31), 2**31 - 1)
 JOIN_STEPS = (0, 1, 3)  # the step at which each live slot's sequence starts
 PLAN_SEED = 12345
 STEP_SEED = 777  # the device-tensor seed passed on odd steps
-FULL_STEPS = 2 * WINDOW + 4  # every schedule's cases reached (a speculative one's ring rows rewritten)
+FULL_STEPS = (
+    2 * WINDOW + 4
+)  # every schedule's cases reached (a speculative one's ring rows rewritten)
 # (state dtype, stochastic rounding): every checkpoint dtype the preset builds
 STATES = (("f32", False), ("bf16", False), ("bf16", True), ("f16", False))
 QUICK_STATES = (("f32", False), ("bf16", True))

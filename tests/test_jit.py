@@ -443,3 +443,73 @@ def test_nvfp4_decode_header_matches_the_integer_reference(tmp_path):
     nan_want = (want & 0x7FFFFFFF) > 0x7F800000
     assert torch.equal(nan_got, nan_want)
     assert torch.equal(got[~nan_got], want[~nan_want])
+
+
+def _fp8_test_values() -> torch.Tensor:
+    """FP32 values for the e4m3 encoder: every code's value, its neighbours' midpoints and one
+    FP32 ulp either side of them, random values over the whole range (subnormal, normal, past
+    448), and the specials."""
+    from replayssm_jit.reference import precision as P
+
+    grid = P.e4m3_decode(torch.arange(0x7F, dtype=torch.uint8)).to(torch.float32)
+    mids = (grid[:-1].double() + grid[1:].double()).div(2).to(torch.float32)
+    near = torch.cat([grid, mids, torch.nextafter(mids, torch.tensor(0.0)),
+                      torch.nextafter(mids, torch.tensor(1e9))])  # fmt: skip
+    gen = torch.Generator().manual_seed(8)
+    scales = 2.0 ** torch.randint(-14, 10, (2048,), generator=gen).float()
+    rand = torch.rand(2048, generator=gen) * scales
+    specials = torch.tensor([0.0, 1e-40, 2.0**-10, 448.0, 460.0, 464.0, 480.0, 1e30,
+                             float("inf"), float("nan")])  # fmt: skip
+    values = torch.cat([near, rand, specials])
+    return torch.cat([values, -values])
+
+
+@pytest.mark.nvcc
+def test_fp8_header_matches_the_reference_encoder_and_decoder(tmp_path):
+    """templates/common/fp8.cuh (compiled by nvcc, run on the host): decode of every code, and
+    the RN and SR (16 random bits per value) encoders over edge and random values, bit for bit
+    against reference.precision's e4m3_decode / e4m3_encode; a row's scale and codes against
+    fp8_encode."""
+    from replayssm_jit.reference import precision as P
+
+    values = _fp8_test_values()
+    n = values.numel()
+    gen = torch.Generator().manual_seed(9)
+    bits = torch.randint(0, 2**16, (n,), generator=gen)
+    bits[:8] = torch.tensor([0, 1, 2**15, 2**16 - 1, 0, 1, 2**15, 2**16 - 1])
+    rows = (
+        torch.randn(6, 64, generator=gen) * torch.tensor([1e-3, 1.0, 3e2, 1e5, 0.0, 7.0])[:, None]
+    )
+    as_u32 = lambda t: ", ".join(f"{int(u) & 0xFFFFFFFF}u" for u in t.view(torch.int32).tolist())  # noqa: E731
+    body = (
+        '#include <cstdio>\n#include <cmath>\n#include "common/fp8.cuh"\nusing namespace replayssm::fp8;\n'
+        f"static const uint32_t kValues[] = {{{as_u32(values)}}};\n"
+        f"static const uint32_t kBits[] = {{{', '.join(f'{b}u' for b in bits.tolist())}}};\n"
+        f"static const uint32_t kRows[] = {{{as_u32(rows.flatten())}}};\n"
+        "int main() {\n"
+        '  for (uint32_t c = 0; c < 256; ++c) std::printf("%u\\n", bits_of(decode(c, 1.f)));\n'
+        f"  for (int i = 0; i < {n}; ++i) {{\n"
+        "    const float q = float_from_bits(kValues[i]);\n"
+        '    std::printf("%u %u\\n", encode<false>(q), encode<true>(q, kBits[i]));\n  }\n'
+        "  for (int r = 0; r < 6; ++r) {\n    float amax = 0.f;\n"
+        "    for (int c = 0; c < 64; ++c) amax = fmaxf(amax, fabsf(float_from_bits(kRows[r * 64 + c])));\n"
+        "    const float scale = row_scale(amax);\n"
+        '    std::printf("%u\\n", bits_of(scale));\n'
+        "    for (int c = 0; c < 64; ++c)\n"
+        '      std::printf("%u\\n", encode<false>(divide(float_from_bits(kRows[r * 64 + c]), row_divisor(scale))));\n'
+        "  }\n}\n"
+    )
+    got = _run_nvcc_program(tmp_path, "fp8", body)
+    decoded = torch.tensor(got[:256], dtype=torch.int64).to(torch.int32).view(torch.float32)
+    want = P.e4m3_decode(torch.arange(256, dtype=torch.uint8)).to(torch.float32)
+    assert torch.equal(decoded.isnan(), want.isnan())
+    assert torch.equal(
+        decoded[~want.isnan()].view(torch.int32), want[~want.isnan()].view(torch.int32)
+    )
+    codes = torch.tensor(got[256 : 256 + 2 * n], dtype=torch.int64).view(n, 2)
+    assert torch.equal(codes[:, 0], P.e4m3_encode(values.double()).to(torch.int64))
+    assert torch.equal(codes[:, 1], P.e4m3_encode(values.double(), bits).to(torch.int64))
+    rest = torch.tensor(got[256 + 2 * n :], dtype=torch.int64).view(6, 65)
+    ref = P.fp8_encode(rows)
+    assert torch.equal(rest[:, 0].to(torch.int32).view(torch.float32), ref.scale.flatten())
+    assert torch.equal(rest[:, 1:], ref.codes.to(torch.int64))

@@ -21,9 +21,9 @@ from replayssm_jit import (
     plan_decode,
 )
 from replayssm_jit.jit import build
-from replayssm_jit.ops import plan_handle
 from replayssm_jit.jit.aot import preset_specs
 from replayssm_jit.launch.policy import choose_launch, choose_verify_kernel
+from replayssm_jit.ops import plan_handle
 from replayssm_jit.reference import KDASequence, kda_gates
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")

@@ -950,7 +950,9 @@ def _delta_verify(setup: StepSetup, family: str, gates, *, state, rec_u, rec_k, 
             at = held + j
             window = windows[:, j, None]  # [r, 1, M]
             # [r, HV, K, M], [r, HV, K]
-            decay, total = _suffix_decays(torch.where(window[..., None, :], gs.transpose(-1, -2), 0.0))
+            decay, total = _suffix_decays(
+                torch.where(window[..., None, :], gs.transpose(-1, -2), 0.0)
+            )
             decayed = keys * decay.transpose(-1, -2)  # k_i * dec_i over W_j
             before = window.clone()
             before[..., at] = False  # the records replayed before draft j

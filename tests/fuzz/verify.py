@@ -41,7 +41,11 @@ from replayssm_jit.reference import (
 
 F64, I32 = torch.float64, torch.int32
 VERIFY = {"mamba2": mamba2_verify, "gdn": gdn_verify, "kda": kda_verify}
-SNAPSHOT = {"mamba2": mamba2_snapshot_verify, "gdn": gdn_snapshot_verify, "kda": kda_snapshot_verify}
+SNAPSHOT = {
+    "mamba2": mamba2_snapshot_verify,
+    "gdn": gdn_snapshot_verify,
+    "kda": kda_snapshot_verify,
+}
 INDEX = ("num_drafts", "parents", "num_accepted", "accepted_path", "snapshot_slots")
 SLOT_TENSORS = ("state", "rec_x", "rec_b", "rec_dt", "rec_u", "rec_k", "rec_g", "cursors")
 NAMES = ("plan", "tensors", "slot_indices", "out", "seed", *INDEX, *SLOT_TENSORS)
