@@ -239,19 +239,12 @@ AGREEMENT_CASES = [
 ]
 
 
-def agreement(act, state) -> float:
-    """How closely the split and per-item steps agree (rel_err). On the H200 at d85b67b some u
-    rows differed in their last bit from the first held record on (one FMA contraction differed,
-    docs/tuning.md, KDA), which 16-bit outputs and checkpoints can round to different
-    neighbours; the state kernel has been aligned since, and these bounds hold either way."""
-    return 1e-6 if act == state == torch.float32 else 2e-3
-
-
 @pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", AGREEMENT_CASES)
 def test_split_agrees_with_per_item(shape, gates_in_kernel, act, state, sr, window):
+    """Bit for bit: both kernels contract the same FMAs (docs/tuning.md, KDA)."""
     gpu_schedule.assert_kernels_agree(
         KDA(shape, gates_in_kernel=gates_in_kernel), ("split", "per-item"), act=act, state=state,
-        sr=sr, window=window, rtol=agreement(act, state),
+        sr=sr, window=window, rtol=0.0,
     )  # fmt: skip
 
 
@@ -263,7 +256,7 @@ def test_split_variant_agrees_with_per_item(config, flag, case):
     shape, gates_in_kernel, act, state, sr, window = case
     gpu_schedule.assert_kernels_agree(
         KDA(shape, gates_in_kernel=gates_in_kernel), ("split", "per-item"), act=act, state=state,
-        sr=sr, window=window, config=config, launch_flags=flag, rtol=agreement(act, state),
+        sr=sr, window=window, config=config, launch_flags=flag, rtol=0.0,
     )  # fmt: skip
 
 
@@ -271,7 +264,7 @@ def test_split_agrees_with_per_item_without_speculative_loads():
     """Ring rows read after the cursor (the split step's default at large batch)."""
     gpu_schedule.assert_kernels_agree(
         KDA("gva"), ("split", "per-item"), act=torch.float32, state=torch.float32, sr=False,
-        config=LaunchConfig(speculative_records=False), rtol=1e-6,
+        config=LaunchConfig(speculative_records=False), rtol=0.0,
     )  # fmt: skip
 
 
