@@ -78,11 +78,14 @@ __device__ __forceinline__ void token_gates(const Params& p, int row, int vhead,
 // (GATES_IN_KERNEL) formed from a as g = -exp(A_log) softplus(a + dt_bias) (fla's gate), or where
 // p.lower_bound < 0 the safe gate g = lower_bound sigmoid(exp(A_log) (a + dt_bias)). This token's:
 // token_channel_log_decay.
+__device__ __forceinline__ float formed_channel_log_decay(float a, float dt_bias, float A_log, float lower_bound) {
+  const float x = a + dt_bias, rate = expf(A_log);
+  return lower_bound < 0.f ? lower_bound / (1.f + expf(-rate * x)) : -rate * softplus(x);
+}
 template <bool GATES_IN_KERNEL, int K, typename Params>
 __device__ __forceinline__ float channel_log_decay(const Params& p, float given, int vhead, int c) {
   if constexpr (GATES_IN_KERNEL) {
-    const float x = given + p.dt_bias[int64_t(vhead) * K + c], rate = expf(p.A_log[vhead]);
-    return p.lower_bound < 0.f ? p.lower_bound / (1.f + expf(-rate * x)) : -rate * softplus(x);
+    return formed_channel_log_decay(given, p.dt_bias[int64_t(vhead) * K + c], p.A_log[vhead], p.lower_bound);
   }
   return given;
 }

@@ -46,33 +46,62 @@ __device__ __forceinline__ void draft_gates(const P& p, const DraftParams& d, in
   }
 }
 
-// Draft j's log-decay of key channel c at `vhead` (per-channel decay, channel_log_decay).
-template <bool GATES_IN_KERNEL, int K, typename P>
-__device__ __forceinline__ float draft_channel_log_decay(const P& p, const DraftParams& d, int row, int j, int vhead,
-                                                        int c) {
-  return channel_log_decay<GATES_IN_KERNEL, K>(
-      p, p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(j) * d.ga_stride_t + int64_t(vhead) * p.ga_stride_h + c],
-      vhead, c);
+// Drafts' per-channel log-decays (channel_log_decay) of `heads` value heads from head0, each
+// passed to put(j, h, c, g), formed in batches with their loads in flight together: a CTA forms
+// t x K of them, the appending CTA t x HV x K, and one dependent load chain each would make
+// that latency-bound.
+template <int K, int THREADS, bool GATES_IN_KERNEL, typename act_t, typename state_t, class Put>
+__device__ __forceinline__ void form_draft_channel_decays(const VerifyParams<act_t, state_t>& vp, int row, int total,
+                                                          int heads, int head0, const Put& put) {
+  const auto& p = vp.base;
+  const auto& d = vp.d;
+  constexpr int kBatch = 8;
+  for (int base = threadIdx.x; base < total; base += THREADS * kBatch) {
+    float a[kBatch], bias[kBatch], A_log[kBatch];
+    #pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int e = base + u * THREADS, j = e / (heads * K), h = head0 + e / K % heads, c = e % K;
+      if (e < total) {
+        a[u] = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(j) * d.ga_stride_t + int64_t(h) * p.ga_stride_h + c];
+        bias[u] = GATES_IN_KERNEL ? p.dt_bias[int64_t(h) * K + c] : 0.f;
+        A_log[u] = GATES_IN_KERNEL ? p.A_log[h] : 0.f;
+      }
+    }
+    #pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int e = base + u * THREADS, j = e / (heads * K), h = head0 + e / K % heads, c = e % K;
+      if (e < total) put(j, h, c, GATES_IN_KERNEL ? formed_channel_log_decay(a[u], bias[u], A_log[u], p.lower_bound) : a[u]);
+    }
+  }
 }
 
 // Called by every CTA of a verify row once it has read the rings (and written its u rows): the
 // row's last CTA writes the rows value heads and row tiles share (every head's g, every key
 // head's k) at ring rows first.. (0 after an early flush, else after the committed ones), then
-// the cursor. PER_CHANNEL: a g row holds K log-decays.
+// the cursor. PER_CHANNEL: a g row holds K log-decays; without an early flush no CTA of the
+// row reads rows first.., so each head's first row tile writes its own from `own_g` (its
+// drafts' log-decays in shared memory) and the last CTA only the rest.
 template <int K, int CAP, int THREADS, bool GATES_IN_KERNEL, bool PER_CHANNEL, typename act_t, typename state_t>
 __device__ __forceinline__ void append_shared_drafts(const VerifyParams<act_t, state_t>& vp, const VerifyRow& vr,
-                                                     int row, int slot, int num_k_heads, int splits, int* flag) {
+                                                     int row, int slot, int num_k_heads, int splits, int* flag,
+                                                     int vhead = 0, int split = 0, const float* own_g = nullptr) {
   const auto& p = vp.base;
   const auto& d = vp.d;
   int32_t* cursor = slot_cursor(p.cursors, slot);
+  if constexpr (PER_CHANNEL) {
+    if (!vr.flush && split == 0) {
+      float* g_rows = p.rec_g + ((int64_t(slot) * p.num_v_heads + vhead) * CAP + vr.committed) * K;
+      for (int e = threadIdx.x; e < vr.drafts * K; e += THREADS) g_rows[e] = own_g[e];
+    }
+  }
   if (!last_arrival(cursor, p.num_v_heads * splits, flag)) return;
   const int t = vr.drafts, first = vr.flush ? 0 : vr.committed;
   if constexpr (PER_CHANNEL) {
-    for (int e = threadIdx.x; e < t * p.num_v_heads * K; e += THREADS) {
-      const int j = e / (p.num_v_heads * K), h = e / K % p.num_v_heads, c = e % K;
-      p.rec_g[((int64_t(slot) * p.num_v_heads + h) * CAP + first + j) * K + c] =
-          draft_channel_log_decay<GATES_IN_KERNEL, K>(p, d, row, j, h, c);
-    }
+    if (vr.flush)
+      form_draft_channel_decays<K, THREADS, GATES_IN_KERNEL>(
+          vp, row, t * p.num_v_heads * K, p.num_v_heads, 0, [&](int j, int h, int c, float g) {
+            p.rec_g[((int64_t(slot) * p.num_v_heads + h) * CAP + first + j) * K + c] = g;
+          });
   } else {
     for (int e = threadIdx.x; e < t * p.num_v_heads; e += THREADS) {
       const int j = e / p.num_v_heads, h = e % p.num_v_heads;
@@ -241,10 +270,10 @@ struct Verify {
     k_held.load(rec_k, K, m);
     u_held.load(rec_u, V, m);
     if constexpr (PER_CHANNEL) {
-      for (int e = threadIdx.x; e < count * K; e += kThreads) {
-        const int i = e / K, c = e % K;
-        sm.ch.g[i][c] = i < m ? rec_g[e] : draft_channel_log_decay<GATES_IN_KERNEL, K>(p, d, row, i - m, vhead, c);
-      }
+      for (int e = threadIdx.x; e < m * K / 4; e += kThreads)
+        reinterpret_cast<float4*>(&sm.ch.g[0][0])[e] = reinterpret_cast<const float4*>(rec_g)[e];
+      form_draft_channel_decays<K, kThreads, GATES_IN_KERNEL>(
+          vp, row, t * K, 1, vhead, [&](int j, int, int c, float g) { sm.ch.g[m + j][c] = g; });
     } else {
       for (int i = threadIdx.x; i < m; i += kThreads) sm.g[i] = rec_g[i];
     }
@@ -366,8 +395,10 @@ struct Verify {
       }
     }
 
+    const float* own_g = nullptr;
+    if constexpr (PER_CHANNEL) own_g = &sm.ch.g[m][0];
     append_shared_drafts<K, kCap, kThreads, GATES_IN_KERNEL, PER_CHANNEL>(vp, vr, row, slot, num_k_heads, kSplits,
-                                                                        &sm.last);
+                                                                        &sm.last, vhead, split, own_g);
   }
 };
 
@@ -412,8 +443,8 @@ struct Snapshot {
     q_draft.store(sm.q, 0, t);
     v_draft.store(sm.v, 0, t);
     if constexpr (PER_CHANNEL) {
-      for (int e = threadIdx.x; e < t * K; e += kThreads)
-        sm.alpha[e / K][e % K] = expf(draft_channel_log_decay<GATES_IN_KERNEL, K>(p, d, row, e / K, vhead, e % K));
+      form_draft_channel_decays<K, kThreads, GATES_IN_KERNEL>(
+          vp, row, t * K, 1, vhead, [&](int j, int, int c, float g) { sm.alpha[j][c] = expf(g); });
       if (threadIdx.x < t) {
         const float b = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(threadIdx.x) * d.gb_stride_t +
                                  int64_t(vhead) * p.gb_stride_h];
