@@ -118,16 +118,19 @@ __device__ __forceinline__ void append_shared_drafts(const VerifyParams<act_t, s
   finish_verify_cursor(cursor, vr);
 }
 
-// A verify row's per-channel log-decays (PER_CHANNEL): staged per record (committed, then drafts),
-// the committed ones then turned into their suffix sums to the committed records' end in place,
-// plus the committed records' sum, each draft's root-path sum and total_j * q_j, total_j * k_j.
+// A verify row's per-channel decays (PER_CHANNEL): the log-decays staged per record (committed,
+// then drafts); then, each the exp of one sum of log-decays (never a ratio of exps), a committed
+// record's decay to the committed records' end (in place), the committed records' total, each
+// draft's own decay and its root path's, and total_j * q_j, total_j * k_j. A pair's decay is a
+// product of these (each at most 1), so a window costs an exp per record and channel, not per pair.
 template <bool PER_CHANNEL, int RECORDS, int T, int K>
 struct VerifyChannels {};
 template <int RECORDS, int T, int K>
 struct VerifyChannels<true, RECORDS, T, K> {
   alignas(16) float g[RECORDS][K];
-  alignas(16) float path[T][K];
-  alignas(16) float committed[K];  // the sum; after the dots, exp of it (an early flush's column scale)
+  alignas(16) float step[T][K];    // exp(g) of each draft
+  alignas(16) float path[T][K];    // exp(sum of g along draft j's root path)
+  alignas(16) float committed[K];  // exp(sum of the committed records' g): an early flush's column scale
   alignas(16) float q_decayed[T][K];
   alignas(16) float k_decayed[T][K];
 };
@@ -163,10 +166,9 @@ struct Verify {
   static __device__ __forceinline__ float inv_norm(float sq) { return L2NORM ? rsqrtf(sq + kNormEps) : 1.f; }
 
   // Per channel, once the records, log-decays and parents are staged: |k_i|^2 and |q_j|^2, the
-  // committed log-decays' suffix sums (in place) and sum, each draft's path sum (a thread per
-  // channel), the tree's ancestor sets; after a barrier, total_j * q_j and total_j * k_j and the
-  // dots ((dec_ij * k_i) . k_j) and ((dec_ij * k_i) . q_j) of every pair on a window (a warp per
-  // pair; zero off it), raw as dots_with_drafts leaves them.
+  // decays of VerifyChannels (a thread per channel), the tree's ancestor sets; after a barrier,
+  // total_j * q_j and total_j * k_j and the dots ((dec_ij * k_i) . k_j) and ((dec_ij * k_i) . q_j)
+  // of every pair on a window (a warp per pair; zero off it), raw as dots_with_drafts leaves them.
   static __device__ __forceinline__ void channel_logs_and_dots(Smem& sm, int m, int mc, int t, bool flush) {
     const int count = m + t;
     dots_with_drafts<K, T, WARPS>(sm.k, count, sm.q, 0, nullptr, 0, sm.k2);
@@ -176,21 +178,22 @@ struct Verify {
       float suffix = 0.f;
       for (int i = m - 1; i >= 0; --i) {
         const float g = sm.ch.g[i][c];
-        sm.ch.g[i][c] = suffix;
+        sm.ch.g[i][c] = expf(suffix);
         suffix += g;
       }
-      sm.ch.committed[c] = suffix;
+      sm.ch.committed[c] = expf(suffix);
       for (int j = 0; j < t; ++j) {
         float path = 0.f;
         for (int node = j; node >= 0; node = sm.tree.parent[node]) path += sm.ch.g[m + node][c];
-        sm.ch.path[j][c] = path;
+        sm.ch.path[j][c] = expf(path);
+        sm.ch.step[j][c] = expf(sm.ch.g[m + j][c]);
       }
     }
     __syncthreads();
-    const float committed_scale = flush ? 0.f : 1.f;  // after an early flush the window starts at the drafts
     for (int e = threadIdx.x; e < t * K; e += kThreads) {
       const int j = e / K, c = e % K;
-      const float total = expf(committed_scale * sm.ch.committed[c] + sm.ch.path[j][c]);
+      // After an early flush the window starts at the drafts.
+      const float total = flush ? sm.ch.path[j][c] : sm.ch.committed[c] * sm.ch.path[j][c];
       sm.ch.q_decayed[j][c] = total * sm.q[j][c];
       sm.ch.k_decayed[j][c] = total * sm.k[m + j][c];
     }
@@ -201,13 +204,13 @@ struct Verify {
       float kk = 0.f, kq = 0.f;
       if (committed || on_path) {
         for (int c = lane; c < K; c += 32) {
-          float log_dec = 0.f;
+          float dec = 1.f;
           if (committed) {
-            log_dec = sm.ch.g[i][c] + sm.ch.path[j][c];
+            dec = sm.ch.g[i][c] * sm.ch.path[j][c];
           } else {
-            for (int node = j; node != i - m; node = sm.tree.parent[node]) log_dec += sm.ch.g[m + node][c];
+            for (int node = j; node != i - m; node = sm.tree.parent[node]) dec *= sm.ch.step[node][c];
           }
-          const float decayed = sm.k[i][c] * expf(log_dec);
+          const float decayed = sm.k[i][c] * dec;
           kk = fmaf(decayed, sm.k[m + j][c], kk);
           kq = fmaf(decayed, sm.q[j][c], kq);
         }
@@ -335,8 +338,7 @@ struct Verify {
         sm.u[i][r] *= (PER_CHANNEL ? 1.f : expf(sm.log_after[i])) * inv_norm(sm.k2[i]);
       }
       if constexpr (PER_CHANNEL) {  // the fold's decayed k rows and column scale, in place
-        for (int e = threadIdx.x; e < m * K; e += kThreads) sm.k[e / K][e % K] *= expf(sm.ch.g[e / K][e % K]);
-        for (int c = threadIdx.x; c < K; c += kThreads) sm.ch.committed[c] = expf(sm.ch.committed[c]);
+        for (int e = threadIdx.x; e < m * K; e += kThreads) sm.k[e / K][e % K] *= sm.ch.g[e / K][e % K];
       }
     }
     __syncthreads();
