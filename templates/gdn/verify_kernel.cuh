@@ -246,8 +246,9 @@ struct Verify {
     const bool draft_lane = threadIdx.x < T;
     float gate_a = 0.f, gate_b = 0.f;
     if (draft_lane) {
-      gate_a = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(threadIdx.x) * d.ga_stride_t +
-                        int64_t(vhead) * p.ga_stride_h];
+      if constexpr (!PER_CHANNEL)  // (per channel: formed with the committed records' g)
+        gate_a = p.gate_a[int64_t(row) * p.ga_stride_b + int64_t(threadIdx.x) * d.ga_stride_t +
+                          int64_t(vhead) * p.ga_stride_h];
       gate_b = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(threadIdx.x) * d.gb_stride_t +
                         int64_t(vhead) * p.gb_stride_h];
     }
@@ -450,7 +451,6 @@ struct Snapshot {
       if (threadIdx.x < t) {
         const float b = p.gate_b[int64_t(row) * p.gb_stride_b + int64_t(threadIdx.x) * d.gb_stride_t +
                                  int64_t(vhead) * p.gb_stride_h];
-        sm.g[threadIdx.x] = 0.f;  // (the decays are in alpha)
         sm.beta[threadIdx.x] = GATES_IN_KERNEL ? 1.f / (1.f + expf(-b)) : b;
       }
     } else {
@@ -480,7 +480,7 @@ struct Snapshot {
         Tile::fill_rows(out, 0.f);
         continue;
       }
-      const float alpha = expf(sm.g[j]), rk = sm.rk[j], rq = sm.rq[j];
+      const float alpha = PER_CHANNEL ? 1.f : expf(sm.g[j]), rk = sm.rk[j], rq = sm.rq[j];  // (per channel: alpha_reg)
       const int snap = d.snapshot_slots[int64_t(row) * T + j];
       const bool write = unsigned(snap) < unsigned(p.num_slots);
       state_t* snap_rows = p.state + int64_t(snap) * p.state_slot_stride + (int64_t(vhead) * V + row0) * K;
