@@ -17,6 +17,7 @@ from replayssm_jit.families.base import (
     MAX_DRAFTS,
     MAX_VERIFY_DRAFTS,
     MAX_WINDOW,
+    ROW_SCALED_DTYPES,
     Family,
     HeadShape,
     dtype_name,
@@ -30,8 +31,11 @@ class KernelSpec:
 
     dims: ordered (name, value) pairs, e.g. (("p", 64), ("n", 128), ("hpg", 16)).
     window: replay window L (1 = conventional only). drafts: draft tokens T the ring also
-    holds (capacity L + T). flags: sorted compile-time features, e.g. ("d", "dt_softplus").
-    Construct through `make_spec` (or mamba2_spec / gdn_spec), which checks everything.
+    holds (capacity L + T). state_dtype: the checkpoint the recurrence is carried in (f32, bf16,
+    f16, or e4m3 with a scale per row). read_dtype: separate mode's read copy (e4m3, bf16 or
+    f16), which non-flush steps read instead, or None (shared mode). flags: sorted compile-time
+    features, e.g. ("d", "dt_softplus"). Construct through `make_spec` (or mamba2_spec /
+    gdn_spec), which checks everything.
     """
 
     family: str
@@ -41,6 +45,7 @@ class KernelSpec:
     act_dtype: str
     state_dtype: str
     flags: tuple[str, ...] = field(default=())
+    read_dtype: str | None = None
 
     def __post_init__(self) -> None:
         fam = get_family(self.family)
@@ -51,9 +56,12 @@ class KernelSpec:
             check_positive_int(fam.dim_arg(name), value)
         check_positive_int("window", self.window, upper=MAX_WINDOW)
         check_positive_int("drafts", self.drafts, upper=MAX_DRAFTS)
-        for arg in ("act_dtype", "state_dtype"):
-            object.__setattr__(self, arg, dtype_name(getattr(self, arg), arg))
-        object.__setattr__(self, "flags", check_flags(fam, self.flags, self.state_dtype))
+        object.__setattr__(self, "act_dtype", dtype_name(self.act_dtype, "act_dtype"))
+        state = dtype_name(self.state_dtype, "state_dtype", checkpoint=True)
+        object.__setattr__(self, "state_dtype", state)
+        read = check_read_dtype(fam, self.read_dtype, state, self.window, self.drafts)
+        object.__setattr__(self, "read_dtype", read)
+        object.__setattr__(self, "flags", check_flags(fam, self.flags, state, read))
 
     @property
     def uri(self) -> str:
@@ -65,6 +73,7 @@ class KernelSpec:
             f"T{self.drafts}",
             f"act-{self.act_dtype}",
             f"state-{self.state_dtype}",
+            *([f"read-{self.read_dtype}"] if self.read_dtype else []),
             *self.flags,
         ]
         return "_".join(parts)
@@ -100,13 +109,56 @@ class KernelSpec:
             "verify": self.has_verify,
             "act_t": CPP_TYPES[self.act_dtype],
             "state_t": CPP_TYPES[self.state_dtype],
+            "read_t": CPP_TYPES[self.read_dtype] if self.read_dtype else "void",
             "flags": set(self.flags),
             "tilings": spec_tilings(self),
             **fam.template_context(),
         }
 
 
-def check_flags(fam: Family, flags: object, state_dtype: str) -> tuple[str, ...]:
+# Read copies built per family: separate mode's flush recomputes nothing for Mamba-2, while GDN
+# and KDA must recompute each held u from the carried copy (not built yet).
+SEPARATE_MODE_FAMILIES = frozenset({"mamba2"})
+
+
+def check_read_dtype(
+    fam: Family, read_dtype: object, state_dtype: str, window: int, drafts: int
+) -> str | None:
+    """`read_dtype` as a short name (or None), checked against the rest of the spec. Checkpoint
+    formats other than f32/bf16/f16 (e4m3 state or any read copy) take no drafts yet."""
+    read = None if read_dtype is None else dtype_name(read_dtype, "read_dtype", checkpoint=True)
+    if read is not None:
+        if read == state_dtype or read == "f32":
+            raise ValueError(
+                f"read_dtype: expected a format narrower than state_dtype={state_dtype!r} "
+                f"(e4m3, bf16 or f16), got {read!r}"
+            )
+        if DTYPE_BYTES[read] >= DTYPE_BYTES[state_dtype] or state_dtype in ROW_SCALED_DTYPES:
+            raise ValueError(
+                f"read_dtype: a read copy needs a wider carried state; got "
+                f"state_dtype={state_dtype!r} and read_dtype={read!r}"
+            )
+        if fam.name not in SEPARATE_MODE_FAMILIES:
+            raise ValueError(
+                f"read_dtype: separate mode (a read copy) is built for "
+                f"{sorted(SEPARATE_MODE_FAMILIES)}, not {fam.name}; got {read!r}"
+            )
+        if window < 2:
+            raise ValueError(
+                f"read_dtype: a read copy serves ReplaySSM's non-flush steps (window >= 2); "
+                f"got window={window}"
+            )
+    if drafts != 1 and (read is not None or state_dtype in ROW_SCALED_DTYPES):
+        raise ValueError(
+            f"drafts: expected 1 with state_dtype={state_dtype!r} and read_dtype={read!r} "
+            f"(the speculative kernels take f32/bf16/f16 checkpoints), got {drafts}"
+        )
+    return read
+
+
+def check_flags(
+    fam: Family, flags: object, state_dtype: str, read_dtype: str | None = None
+) -> tuple[str, ...]:
     """`flags` as the sorted names of features `fam` compiles, with their dependencies met."""
     if isinstance(flags, str) or not isinstance(flags, Iterable):
         raise TypeError(
@@ -120,8 +172,11 @@ def check_flags(fam: Family, flags: object, state_dtype: str) -> tuple[str, ...]
         raise ValueError(
             f"flags: expected a subset of {sorted(fam.flags)}, got unknown {sorted(unknown)}"
         )
-    if "sr" in flags and state_dtype == "f32":
-        raise ValueError("flags: 'sr' (stochastic rounding) needs a bf16/f16 state_dtype, got f32")
+    if "sr" in flags and state_dtype == "f32" and read_dtype is None:
+        raise ValueError(
+            "flags: 'sr' (stochastic rounding) needs a bf16/f16/e4m3 state_dtype or a read "
+            "copy, got an f32 state and none"
+        )
     if "device_seed" in flags and "sr" not in flags:
         raise ValueError("flags: 'device_seed' (the seed read on the device) needs 'sr'")
     return tuple(sorted(set(flags)))
@@ -130,7 +185,12 @@ def check_flags(fam: Family, flags: object, state_dtype: str) -> tuple[str, ...]
 def spec_tilings(spec: KernelSpec) -> list[tuple[int, int]]:
     """The (rows_per_cta, warps) tiles compiled into `spec`'s module, largest first."""
     rows, cols = spec.state_rows_cols
-    return rows_tilings(rows, cols, DTYPE_BYTES[spec.state_dtype])
+    tilings = rows_tilings(rows, cols, DTYPE_BYTES[spec.state_dtype])
+    if spec.read_dtype is None:
+        return tilings
+    # Separate mode's kernel tiles both copies with one (rows, warps).
+    read = set(rows_tilings(rows, cols, DTYPE_BYTES[spec.read_dtype]))
+    return [t for t in tilings if t in read]
 
 
 def make_spec(
@@ -142,6 +202,7 @@ def make_spec(
     act_dtype: object = "bf16",
     state_dtype: object = "f32",
     flags: Iterable[str] | None = None,
+    read_dtype: object = None,
 ) -> KernelSpec:
     """The checked specialization of `family` for `shape` (value_heads may be any multiple of
     the key heads' ratio: only the ratio enters the spec).
@@ -150,8 +211,9 @@ def make_spec(
     most 32 lanes x 8 chunks) and value rows must have a row tiling.
     """
     fam = get_family(family)
-    state = dtype_name(state_dtype, "state_dtype")
-    flags = check_flags(fam, fam.default_flags if flags is None else flags, state)
+    state = dtype_name(state_dtype, "state_dtype", checkpoint=True)
+    read = check_read_dtype(fam, read_dtype, state, window, drafts)
+    flags = check_flags(fam, fam.default_flags if flags is None else flags, state, read)
     spec = KernelSpec(
         family=fam.name,
         dims=fam.dims_of(shape),
@@ -160,6 +222,7 @@ def make_spec(
         act_dtype=dtype_name(act_dtype, "act_dtype"),
         state_dtype=state,
         flags=tuple(flags),
+        read_dtype=read,
     )
     if drafts != 1 and not fam.speculative_kernels:
         raise ValueError(
@@ -168,7 +231,7 @@ def make_spec(
         )
     rows, cols = spec.state_rows_cols
     row_arg, col_arg = fam.dim_arg(fam.role_key("value_dim")), fam.dim_arg(fam.role_key("key_dim"))
-    vec = 16 // DTYPE_BYTES[state]
+    vec = 16 // min(DTYPE_BYTES[d] for d in (state, read or state))
     if cols % vec or cols % 8 or cols > 32 * vec * 8:
         raise ValueError(
             f"{col_arg}: expected a multiple of {max(vec, 8)} up to {32 * vec * 8}, got {cols}"
@@ -182,7 +245,7 @@ def make_spec(
 
 def family_spec(family: str, *, window: int = 16, drafts: int = 1, act_dtype: object = "bf16",
                 state_dtype: object = "f32", flags: Iterable[str] | None = None,
-                **dims: int) -> KernelSpec:  # fmt: skip
+                read_dtype: object = None, **dims: int) -> KernelSpec:  # fmt: skip
     """The spec of `family` from its dims by their user-facing names (Family.spec_dims), e.g.
     family_spec("mamba2", headdim=64, dstate=128, heads_per_group=16)."""
     fam = get_family(family)
@@ -196,7 +259,7 @@ def family_spec(family: str, *, window: int = 16, drafts: int = 1, act_dtype: ob
     shape = HeadShape(1, by_role["heads_per_key"], by_role["key_dim"], by_role["value_dim"])
     return make_spec(
         fam.name, shape, window=window, drafts=drafts, act_dtype=act_dtype,
-        state_dtype=state_dtype, flags=flags,
+        state_dtype=state_dtype, flags=flags, read_dtype=read_dtype,
     )  # fmt: skip
 
 

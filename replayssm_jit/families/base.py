@@ -23,10 +23,17 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.float32: "f32",
     torch.bfloat16: "bf16",
     torch.float16: "f16",
+    torch.float8_e4m3fn: "e4m3",
 }
 TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
-DTYPE_BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2}
-CPP_TYPES: dict[str, str] = {"f32": "float", "bf16": "__nv_bfloat16", "f16": "__half"}
+DTYPE_BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "e4m3": 1}
+CPP_TYPES: dict[str, str] = {
+    "f32": "float", "bf16": "__nv_bfloat16", "f16": "__half", "e4m3": "replayssm::e4m3",
+}  # fmt: skip
+# Checkpoint formats with an FP32 decode scale per state row beside their codes.
+ROW_SCALED_DTYPES = frozenset({"e4m3"})
+# Dtypes only a checkpoint may have (activations and records are f32, bf16 or f16).
+CHECKPOINT_ONLY_DTYPES = frozenset({"e4m3"})
 
 # Limits of a spec's ring: the replay window L and the draft tokens T it also holds.
 MAX_WINDOW = 256
@@ -37,16 +44,15 @@ MAX_VERIFY_DRAFTS = 8
 MAX_HEADS = (2**31 - 1) // 8
 
 
-def dtype_name(dtype: object, arg: str) -> str:
-    """The short name ("f32", "bf16", "f16") of a torch dtype or short name, else a TypeError."""
-    if isinstance(dtype, str) and dtype in TORCH_DTYPES:
-        return dtype
-    if isinstance(dtype, torch.dtype) and dtype in DTYPE_NAMES:
-        return DTYPE_NAMES[dtype]
-    raise TypeError(
-        f"{arg}: expected one of {sorted(TORCH_DTYPES)} or torch.float32/bfloat16/float16, "
-        f"got {dtype!r}"
-    )
+def dtype_name(dtype: object, arg: str, *, checkpoint: bool = False) -> str:
+    """The short name ("f32", "bf16", "f16"; for a checkpoint also "e4m3") of a torch dtype or
+    short name, else a TypeError."""
+    names = sorted(TORCH_DTYPES if checkpoint else set(TORCH_DTYPES) - CHECKPOINT_ONLY_DTYPES)
+    name = dtype if isinstance(dtype, str) else DTYPE_NAMES.get(dtype)
+    if isinstance(dtype, str | torch.dtype) and name in names:
+        return name
+    torch_names = "/".join(str(TORCH_DTYPES[n]).removeprefix("torch.") for n in names)
+    raise TypeError(f"{arg}: expected one of {names} or torch.{{{torch_names}}}, got {dtype!r}")
 
 
 @dataclass(frozen=True)

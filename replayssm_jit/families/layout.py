@@ -27,10 +27,11 @@ from replayssm_jit.checks import (
 )
 from replayssm_jit.families import get_family
 from replayssm_jit.families.base import (
+    DTYPE_NAMES,
+    ROW_SCALED_DTYPES,
     TORCH_DTYPES,
     Family,
     HeadShape,
-    dtype_name,
 )
 
 CURSOR_WORDS = 4
@@ -68,6 +69,13 @@ class CacheLayout:
     drafts: int
     state_dtype: torch.dtype
     act_dtype: torch.dtype
+    read_dtype: torch.dtype | None = None
+
+    @property
+    def checkpoint_names(self) -> tuple[str, ...]:
+        """The checkpoint's tensors: state, its row scales where it is e4m3, and separate
+        mode's read copy (read_state, with read_scale where it is e4m3)."""
+        return tuple(t.name for t in self._checkpoint_tensors)
 
     @property
     def capacity(self) -> int:
@@ -92,15 +100,27 @@ class CacheLayout:
             for r in self.family.rings
         )
         return (
-            # The kernels take the checkpoint's slot stride; the rings and cursors they index
-            # densely (slot * block), so only the checkpoint's slots may be padded.
-            TensorLayout(
-                "state", (s.value_heads, s.value_dim, s.key_dim), self.state_dtype, packed=False
-            ),
+            *self._checkpoint_tensors,
             *rings,
             # Verify and commit read and write a cursor's four words in one 16-byte access.
             TensorLayout("cursors", (CURSOR_WORDS,), torch.int32, alignment=16),
         )
+
+    @cached_property
+    def _checkpoint_tensors(self) -> tuple[TensorLayout, ...]:
+        s = self.shape
+        rows = (s.value_heads, s.value_dim)
+        out = []
+        for codes, dtype in (("state", self.state_dtype), ("read_state", self.read_dtype)):
+            if dtype is None:
+                continue
+            # The kernels take a copy's slot stride; its scales, the rings and the cursors they
+            # index densely (slot * block), so only the codes' slots may be padded.
+            out.append(TensorLayout(codes, (*rows, s.key_dim), dtype, packed=False))
+            if DTYPE_NAMES[dtype] in ROW_SCALED_DTYPES:
+                scale = "state_scale" if codes == "state" else "read_scale"
+                out.append(TensorLayout(scale, rows, torch.float32))
+        return tuple(out)
 
     def check_tensors(
         self,
@@ -176,6 +196,7 @@ def family_layout(
     drafts: int = 1,
     state_dtype: torch.dtype | str = torch.float32,
     act_dtype: torch.dtype | str = torch.bfloat16,
+    read_dtype: torch.dtype | str | None = None,
     **shape_args: int,
 ) -> CacheLayout:
     """The checked layout of `family` for its head-shape arguments (Family.shape_args)."""
@@ -183,26 +204,31 @@ def family_layout(
 
     fam = get_family(family)
     shape = fam.head_shape(**shape_args)
-    layout = CacheLayout(
+    # Everything a plan() of this layout needs must hold now, not at the first plan().
+    spec = make_spec(fam.name, shape, window=window, drafts=drafts, act_dtype=act_dtype,
+                     state_dtype=state_dtype, read_dtype=read_dtype)  # fmt: skip
+    return CacheLayout(
         family=fam,
         shape=shape,
         window=window,
         drafts=drafts,
-        state_dtype=TORCH_DTYPES[dtype_name(state_dtype, "state_dtype")],
-        act_dtype=TORCH_DTYPES[dtype_name(act_dtype, "act_dtype")],
+        state_dtype=TORCH_DTYPES[spec.state_dtype],
+        act_dtype=TORCH_DTYPES[spec.act_dtype],
+        read_dtype=TORCH_DTYPES[spec.read_dtype] if spec.read_dtype else None,
     )
-    # Everything a plan() of this layout needs must hold now, not at the first plan().
-    make_spec(fam.name, shape, window=window, drafts=drafts, act_dtype=act_dtype,
-              state_dtype=state_dtype)  # fmt: skip
-    return layout
 
 
 def mamba2_layout(**kwargs) -> CacheLayout:
     """A Mamba-2 layer's slot tensors, from num_heads (H), headdim (P), dstate (N), ngroups (G),
-    window=16, drafts=1, state_dtype=float32 and act_dtype=bfloat16 (CAP = window + drafts):
+    window=16, drafts=1, state_dtype=float32, act_dtype=bfloat16 and read_dtype=None (CAP =
+    window + drafts):
 
-    state [H, P, N] state_dtype; rec_x [H, CAP, P] act_dtype; rec_b [G, CAP, N] act_dtype;
-    rec_dt [H, CAP] float32 (dt after bias and softplus); cursors [4] int32.
+    state [H, P, N] state_dtype (float32, bfloat16, float16 or float8_e4m3fn); state_scale [H,
+    P] float32 where state_dtype is e4m3 (one decode scale per state row); read_state [H, P, N]
+    read_dtype and read_scale [H, P] (e4m3) in separate mode (read_dtype set: non-flush steps
+    read that copy, flushes carry state and rewrite it; docs/precision.md); rec_x [H, CAP, P]
+    act_dtype; rec_b [G, CAP, N] act_dtype; rec_dt [H, CAP] float32 (dt after bias and
+    softplus); cursors [4] int32.
     """
     return family_layout("mamba2", **kwargs)
 
@@ -211,17 +237,17 @@ def gdn_layout(**kwargs) -> CacheLayout:
     """A Gated DeltaNet layer's slot tensors, from num_k_heads (H), num_v_heads (HV), head_k_dim
     (K), head_v_dim (V), window=16, drafts=1, state_dtype=float32 and act_dtype=bfloat16:
 
-    state [HV, V, K] state_dtype; rec_u [HV, CAP, V] float32; rec_k [H, CAP, K] act_dtype (raw
+    state [HV, V, K] state_dtype (float32, bfloat16, float16 or float8_e4m3fn); state_scale
+    [HV, V] float32 where it is e4m3; rec_u [HV, CAP, V] float32; rec_k [H, CAP, K] act_dtype (raw
     k); rec_g [HV, CAP] float32 (log-decay); cursors [4] int32.
     """
     return family_layout("gdn", **kwargs)
 
 
 def kda_layout(**kwargs) -> CacheLayout:
-    """A Kimi Delta Attention layer's slot tensors, from gdn_layout's arguments (drafts must be
-    1: KDA has no speculative kernels yet):
+    """A Kimi Delta Attention layer's slot tensors, from gdn_layout's arguments:
 
-    state [HV, V, K] state_dtype; rec_u [HV, CAP, V] float32; rec_k [H, CAP, K] act_dtype (raw
+    state [HV, V, K] state_dtype, with state_scale [HV, V] float32 where it is e4m3; rec_u [HV, CAP, V] float32; rec_k [H, CAP, K] act_dtype (raw
     k); rec_g [HV, CAP, K] float32 (a log-decay per key channel); cursors [4] int32.
     """
     return family_layout("kda", **kwargs)

@@ -128,7 +128,7 @@ def candidates(spec: KernelSpec, mode: str) -> list[LaunchConfig]:
     if mode == "conventional":
         return [LaunchConfig(rows_per_cta=r) for r in tiles]
     kernels = ["per-item"]
-    if spec.state_dtype == "f32":
+    if spec.state_dtype == "f32" and spec.read_dtype is None:
         kernels.append("flush-every-step")
     if can_split(spec):
         kernels.append("split")

@@ -48,7 +48,7 @@ FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD = 2
 FEW_RECORDS_THREADS = 4 * 32  # one thread per value head for its scalars
 # Capping the split state kernel's registers fits one more CTA per SM; it pays once the
 # grid is many times over the chip (sooner for 16-bit checkpoints).
-CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = {"f32": 64, "bf16": 12, "f16": 12}
+CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = {"f32": 64, "bf16": 12, "f16": 12, "e4m3": 12}
 
 # Where no GPU is visible (CPU tests of the policy), plan for an H200.
 DEFAULT_SM_COUNT = 132
@@ -82,7 +82,7 @@ def can_split(spec: KernelSpec) -> bool:
     """Whether `spec`'s split step fits: at most SPLIT_RECORDS_THREADS heads per key head, and
     their records within one CTA's shared memory."""
     fam = get_family(spec.family)
-    if not fam.split_kernel:
+    if not fam.split_kernel or spec.read_dtype is not None:
         return False
     heads = fam.records_heads(dict(spec.dims))
     return heads <= SPLIT_RECORDS_THREADS and fam.records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
@@ -94,10 +94,15 @@ def choose_replay_kernel(
     """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split (a family that
     compiles no split step keeps its window on the per-item kernel there); below it the
     per-item kernel, flushing every token for FP32 checkpoints (with nothing held, the step is
-    the conventional one plus a cursor read; 16-bit checkpoints keep the window so that they are
-    rounded once per L tokens)."""
+    the conventional one plus a cursor read; narrower checkpoints keep the window so that they
+    are rounded once per L tokens, and so does a read copy, which only non-flush steps read)."""
     if config.kernel == "split" and not can_split(spec):
         fam = get_family(spec.family)
+        if spec.read_dtype is not None:
+            raise ValueError(
+                f"config.kernel: expected 'auto', 'per-item' or 'flush-every-step' with a read "
+                f"copy (separate mode has no split step), got 'split' ({spec.uri})"
+            )
         if not fam.split_kernel:
             raise ValueError(
                 f"config.kernel: expected 'auto', 'per-item' or 'flush-every-step' for "
@@ -116,7 +121,8 @@ def choose_replay_kernel(
             return "split"
         if not get_family(spec.family).split_kernel:
             return "per-item"
-    return "flush-every-step" if spec.state_dtype == "f32" else "per-item"
+    wide = spec.state_dtype == "f32" and spec.read_dtype is None
+    return "flush-every-step" if wide else "per-item"
 
 
 def can_split_verify(spec: KernelSpec) -> bool:

@@ -185,6 +185,51 @@ def round_stochastic(v: torch.Tensor, bits: torch.Tensor, dtype: torch.dtype) ->
     raise ValueError(f"round_stochastic: expected bf16, fp16 or fp32, got {dtype}")
 
 
+E4M3_MAX = 448.0
+
+
+def encode_e4m3_rows(
+    values: torch.Tensor, bits: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 codes, FP32 row scales [...]) of FP32 `values` [..., n] as common/fp8.cuh's
+    store_row: scale = max(amax / 448, 2^-126) (0 for a zero row), codes of values * fp32(1 /
+    scale), saturating at 448; round to nearest even, or (bits: 16 per element) up away from
+    zero iff bits * 2^-16 < the distance from the code toward zero in units of the gap."""
+    v = values.to(_F32)
+    amax = v.abs().amax(dim=-1)
+    scale = torch.where(amax == 0, 0.0, (amax / E4M3_MAX).clamp_min(2.0**-126))
+    inverse = torch.where(scale == 0, 1.0, 1.0 / scale)
+    q = v * inverse[..., None]
+    mag = q.abs().clamp(max=E4M3_MAX)
+    nearest = mag.to(torch.float8_e4m3fn)  # round to nearest even
+    code = nearest.view(torch.uint8).to(torch.int64)
+    if bits is not None:
+        value = nearest.to(_F32)
+        lower = torch.where(value > mag, code - 1, code)  # the code toward zero
+        lower_value = lower.to(torch.uint8).view(torch.float8_e4m3fn).to(_F32)
+        upper_value = (lower + 1).clamp(max=0x7E).to(torch.uint8).view(torch.float8_e4m3fn).to(_F32)
+        gap = torch.where(upper_value > lower_value, upper_value - lower_value, 1.0)
+        frac = (mag - lower_value) / gap  # exact: the gap is a power of two
+        up = (bits.to(_F32) * (1.0 / 65536.0) < frac) & (mag > lower_value)
+        code = torch.where(up, lower + 1, lower)
+    sign = torch.where(q.view(torch.int32) < 0, 0x80, 0)
+    code = torch.where(torch.isnan(q), 0x7F, code | sign)
+    return code.to(torch.uint8), scale
+
+
+def _load_state(state: torch.Tensor, state_scale: torch.Tensor | None, slots) -> torch.Tensor:
+    """state[slots] as FP32: e4m3 codes times their row's scale (one FP32 product, as
+    TileCheckpoint::values), other formats converted exactly."""
+    values = state[slots].to(_F32)
+    if state_scale is None:
+        return values
+    return values * state_scale[slots].to(_F32).unsqueeze(-1)
+
+
+# A read copy's rounding stream has the top bit set (read_copy_rounding_key in checkpoint.cuh).
+_READ_COPY_STREAM = -(2**63)
+
+
 def _store_state(
     state: torch.Tensor,
     slots: torch.Tensor,
@@ -193,18 +238,30 @@ def _store_state(
     sr: bool,
     seed: int,
     epochs: torch.Tensor,
+    state_scale: torch.Tensor | None = None,
+    read_copy: bool = False,
 ) -> None:
     """state[slots] = FP32 `values` [rows, *state.shape[1:]] in state's dtype: round to nearest,
-    or (sr) stochastically with the key store_chunk gets (slot << 32 | epoch, flat element)."""
-    if not sr or state.dtype == _F32:
+    or (sr) stochastically with the key store_values gets (slot << 32 | epoch, with the top bit
+    for a read copy; flat element). e4m3 stores codes and their row scales (state_scale[slots])
+    as reference.precision.fp8_encode does."""
+    fp8 = state.dtype == torch.float8_e4m3fn
+    bits = None
+    if sr and state.dtype != _F32:
+        per_slot = state.shape[1:]
+        element = torch.arange(per_slot.numel(), dtype=torch.int64, device=values.device)
+        stream = (slots.to(torch.int64) << 32) | epochs.to(torch.int64)  # int32 epochs sign-extend
+        if read_copy:
+            stream = stream | _READ_COPY_STREAM
+        bits = rounding_bits(seed, stream[:, None], element[None, :]).view(values.shape)
+    if fp8:
+        codes, scale = encode_e4m3_rows(values, bits)
+        state[slots] = codes.view(torch.float8_e4m3fn)
+        state_scale[slots] = scale
+    elif bits is None:
         state[slots] = values.to(state.dtype)
-        return
-    per_slot = state.shape[1:]
-    element = torch.arange(per_slot.numel(), dtype=torch.int64, device=values.device)
-    stream = (slots.to(torch.int64) << 32) | epochs.to(torch.int64)  # int32 epochs sign-extend
-    bits = rounding_bits(seed, stream[:, None], element[None, :])
-    flat = values.reshape(values.shape[0], -1)
-    state[slots] = round_stochastic(flat, bits, state.dtype).view(values.shape)
+    else:
+        state[slots] = round_stochastic(values, bits, state.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,6 +388,9 @@ def mamba2_step(
     setup: StepSetup,
     *,
     state: torch.Tensor,
+    state_scale: torch.Tensor | None = None,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
     rec_x: torch.Tensor | None,
     rec_b: torch.Tensor | None,
     rec_dt: torch.Tensor | None,
@@ -348,7 +408,9 @@ def mamba2_step(
 ) -> None:
     """One Mamba-2 decode step (conventional or ReplaySSM), as the module's bindings take it.
 
-    state [slots, H, P, N]; rec_x [slots, H, CAP, P] act, rec_b [slots, G, CAP, N] act, rec_dt
+    state [slots, H, P, N] (e4m3: with state_scale [slots, H, P]); separate mode's read copy
+    read_state (read_scale), which non-flush steps read and flushes rewrite from the new state;
+    rec_x [slots, H, CAP, P] act, rec_b [slots, G, CAP, N] act, rec_dt
     [slots, H, CAP] f32 (dt after bias and softplus), cursors [slots, 4] int32 (rings and cursors
     None when replay=False); x, z [batch, H, P]; dt [batch, H] f32 raw; A, D, dt_bias [H] f32;
     B, C [batch, G, N]; out [batch, H, P]. With j records (held ones, then this token's), per
@@ -376,14 +438,18 @@ def mamba2_step(
         decay, total = _suffix_decays(dts * a[:, None])  # [b, H, j], [b, H]
         weight = decay * dts  # a(i+1:j) dt_i
         q = c.repeat_interleave(per_group, dim=1)  # [b, H, N]
-        s = state[slots].to(_F32)  # [b, H, P, N]
+        reads = read_state is not None and not flush
+        s = _load_state(*((read_state, read_scale) if reads else (state, state_scale)), slots)
         extra = D.to(_F32)[:, None] * x_j if has_d else torch.zeros_like(x_j)
         if flush:
             keys = bs.repeat_interleave(per_group, dim=1)  # [b, H, j, N]
             vals = xs * weight[..., None]  # [b, H, j, P]
             s = s * total[..., None, None] + vals.transpose(-1, -2) @ keys
             y = (s @ q[..., None]).squeeze(-1) + extra
-            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs)
+            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs, state_scale=state_scale)
+            if read_state is not None:
+                _store_state(read_state, slots, s, sr=sr, seed=seed, epochs=epochs,
+                             state_scale=read_scale, read_copy=True)  # fmt: skip
         else:
             dots = (bs @ c[..., None]).squeeze(-1).repeat_interleave(per_group, dim=1)  # [b,H,j]
             replayed = ((weight * dots)[..., None] * xs).sum(dim=2)  # [b, H, P]
@@ -411,6 +477,9 @@ def gdn_step(
     setup: StepSetup,
     *,
     state: torch.Tensor,
+    state_scale: torch.Tensor | None = None,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
     rec_u: torch.Tensor | None,
     rec_k: torch.Tensor | None,
     rec_g: torch.Tensor | None,
@@ -443,8 +512,9 @@ def gdn_step(
     return _delta_step(
         setup, "GDN", lambda rows: _gdn_gates(gate_a[rows], gate_b[rows], A_log, dt_bias,
                                               "gates_in_kernel" in setup.flags),
-        state=state, rec_u=rec_u, rec_k=rec_k, rec_g=rec_g, cursors=cursors, q=q, k=k, v=v,
-        scale=scale, out=out, slot_indices=slot_indices,
+        state=state, state_scale=state_scale, read_copy=(read_state, read_scale), rec_u=rec_u,
+        rec_k=rec_k, rec_g=rec_g, cursors=cursors, q=q, k=k, v=v, scale=scale, out=out,
+        slot_indices=slot_indices,
     )  # fmt: skip
 
 
@@ -469,6 +539,9 @@ def kda_step(
     setup: StepSetup,
     *,
     state: torch.Tensor,
+    state_scale: torch.Tensor | None = None,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
     rec_u: torch.Tensor | None,
     rec_k: torch.Tensor | None,
     rec_g: torch.Tensor | None,
@@ -498,16 +571,20 @@ def kda_step(
     return _delta_step(
         setup, "KDA", lambda rows: _kda_gates(gate_a[rows], gate_b[rows], A_log, dt_bias,
                                               lower_bound, "gates_in_kernel" in setup.flags),
-        state=state, rec_u=rec_u, rec_k=rec_k, rec_g=rec_g, cursors=cursors, q=q, k=k, v=v,
-        scale=scale, out=out, slot_indices=slot_indices,
+        state=state, state_scale=state_scale, read_copy=(read_state, read_scale), rec_u=rec_u,
+        rec_k=rec_k, rec_g=rec_g, cursors=cursors, q=q, k=k, v=v, scale=scale, out=out,
+        slot_indices=slot_indices,
     )  # fmt: skip
 
 
-def _delta_step(setup: StepSetup, family: str, gates, *, state, rec_u, rec_k, rec_g, cursors, q,
-                k, v, scale: float, out, slot_indices) -> None:  # fmt: skip
+def _delta_step(setup: StepSetup, family: str, gates, *, state, state_scale, read_copy, rec_u,
+                rec_k, rec_g, cursors, q, k, v, scale: float, out, slot_indices) -> None:  # fmt: skip
     """The delta-rule step of gdn_step and kda_step: `gates(rows)` gives (g, beta), g a log-decay
     per value head ([b, HV], GDN) or per key channel ([b, HV, K], KDA); a per-head one is the
-    per-channel step with the same decay on every channel."""
+    per-channel step with the same decay on every channel. state_scale: row scales of an e4m3
+    state; read_copy must be (None, None) (no separate mode for these families yet)."""
+    if any(t is not None for t in read_copy):
+        raise ValueError(f"read_state: {family} has no read copy (separate mode), got one")
     flags, seed = setup.flags, setup.seed
     sr = _check_flags(flags, _GDN_FLAGS, family)
     k_heads, v_heads = q.shape[1], v.shape[1]
@@ -532,7 +609,7 @@ def _delta_step(setup: StepSetup, family: str, gates, *, state, rec_u, rec_k, re
         rk = _key_norms(ks, l2norm, per_key)  # [b, HV, j]
         rq = _query_scale(q_j, l2norm, per_key, scale)  # [b, HV]
         rk_j = rk[..., held]
-        s = state[slots].to(_F32)  # [b, HV, V, K]
+        s = _load_state(state, state_scale, slots)  # [b, HV, V, K]
         sk = (s @ (total * keys[:, :, held])[..., None]).squeeze(-1) * rk_j[..., None]
         sq = (s @ (total * query)[..., None]).squeeze(-1) * rq[..., None]
         pred = torch.zeros_like(sk)
@@ -550,7 +627,7 @@ def _delta_step(setup: StepSetup, family: str, gates, *, state, rec_u, rec_k, re
                 vals = torch.cat([rk[..., :held, None] * us, vals], 2)
             s = s * total[..., None, :] + vals.transpose(-1, -2) @ decayed
             o = (s @ query[..., None]).squeeze(-1) * rq[..., None]
-            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs)
+            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs, state_scale=state_scale)
         else:
             o = sq + osum + (kq[..., held] * rk_j * rq)[..., None] * u_j  # dec_j = 1
         out[rows] = o.to(out.dtype)

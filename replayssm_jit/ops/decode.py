@@ -124,7 +124,8 @@ def run_step(
         setup = cpu_setup(plan, seed_value, seed_tensor)
         ring_args = dict(zip(plan.layout.ring_names, rings if plan.replay else [None] * len(rings)))
         cursors = tensors.get("cursors") if plan.replay else None
-        cpu_step(setup, state=tensors["state"], **ring_args, cursors=cursors, **inputs, out=out,
+        copies = {k: tensors.get(k) for k in ("state", "state_scale", "read_state", "read_scale")}
+        cpu_step(setup, **copies, **ring_args, cursors=cursors, **inputs, out=out,
                  slot_indices=slot_indices)  # fmt: skip
         return out
     tail = (
@@ -136,13 +137,27 @@ def run_step(
         plan.rows_per_cta,
         plan.flags,
     )
+    state, scale = tensors["state"], tensors.get("state_scale")
     if plan.replay:
+        read = (tensors.get("read_state"), tensors.get("read_scale"))
         plan.module.replay_step(
-            tensors["state"], *rings, tensors["cursors"], *inputs.values(), *tail, workspace
+            state, scale, *read, *rings, tensors["cursors"], *inputs.values(), *tail, workspace
         )
     else:
-        plan.module.conventional_step(tensors["state"], *inputs.values(), *tail)
+        plan.module.conventional_step(state, scale, *inputs.values(), *tail)
     return out
+
+
+def checkpoint_tensors(
+    state: torch.Tensor,
+    state_scale: torch.Tensor | None,
+    read_state: torch.Tensor | None,
+    read_scale: torch.Tensor | None,
+) -> dict[str, torch.Tensor]:
+    """A step's checkpoint tensors by name, those given (the layout says which it needs)."""
+    named = {"state": state, "state_scale": state_scale, "read_state": read_state,
+             "read_scale": read_scale}  # fmt: skip
+    return {k: v for k, v in named.items() if v is not None or k == "state"}
 
 
 def output_buffer(

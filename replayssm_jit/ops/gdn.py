@@ -26,7 +26,7 @@ import torch
 from replayssm_jit.checks import check_aligned_rows, check_tensor
 from replayssm_jit.families import GDN
 from replayssm_jit.ops import cpu
-from replayssm_jit.ops.decode import check_plan, output_buffer, run_step
+from replayssm_jit.ops.decode import check_plan, checkpoint_tensors, output_buffer, run_step
 from replayssm_jit.ops.plan import DecodePlan
 
 
@@ -104,6 +104,7 @@ def gdn_decode(
     k: torch.Tensor,
     v: torch.Tensor,
     slot_indices: torch.Tensor,
+    state_scale: torch.Tensor | None = None,
     a: torch.Tensor | None = None,
     b: torch.Tensor | None = None,
     A_log: torch.Tensor | None = None,
@@ -121,11 +122,13 @@ def gdn_decode(
     """One GDN decode step; returns out [batch, HV, V] (allocated when None).
 
     Gates: a, b with A_log, dt_bias where the plan has gates_in_kernel=True, else g, beta. The
-    rings and cursors are required in replay mode. workspace (scratch the step overwrites) and
+    rings and cursors are required in replay mode; state_scale where the layout's state is e4m3
+    (float8_e4m3fn codes with a float32 scale per row, [slots, HV, V]). workspace (scratch the step overwrites) and
     seed as in mamba2_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
-    tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
+    tensors = {**checkpoint_tensors(state, state_scale, None, None), "rec_u": rec_u,
+               "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}  # fmt: skip
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
     return delta_decode(plan, GDN, cpu.gdn_step, tensors, q, k, v, gates, slot_indices, out,
                         workspace, seed)  # fmt: skip

@@ -127,9 +127,15 @@ def plan_decode(
     fam = layout.family
     flags, extras = fam.plan_flags(options, layout.shape)
     replay = mode == "replay"
+    if layout.read_dtype is not None and not replay:
+        raise ValueError(
+            "mode: expected 'replay' for a layout with a read copy (separate mode: a "
+            "conventional step would leave the read copy stale), got 'conventional'"
+        )
     spec = make_spec(
         fam.name, layout.shape, window=layout.window if replay else 1, drafts=layout.drafts,
         act_dtype=layout.act_dtype, state_dtype=layout.state_dtype, flags=flags,
+        read_dtype=layout.read_dtype,
     )  # fmt: skip
     config = tuned_config(resolve_config(config), tuning, spec, mode, batch_size, device)
     heads = layout.shape.value_heads

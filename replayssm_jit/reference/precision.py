@@ -220,11 +220,13 @@ def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
 
 
 def fp8_scales(x: torch.Tensor, dims: Sequence[int] = (-1,)) -> torch.Tensor:
-    """FP32 decode scales: amax(|fp32(x)|) over `dims` (keepdim), divided by 448 in FP32.
+    """FP32 decode scales: amax(|fp32(x)|) over `dims` (keepdim), divided by 448 in FP32, at
+    least 2^-126 (FP32's smallest normal, so that 1 / scale is finite) where the amax is not 0.
     dims=(-1,): one scale per row of each head's state (per (head, row) for [..., H, P, N]);
     dims=(-2, -1): one per head; (-3, -2, -1) on [slots, H, P, N]: one per slot."""
     amax = x.to(_F32).abs().amax(dim=tuple(dims), keepdim=True)
-    return amax / torch.tensor(E4M3_MAX, dtype=_F32)
+    scale = (amax / torch.tensor(E4M3_MAX, dtype=_F32)).clamp_min(2.0**-126)
+    return torch.where(amax == 0, torch.zeros_like(scale), scale)
 
 
 def fp8_decode(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -235,13 +237,15 @@ def fp8_decode(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def fp8_encode(
     x: torch.Tensor, dims: Sequence[int] = (-1,), bits: torch.Tensor | None = None
 ) -> FP8Tensor:
-    """The kernel's store: scale = fp8_scales(x, dims); code = e4m3(fp32(fp32(x) / scale)) by
-    e4m3_encode (RN or, with `bits`, SR; saturating: a scale rounded down can put the group's
-    amax a hair past 448). An all-zero group gets scale 0 and codes 0 (x / 1 there)."""
+    """The kernel's store: scale = fp8_scales(x, dims), inverse = fp32(1 / scale); code =
+    e4m3(fp32(fp32(x) * inverse)) by e4m3_encode (RN or, with `bits`, SR; saturating: the
+    rounded scale and inverse can put the group's amax a hair past 448). An all-zero group gets
+    scale 0 and codes 0 (inverse 1 there)."""
     xf = x.to(_F32)
     scale = fp8_scales(xf, dims)
-    divisor = torch.where(scale == 0, torch.ones_like(scale), scale)
-    codes = e4m3_encode((xf / divisor).to(_F64), bits)
+    one = torch.ones_like(scale)
+    inverse = torch.where(scale == 0, one, one / scale)
+    codes = e4m3_encode((xf * inverse).to(_F64), bits)
     return FP8Tensor(codes, scale, fp8_decode(codes, scale))
 
 

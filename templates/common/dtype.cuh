@@ -2,15 +2,26 @@
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cstdint>
+#include <type_traits>
 
 namespace replayssm {
+
+// An FP8 e4m3 checkpoint code (OCP e4m3fn). Its to_float is the code's value before the row's
+// FP32 scale (common/checkpoint.cuh applies it); it is never an activation type.
+struct e4m3 {
+  uint8_t code;
+};
 
 template <typename T> __device__ __forceinline__ float to_float(T v);
 template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
 template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
   return __bfloat162float(v);
+}
+template <> __device__ __forceinline__ float to_float<e4m3>(e4m3 v) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(v.code, __NV_E4M3)));
 }
 
 // Round-to-nearest-even conversion from FP32.
@@ -86,6 +97,20 @@ template <typename T> struct Vec16 {
   __device__ __forceinline__ void store(T* p) const { *reinterpret_cast<uint4*>(p) = raw; }
   __device__ __forceinline__ float get(int i) const { return to_float(reinterpret_cast<const T*>(&raw)[i]); }
   __device__ __forceinline__ void set(int i, T v) { reinterpret_cast<T*>(&raw)[i] = v; }
+  // Every element as FP32 (e4m3 two at a time: one conversion per pair, exact through FP16).
+  __device__ __forceinline__ void values(float (&out)[kCount]) const {
+    if constexpr (std::is_same_v<T, e4m3>) {
+      const unsigned short* pairs = reinterpret_cast<const unsigned short*>(&raw);
+      #pragma unroll
+      for (int i = 0; i < kCount / 2; ++i) {
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[i], __NV_E4M3)));
+        out[2 * i] = f.x, out[2 * i + 1] = f.y;
+      }
+    } else {
+      #pragma unroll
+      for (int i = 0; i < kCount; ++i) out[i] = get(i);
+    }
+  }
 };
 
 }  // namespace replayssm

@@ -65,10 +65,13 @@ __host__ __device__ __forceinline__ uint32_t encode(float q, uint32_t bits = 0) 
   return sign | uint32_t(((e + 7) << 3) + int(n) + (up ? 1 : 0) - 8);
 }
 
-// A row's FP32 decode scale from its amax: amax / 448 (0 for an all-zero row).
-__host__ __device__ __forceinline__ float row_scale(float amax) { return divide(amax, kMax); }
+// A row's FP32 decode scale from its amax: amax / 448, at least 2^-126 so that its inverse is
+// finite (0 for an all-zero row).
+__host__ __device__ __forceinline__ float row_scale(float amax) {
+  return amax == 0.f ? 0.f : fmaxf(divide(amax, kMax), 0x1p-126f);
+}
 
-// The divisor a row's values are divided by before encoding (1 where the scale is 0).
-__host__ __device__ __forceinline__ float row_divisor(float scale) { return scale == 0.f ? 1.f : scale; }
+// What a row's values are multiplied by before encoding: 1 / scale (1 where the scale is 0).
+__host__ __device__ __forceinline__ float row_inverse(float scale) { return scale == 0.f ? 1.f : divide(1.f, scale); }
 
 }  // namespace replayssm::fp8

@@ -19,6 +19,7 @@
 // S_c Diag(total) + sum_i u_i (dec_i * k_i)^T. Decays are exps of suffix sums of log-decays per
 // channel, never ratios of cumulative decays (those overflow over long windows).
 #pragma once
+#include "common/checkpoint.cuh"
 #include "common/opening.cuh"
 
 namespace replayssm::gdn {
@@ -29,6 +30,7 @@ template <typename act_t, typename state_t>
 struct Params {
   state_t* state;           // [slots, HV, V, K]
   int64_t state_slot_stride;
+  float* state_scale;       // [slots, HV, V] FP32 row scales where the state is e4m3, else null
   float* rec_u;             // [slots, HV, CAP, V]
   act_t* rec_k;             // [slots, H, CAP, K] raw k
   float* rec_g;             // [slots, HV, CAP] log-decay ([slots, HV, CAP, K] per channel)
@@ -168,7 +170,7 @@ struct Kernel {
   // PER_CHANNEL: sc.total is 1, the S_c dots read `decays`' q_decayed and k_decayed, the fold
   // scales S by its total per column, and the held k rows (m < held) are already decayed.
   template <typename IN, typename REC, typename DECAYS = DecaySmem<PER_CHANNEL, kRecords, K>>
-  static __device__ __forceinline__ void finish_rows(const Params& p, const typename Tile::Regs& s_raw, state_t* rows,
+  static __device__ __forceinline__ void finish_rows(const Params& p, const TileCheckpoint<Tile, state_t, V>& ck,
                                                      act_t* out, bool flush, int held, const RowScalars& sc, int slot,
                                                      uint64_t seed, uint64_t epoch, int vhead, int row0, const IN* q,
                                                      const IN* v, const float* pred, const float* osum, const float* u,
@@ -206,11 +208,11 @@ struct Kernel {
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
         float sk = 0.f, sq = 0.f;
+        ck.values(i, 1.f, s[i]);
         #pragma unroll
         for (int c = 0; c < Tile::kChunksPerLane; ++c)
           #pragma unroll
           for (int e = 0; e < Tile::kVec; ++e) {
-            s[i][c][e] = s_raw[i][c].get(e);
             sk = fmaf(s[i][c][e], k_reg[c][e], sk);
             sq = fmaf(s[i][c][e], q_reg[c][e], sq);
           }
@@ -270,14 +272,9 @@ struct Kernel {
       #pragma unroll
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
-        float acc = 0.f;
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) acc = fmaf(s[i][c][e], q_reg[c][e], acc);
-          store_chunk<state_t, SR>(rows + int64_t(r) * K + Tile::col(c), s[i][c], sr_key,
-                                   (uint64_t(vhead) * V + row0 + r) * K + Tile::col(c));
-        }
+        const float acc = Tile::dot(s[i], q_reg);
+        store_row<Tile, state_t, SR>(ck.rows + int64_t(r) * K, ck.scales + r, s[i], sr_key,
+                                     (uint64_t(vhead) * V + row0 + r) * K);
         o[i] = group_sum<Tile::kLanesPerRow>(acc) * rq;
       }
     }
@@ -289,6 +286,10 @@ struct Kernel {
         if (REPLAY && !flush) u_out[Tile::row(i)] = u_j[i];
       }
     }
+  }
+
+  static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
+    return {p.state, p.state_slot_stride, p.state_scale};
   }
 
   // A held record's decay in the replay sums: dec_i for a scalar decay; 1 per channel, where the
@@ -354,8 +355,8 @@ struct Kernel {
     if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
     // 1. State reads first.
-    typename Tile::Regs s_raw;
-    state_t* rows = load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
+    TileCheckpoint<Tile, state_t, V> ck;
+    ck.load(state_view(p), slot, p.num_v_heads, vhead, row0);
 
     // 2. Records (held ones from the rings, RecordStager) and this token's q, k, v.
     const act_t* q = p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h;
@@ -470,7 +471,7 @@ struct Kernel {
     __syncthreads();
 
     // 5. Rows.
-    finish_rows(p, s_raw, rows, out, flush, held,
+    finish_rows(p, ck, out, flush, held,
                 RowScalars{PER_CHANNEL ? 1.f : sm.total_decay, sm.beta, rk_j, rq, sm.kq[held] * rk_j * rq},  // dec_j = 1
                 slot, seed, epoch, vhead, row0, sm.q[0], sm.v[0], sm.pred, sm.osum, &sm.u[0][0], &sm.k[0][0], &sm.dec);
 

@@ -365,8 +365,8 @@ struct State {
     if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
     // Checkpoint rows and this token's q, k and v first: none of them waits for the records kernel.
-    typename Tile::Regs s_raw;
-    state_t* rows = load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
+    TileCheckpoint<Tile, state_t, V> ck;
+    ck.load(Base::state_view(p), slot, p.num_v_heads, vhead, row0);
     const act_t* k_cur = p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h;
     copy_rows_async<act_t, K, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0,
                                         0, 1, 1);
@@ -430,7 +430,7 @@ struct State {
     const typename Base::RowScalars sc{PER_CHANNEL ? 1.f : sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3],
                                        sm.scalars[4]};
     const auto finish = [&](bool fold, const auto* q, const auto* v, const auto* k) {
-      Base::finish_rows(p, s_raw, rows, out, fold, held, sc, slot, seed, epoch, vhead, row0, q, v, sm.pred, sm.osum,
+      Base::finish_rows(p, ck, out, fold, held, sc, slot, seed, epoch, vhead, row0, q, v, sm.pred, sm.osum,
                         &sm.u[0][0], k, &sm.channels);
     };
     if (kConvertK && flush) {

@@ -13,6 +13,7 @@
 // on the device, so one launch mixes flush and non-flush rows.
 // Conventional (REPLAY=false) is the flush path with no held records.
 #pragma once
+#include "common/checkpoint.cuh"
 #include "common/opening.cuh"
 
 namespace replayssm::mamba2 {
@@ -21,6 +22,10 @@ template <typename act_t, typename state_t>
 struct Params {
   state_t* state;           // [slots, H, P, N]; slot stride below, rest contiguous
   int64_t state_slot_stride;
+  float* state_scale;       // [slots, H, P] FP32 row scales where the state is e4m3, else null
+  void* read_state;         // separate mode: the read copy [slots, H, P, N] (read_t), else null
+  int64_t read_slot_stride;
+  float* read_scale;        // [slots, H, P] where the read copy is e4m3, else null
   act_t* rec_x;             // [slots, H, CAP, P]
   act_t* rec_b;             // [slots, G, CAP, N]
   float* rec_dt;            // [slots, H, CAP]  (dt after bias and softplus)
@@ -63,12 +68,19 @@ __device__ __forceinline__ float token_dt(const Params& p, int row, int head) {
 }
 
 template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
-          bool REPLAY, bool HAS_D, bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, bool WIDE_ROWS>
+          bool REPLAY, bool HAS_D, bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, bool WIDE_ROWS,
+          typename read_t = void>
 struct Kernel {
   using Params = mamba2::Params<act_t, state_t>;
+  // Separate mode (read_t not void): non-flush steps read the read copy; a flush reads the state
+  // (the carried copy), folds, writes it, and writes the read copy from the new state.
+  static constexpr bool kSeparate = !std::is_void_v<read_t>;
+  using Read = std::conditional_t<kSeparate, read_t, state_t>;
   // Wide rows (fewest values per lane) for the bandwidth-bound conventional and flush-every-step steps;
   // narrow ones for the per-item ReplaySSM kernel and the split state kernel, which agree bit for bit.
   using Tile = RowTiling<state_t, N, ROWS, WARPS, WIDE_ROWS>;
+  using ReadTile = RowTiling<Read, N, ROWS, WARPS, WIDE_ROWS>;
+  template <class T> using Copy = TileCheckpoint<RowTiling<T, N, ROWS, WARPS, WIDE_ROWS>, T, P>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = P / ROWS;
   static constexpr int kRecords = REPLAY ? CAP : 1;
@@ -85,51 +97,61 @@ struct Kernel {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
+  static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
+    return {p.state, p.state_slot_stride, p.state_scale};
+  }
+  static __device__ __forceinline__ CheckpointView<Read> read_view(const Params& p) {
+    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale};
+    else return state_view(p);
+  }
+
   // Rows: y = total (S_c . q) + extra, or the fold S <- total S + sum_k x[k][r] B_k (x already
   // scaled by a(k+1:j) dt_k, [records][ROWS]; B [records][N]) and then y = S . q + extra; gated by
-  // silu(z). All in shared memory; q (C), z and B FP32 or as stored. Shared with the split kernel.
-  template <typename IN, typename REC>
-  static __device__ __forceinline__ void finish_rows(const Params& p, const typename Tile::Regs& s_raw, state_t* rows,
-                                                     act_t* out, bool flush, int records, float total, int slot,
-                                                     uint64_t seed, uint64_t epoch, int head, int row0, const IN* q,
-                                                     const IN* z, const float* extra, const float* x, const REC* b) {
-    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i)
-      #pragma unroll
-      for (int c = 0; c < Tile::kChunksPerLane; ++c)
-        #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * (flush ? total : 1.f);
+  // silu(z). All in shared memory; q (C), z and B FP32 or as stored. `ck` is the copy the step
+  // reads (its tile RT); a flush stores the new state into it and, in separate mode, into the read
+  // copy too. Shared with the split kernel.
+  template <class RT, typename T, typename IN, typename REC>
+  static __device__ __forceinline__ void finish_rows(const Params& p, const TileCheckpoint<RT, T, P>& ck, act_t* out,
+                                                     bool flush, int records, float total, int slot, uint64_t seed,
+                                                     uint64_t epoch, int head, int row0, const IN* q, const IN* z,
+                                                     const float* extra, const float* x, const REC* b) {
+    float s[RT::kPasses][RT::kChunksPerLane][RT::kVec];
+    tile_values(ck, flush ? total : 1.f, s);
     if (flush) {  // S <- a(1:j) S + sum_k (a(k+1:j) dt_k x_k[r]) B_k: exact FP32 FMAs
       for (int k = 0; k < records; ++k) {
-        float w[Tile::kPasses];
-        Tile::row_values(x + k * ROWS, w);
+        float w[RT::kPasses];
+        RT::row_values(x + k * ROWS, w);
         #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c) {  // one chunk of B_k live at a time
-          float b_c[Tile::kVec];
-          Tile::chunk(b + k * N, c, b_c);
+        for (int c = 0; c < RT::kChunksPerLane; ++c) {  // one chunk of B_k live at a time
+          float b_c[RT::kVec];
+          RT::chunk(b + k * N, c, b_c);
           #pragma unroll
-          for (int i = 0; i < Tile::kPasses; ++i)
+          for (int i = 0; i < RT::kPasses; ++i)
             #pragma unroll
-            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w[i], b_c[e], s[i][c][e]);
+            for (int e = 0; e < RT::kVec; ++e) s[i][c][e] = fmaf(w[i], b_c[e], s[i][c][e]);
         }
       }
     }
-    float q_reg[Tile::kChunksPerLane][Tile::kVec];
-    Tile::slice(q, q_reg);
+    float q_reg[RT::kChunksPerLane][RT::kVec];
+    RT::slice(q, q_reg);
     const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
+    const uint64_t read_key = kSeparate ? read_copy_rounding_key<SR>(seed, slot, epoch) : 0;
     #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i) {
-      const int r = Tile::row(i);
-      const float acc = Tile::dot(s[i], q_reg);
-      float y = group_sum<Tile::kLanesPerRow>(acc) * (flush ? 1.f : total) + extra[r];
+    for (int i = 0; i < RT::kPasses; ++i) {
+      const int r = RT::row(i);
+      const float acc = RT::dot(s[i], q_reg);
+      float y = group_sum<RT::kLanesPerRow>(acc) * (flush ? 1.f : total) + extra[r];
       if (flush) {
-        #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          store_chunk<state_t, SR>(rows + int64_t(r) * N + Tile::col(c), s[i][c], sr_key,
-                                   (uint64_t(head) * P + row0 + r) * N + Tile::col(c));
+        const uint64_t element = (uint64_t(head) * P + row0 + r) * N;
+        store_row<RT, T, SR>(ck.rows + int64_t(r) * N, ck.scales + r, s[i], sr_key, element);
+        if constexpr (kSeparate) {
+          const CheckpointView<Read> v = read_view(p);
+          const int64_t base = int64_t(slot) * v.slot_stride + (int64_t(head) * P + row0 + r) * N;
+          float* scale = kRowScaled<Read> ? v.scales + (int64_t(slot) * p.num_heads + head) * P + row0 + r : nullptr;
+          store_row<RT, Read, SR>(v.codes + base, scale, s[i], read_key, element);
+        }
       }
-      if (Tile::row_leader()) {
+      if (RT::row_leader()) {
         if constexpr (HAS_Z) y *= to_float(z[r]) / (1.f + expf(-to_float(z[r])));
         out[r] = from_float<act_t>(y);
       }
@@ -146,9 +168,9 @@ struct Kernel {
     act_t* out = p.out + (int64_t(row) * p.num_heads + head) * P + row0;
     if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
-    // 1. State reads first: everything below overlaps them.
-    typename Tile::Regs s_raw;
-    state_t* rows = load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
+    // 1. State reads first (the read copy's, in separate mode): everything below overlaps them.
+    Copy<Read> read;
+    read.load(read_view(p), slot, p.num_heads, head, row0);
 
     // 2. Records: this token's from the inputs, the held ones from the rings (RecordStager).
     const act_t* x_cur = p.x + int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0;
@@ -227,9 +249,18 @@ struct Kernel {
     };
     prepare_token_records(prepare, REPLAY && p.flush_every_step, held);
 
-    // 5. Rows.
-    finish_rows(p, s_raw, rows, out, flush, records, sm.total_decay, slot, seed, epoch, head, row0, sm.q[0], sm.z[0],
-                sm.extra, &sm.x[0][0], &sm.b[0][0]);
+    // 5. Rows (a separate-mode flush from the carried copy, loaded now).
+    auto finish = [&](const auto& ck) {
+      finish_rows(p, ck, out, flush, records, sm.total_decay, slot, seed, epoch, head, row0, sm.q[0], sm.z[0],
+                  sm.extra, &sm.x[0][0], &sm.b[0][0]);
+    };
+    if (kSeparate && flush) {
+      Copy<state_t> carried;
+      carried.load(state_view(p), slot, p.num_heads, head, row0);
+      finish(carried);
+    } else {
+      finish(read);
+    }
 
     if constexpr (REPLAY) {
       if (!flush) {  // append this token's record at ring row `held` (exact: act -> float -> act)

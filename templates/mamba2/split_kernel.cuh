@@ -218,8 +218,8 @@ struct State {
     if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
     // Checkpoint rows and this token's C and z first: none of them waits for the records kernel.
-    typename Tile::Regs s_raw;
-    state_t* rows = load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
+    TileCheckpoint<Tile, state_t, P> ck;
+    ck.load(Base::state_view(p), slot, p.num_heads, head, row0);
     const act_t* b_cur = p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g;
     copy_rows_async<act_t, N, kThreads>(sm.q, 0, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g,
                                         0, 0, 1, 1);
@@ -261,7 +261,7 @@ struct State {
         sm.weighted_x[e / ROWS][e % ROWS] = to_float(sm.x[e / ROWS][e % ROWS]) * sm.coef[e / ROWS];
       __syncthreads();
     }
-    Base::finish_rows(p, s_raw, rows, out, flush, records, total, slot, seed, epoch, head, row0, sm.q, sm.z,
+    Base::finish_rows(p, ck, out, flush, records, total, slot, seed, epoch, head, row0, sm.q, sm.z,
                       sm.extra, &sm.weighted_x[0][0], &sm.b[0][0]);
   }
 };
