@@ -31,11 +31,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
-    DTYPES,
     REPLAY_KERNELS,
+    checkpoint_bytes,
     config_rows,
     decode_timings,
     num_sets,
+    parse_format,
     plan_wrappers,
     replay_traffic,
     run_sweep,
@@ -112,9 +113,9 @@ def bench_config(
     cache_type, wrapper_type = FAMILIES[family][:2]
     H, HV, K, V = model.key_heads, model.value_heads, model.d_k, model.d_v
     gate_width = K if family == "kda" else 1  # KDA: a per-channel gate
-    state_dtype = DTYPES[state_name]
-    esize = torch.finfo(state_dtype).bits // 8
-    nsets = num_sets(batch * HV * V * K * esize, args.min_pool_bytes)
+    fmt = parse_format(state_name)
+    row_bytes = checkpoint_bytes(fmt.state, K)
+    nsets = num_sets(batch * HV * V * row_bytes, args.min_pool_bytes)
     gen = torch.Generator(device="cuda").manual_seed(batch * 37 + window)
     cache = cache_type(
         nsets * batch,
@@ -123,11 +124,13 @@ def bench_config(
         head_k_dim=K,
         head_v_dim=V,
         window=window,
-        state_dtype=state_dtype,
+        state_dtype=fmt.state,
+        read_dtype=fmt.read,
         act_dtype=ACT,
         device="cuda",
     )
-    cache.state.copy_(torch.randn(cache.state.shape, generator=gen, device="cuda").to(state_dtype))
+    slots = torch.arange(cache.num_slots, device="cuda")
+    cache.reset(slots, torch.randn(cache.state.shape, generator=gen, device="cuda"))
     sets = slot_sets(nsets, batch, gen)
     q = torch.randn(batch, H, K, generator=gen, device="cuda").to(ACT)
     k = torch.randn(batch, H, K, generator=gen, device="cuda").to(ACT)
@@ -142,10 +145,11 @@ def bench_config(
     def step(wrapper, slots):
         return lambda: wrapper.run(q, k, v, slots, a=a, b=b, A_log=A_log, dt_bias=dt_bias, out=out)
 
-    wrappers = plan_wrappers(wrapper_type, cache, batch, args, config, check_slot_values)
+    wrappers = plan_wrappers(wrapper_type, cache, batch, args, config, check_slot_values,
+                             stochastic_rounding=fmt.sr)  # fmt: skip
     res = decode_timings(cache, window, step, *wrappers, sets, args, kernels)
     assert torch.isfinite(out.float()).all(), "non-finite output"
-    traffic = bytes_per_step(H, HV, K, V, batch, window, esize, gate_width=gate_width)
+    traffic = bytes_per_step(H, HV, K, V, batch, window, row_bytes / K, gate_width=gate_width)
     if (
         state_name == "f32"
         and "fla" in kernels

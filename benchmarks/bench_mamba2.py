@@ -1,9 +1,14 @@
 """Mamba-2 decode on one GPU: our conventional step against our ReplaySSM steps.
 
-For each (shape, batch, window L, checkpoint dtype): the conventional step, the ReplaySSM
+For each (shape, batch, window L, checkpoint format): the conventional step, the ReplaySSM
 non-flush step (mean over held = 0..L-2), the flush step, the amortized step
 ((L-1) non-flush + 1 flush) / L, and one measured L-step cycle. State pool >= --min-pool-bytes,
 split into disjoint slot sets that consecutive calls rotate through.
+
+--states takes checkpoint formats (harness.parse_format): a dtype (f32, bf16, f16, e4m3: one
+copy, shared mode), "HP+LP" for separate mode (e.g. f32+e4m3: FP32 carried, e4m3 read copy;
+no conventional step), each with an "sr" suffix on the dtype for stochastic rounding (bf16sr,
+e4m3sr, f16sr+e4m3).
 
     python benchmarks/bench_mamba2.py [--out DIR] [--launch kernel=split,rows_per_cta=16]
 
@@ -21,11 +26,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
-    DTYPES,
     REPLAY_KERNELS,
+    checkpoint_bytes,
     config_rows,
     decode_timings,
     num_sets,
+    parse_format,
     plan_wrappers,
     replay_traffic,
     run_sweep,
@@ -37,10 +43,12 @@ from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
 from replayssm_jit.models import get_model
 
 
-def bytes_per_step(H, P, N, G, batch, window, state_size, act_size=2):
-    state = batch * H * P * N * state_size
+def bytes_per_step(H, P, N, G, batch, window, fmt, act_size=2):
+    carried, read = (
+        batch * H * P * checkpoint_bytes(d, N) for d in (fmt.state, fmt.read or fmt.state)
+    )
     record = batch * (H * P * act_size + G * N * act_size + H * 4)  # x, B, dt
-    return replay_traffic(state, record, window)
+    return replay_traffic(carried, record, window, read=read if fmt.read else None)
 
 
 def bench_config(
@@ -50,9 +58,8 @@ def bench_config(
     """Result rows of one config; wrappers planned with launch_config(args, config)."""
     model = get_model(shape)
     H, P, N, G = model.value_heads, model.d_v, model.d_k, model.key_heads
-    state_dtype = DTYPES[state_name]
-    esize = torch.finfo(state_dtype).bits // 8
-    nsets = num_sets(batch * H * P * N * esize, args.min_pool_bytes)
+    fmt = parse_format(state_name)
+    nsets = num_sets(batch * H * P * checkpoint_bytes(fmt.state, N), args.min_pool_bytes)
     gen = torch.Generator(device="cuda").manual_seed(batch * 31 + window)
     cache = Mamba2DecodeCache(
         nsets * batch,
@@ -61,11 +68,13 @@ def bench_config(
         dstate=N,
         ngroups=G,
         window=window,
-        state_dtype=state_dtype,
+        state_dtype=fmt.state,
+        read_dtype=fmt.read,
         act_dtype=torch.bfloat16,
         device="cuda",
     )
-    cache.state.copy_(torch.randn(cache.state.shape, generator=gen, device="cuda").to(state_dtype))
+    slots = torch.arange(cache.num_slots, device="cuda")
+    cache.reset(slots, torch.randn(cache.state.shape, generator=gen, device="cuda"))
     sets = slot_sets(nsets, batch, gen)
     x = torch.randn(batch, H, P, generator=gen, device="cuda").to(torch.bfloat16)
     dt = torch.randn(batch, H, generator=gen, device="cuda") * 0.5 - 1
@@ -79,10 +88,13 @@ def bench_config(
     def step(wrapper, slots):
         return lambda: wrapper.run(x, dt, A, B, C, slots, D=D, dt_bias=dt_bias, out=out)
 
-    wrappers = plan_wrappers(Mamba2DecodeWrapper, cache, batch, args, config, check_slot_values)
+    wrappers = plan_wrappers(Mamba2DecodeWrapper, cache, batch, args, config, check_slot_values,
+                             stochastic_rounding=fmt.sr)  # fmt: skip
+    if fmt.read:  # separate mode has no conventional step
+        kernels = tuple(k for k in kernels if k != "conventional")
     res = decode_timings(cache, window, step, *wrappers, sets, args, kernels)
     assert torch.isfinite(out.float()).all(), "non-finite output"
-    traffic = bytes_per_step(H, P, N, G, batch, window, esize)
+    traffic = bytes_per_step(H, P, N, G, batch, window, fmt)
     return config_rows((shape, batch, window, state_name), *wrappers, res, traffic)
 
 

@@ -30,6 +30,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -41,6 +42,35 @@ from replayssm_jit.launch.config import LAUNCH_ENV, parse_launch
 SCRATCH_DIR = Path(__file__).resolve().parent / "scratch"
 COPY_CEILING_TBPS = 4.21  # H200 device-to-device copy, read + write (shared/anchors)
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+class CheckpointFormat(NamedTuple):
+    """A benchmark's checkpoint: carried dtype, separate mode's read dtype (or None), SR."""
+
+    state: str
+    read: str | None
+    sr: bool
+
+
+def parse_format(name: str) -> CheckpointFormat:
+    """ "f32", "bf16sr", "e4m3", "f32+e4m3", "f16sr+e4m3sr", ...: carried[+read], each dtype with
+    an optional "sr" suffix (stochastic rounding: one flag for the whole spec)."""
+    parts = name.split("+")
+    if not 1 <= len(parts) <= 2:
+        raise ValueError(f"--states: expected DTYPE or HP+LP, got {name!r}")
+    dtypes = [p.removesuffix("sr") for p in parts]
+    for d in dtypes:
+        if d not in ("f32", "bf16", "f16", "e4m3"):
+            raise ValueError(f"--states: unknown dtype {d!r} in {name!r}")
+    return CheckpointFormat(dtypes[0], dtypes[1] if len(parts) == 2 else None,
+                            any(p.endswith("sr") for p in parts))  # fmt: skip
+
+
+def checkpoint_bytes(dtype: str, cols: int) -> float:
+    """Bytes of one state row of `cols` elements in `dtype` (e4m3: its FP32 scale too)."""
+    return {"f32": 4, "bf16": 2, "f16": 2}[dtype] * cols if dtype != "e4m3" else cols + 4
+
+
 REPLAY_KERNELS = ("conventional", "cycle", "nonflush", "flush", "staggered")
 
 
@@ -305,14 +335,18 @@ def sweep_variants(bench, cfg, args, variants) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 
 
-def plan_wrappers(wrapper_type, cache, batch: int, args, config, check_slot_values: bool):
+def plan_wrappers(wrapper_type, cache, batch: int, args, config, check_slot_values: bool,
+                  **options):  # fmt: skip
     """Our conventional and ReplaySSM wrappers (`wrapper_type`) of `cache`, planned for `batch`
-    with launch_config(args, config)."""
+    with launch_config(args, config) and the plan `options`; the conventional one is None where
+    the cache has a read copy (separate mode runs replay steps only)."""
     config = launch_config(args, config)
-    conv = wrapper_type(cache, mode="conventional", check_slot_values=check_slot_values)
-    conv.plan(batch, config=config)
+    conv = None
+    if cache.layout.read_dtype is None:
+        conv = wrapper_type(cache, mode="conventional", check_slot_values=check_slot_values)
+        conv.plan(batch, config=config, **options)
     replay = wrapper_type(cache, mode="replay", check_slot_values=check_slot_values)
-    replay.plan(batch, config=config)
+    replay.plan(batch, config=config, **options)
     return conv, replay
 
 
@@ -386,13 +420,17 @@ def stagger_cursors(cache, window: int, step: Callable, replay, sets: list[torch
         cache.cursors[s.long(), 0] = phase
 
 
-def replay_traffic(state: float, record: float, window: int) -> dict[str, float]:
+def replay_traffic(
+    state: float, record: float, window: int, read: float | None = None
+) -> dict[str, float]:
     """Bytes each step must move: `state` = one batch's checkpoints, `record` = one token's
     records for the batch. Non-flush: read the checkpoint and the held records (mean over
-    held = 0..L-2), append one. Flush: read and write the checkpoint, read L - 1 records."""
+    held = 0..L-2), append one. Flush: read and write the checkpoint, read L - 1 records. With
+    a read copy (`read` bytes, separate mode): non-flush steps read it instead of the
+    checkpoint; a flush also writes it (the minimum: its early read of the copy is not counted)."""
     mean_held = (window - 2) / 2 if window > 1 else 0
-    nonflush = state + record * (mean_held + 1)
-    flush = 2 * state + record * (window - 1)
+    nonflush = (state if read is None else read) + record * (mean_held + 1)
+    flush = 2 * state + (read or 0) + record * (window - 1)
     return {
         "conventional": 2 * state,
         "nonflush": nonflush,
@@ -420,7 +458,7 @@ def config_rows(
         timings,
         traffic,
         {
-            "conventional": conv.decode_plan.rows_per_cta,
+            "conventional": conv.decode_plan.rows_per_cta if conv else None,
             "replay": replay.decode_plan.rows_per_cta,
             **dict.fromkeys(peers),
         },

@@ -70,7 +70,7 @@ def make_profiler(window: int, held: int, results: list, config: dict, single: b
     def decode_timings(cache, window_, step, conv, replay, sets, args, kernels=()):
         # eager steps: the wrappers were planned with check_slot_values=False (no host read of
         # the slot ids, so no sync between launches)
-        assert not conv.decode_plan.check_slot_values
+        assert conv is None or not conv.decode_plan.check_slot_values
         assert not replay.decode_plan.check_slot_values
 
         def at_held(h):
@@ -81,6 +81,8 @@ def make_profiler(window: int, held: int, results: list, config: dict, single: b
             f"nonflush@held{held}": ([step(replay, s) for s in sets], at_held(held)),
             "flush": ([step(replay, s) for s in sets], at_held(window - 1)),
         }
+        if conv is None:  # separate mode runs replay steps only
+            del phases["conventional"]
         if single:  # one step per phase, nothing timed (for a kernel profiler such as ncu)
             for calls, prepare in phases.values():
                 prepare()

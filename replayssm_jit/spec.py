@@ -237,8 +237,9 @@ def make_spec(
             f"{col_arg}: expected a multiple of {max(vec, 8)} up to {32 * vec * 8}, got {cols}"
         )
     if not spec_tilings(spec):
+        copies = state if read is None else f"{state} carried and {read} read copies in one tile"
         raise ValueError(
-            f"{row_arg}: no row tiling fits {row_arg}={rows} with {col_arg}={cols} ({state})"
+            f"{row_arg}: no row tiling fits {row_arg}={rows} with {col_arg}={cols} ({copies})"
         )
     return spec
 

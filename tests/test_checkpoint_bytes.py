@@ -30,3 +30,26 @@ def test_table_rows(capsys):
     assert cb.main(["--window", "16"]) == 0
     out = capsys.readouterr().out
     assert "ring capacity 17" in out and out.count("\n| ") == len(cb.CONFIGS) + 1
+
+
+def test_built_formats_match_the_layouts():
+    """Where a format is built, the analytic bytes are the layout's (cursors aside): shared FP8
+    at every model shape and separate FP32 + FP8 at the Mamba-2 ones."""
+    from replayssm_jit.families import get_family
+    from replayssm_jit.families.layout import family_layout
+    from replayssm_jit.models import MODELS
+
+    for model in MODELS.values():
+        args = dict(zip(get_family(model.family).shape_args,
+                        (model.key_heads, model.value_heads, model.d_k, model.d_v)))  # fmt: skip
+        dims = (model.value_heads, model.d_v, model.d_k)
+        cursors = 16
+        configs = [("e4m3", None, cb.checkpoint_bytes("fp8", *dims))]
+        if model.family == "mamba2" and model.d_v % 64 == 0:
+            both = cb.checkpoint_bytes("fp32", *dims) + cb.checkpoint_bytes("fp8", *dims)
+            configs.append(("f32", "e4m3", both))
+        for state, read, ckpt in configs:
+            layout = family_layout(model.family, window=16, state_dtype=state, read_dtype=read,
+                                   **args)  # fmt: skip
+            rings = cb.record_bytes(model, layout.capacity, two_precision=False)
+            assert layout.bytes_per_slot() == ckpt + rings + cursors, (model, state, read)

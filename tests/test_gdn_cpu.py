@@ -290,7 +290,11 @@ def test_cache_rejects_bad_slot_counts():
     ],
 )
 def test_cache_rejects_bad_dtypes(kwargs, match):
-    names = r"\['bf16', 'e4m3', 'f16', 'f32'\]" if match == "state_dtype" else r"\['bf16', 'f16', 'f32'\]"
+    names = (
+        r"\['bf16', 'e4m3', 'f16', 'f32'\]"
+        if match == "state_dtype"
+        else r"\['bf16', 'f16', 'f32'\]"
+    )
     with pytest.raises(TypeError, match=rf"^{match}: expected one of {names}"):
         GDNDecodeCache(4, **QWEN4B, **kwargs, device="cpu")
 

@@ -184,8 +184,28 @@ def _preset_kda_tests() -> list[KernelSpec]:
     return specs
 
 
+def _preset_checkpoint_formats() -> list[KernelSpec]:
+    """FP8 checkpoints at every model shape (L = 16 and conventional, BF16 activations, with and
+    without stochastic rounding) and, for the Mamba-2 models whose heads both copies can tile
+    (not nano4b's headdim 80), separate mode's FP32, FP16 + SR and BF16 + SR carried copies
+    with an e4m3 read copy."""
+    specs = []
+    for model in MODELS.values():
+        flags = get_family(model.family).default_flags
+        for window in (1, 16):
+            for sr in ((), ("sr",)):
+                specs.append(model_spec(model, window=window, act_dtype="bf16",
+                                        state_dtype="e4m3", flags=(*flags, *sr)))  # fmt: skip
+        if model.family == "mamba2" and model.d_v % 64 == 0:
+            for state, sr in (("f32", ()), ("f32", ("sr",)), ("f16", ("sr",)), ("bf16", ("sr",))):
+                specs.append(model_spec(model, window=16, act_dtype="bf16", state_dtype=state,
+                                        read_dtype="e4m3", flags=(*flags, *sr)))  # fmt: skip
+    return specs
+
+
 PRESETS = {
     "ci": _preset_ci,
+    "checkpoint-formats": _preset_checkpoint_formats,
     "models": _preset_models,
     "h200": _preset_h200,
     "sanitizer": _preset_sanitizer,

@@ -82,7 +82,7 @@ def can_split(spec: KernelSpec) -> bool:
     """Whether `spec`'s split step fits: at most SPLIT_RECORDS_THREADS heads per key head, and
     their records within one CTA's shared memory."""
     fam = get_family(spec.family)
-    if not fam.split_kernel or spec.read_dtype is not None:
+    if not fam.split_kernel:
         return False
     heads = fam.records_heads(dict(spec.dims))
     return heads <= SPLIT_RECORDS_THREADS and fam.records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
@@ -98,11 +98,6 @@ def choose_replay_kernel(
     are rounded once per L tokens, and so does a read copy, which only non-flush steps read)."""
     if config.kernel == "split" and not can_split(spec):
         fam = get_family(spec.family)
-        if spec.read_dtype is not None:
-            raise ValueError(
-                f"config.kernel: expected 'auto', 'per-item' or 'flush-every-step' with a read "
-                f"copy (separate mode has no split step), got 'split' ({spec.uri})"
-            )
         if not fam.split_kernel:
             raise ValueError(
                 f"config.kernel: expected 'auto', 'per-item' or 'flush-every-step' for "

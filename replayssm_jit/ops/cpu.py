@@ -226,6 +226,27 @@ def _load_state(state: torch.Tensor, state_scale: torch.Tensor | None, slots) ->
     return values * state_scale[slots].to(_F32).unsqueeze(-1)
 
 
+def checkpoint_values(tensors, slots) -> torch.Tensor:
+    """The carried checkpoint of `slots` (an index) as FP32, from a layout's tensors by name
+    (state, with state_scale where it is e4m3)."""
+    return _load_state(tensors["state"], tensors.get("state_scale"), slots)
+
+
+def store_checkpoint(tensors, slots, values: torch.Tensor) -> None:
+    """Every checkpoint copy of `slots` (an index) from FP32 `values`, rounded to nearest:
+    state (with state_scale) and separate mode's read copy (read_state, read_scale)."""
+    zero = torch.zeros(values.shape[0], dtype=torch.int64, device=values.device)
+    for codes, scale in (("state", "state_scale"), ("read_state", "read_scale")):
+        if tensors.get(codes) is not None:
+            _store_state(tensors[codes], slots, values, sr=False, seed=0, epochs=zero,
+                         state_scale=tensors.get(scale))  # fmt: skip
+
+
+def raw_bits(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself, or its bytes (uint8) where it is FP8, for the index ops FP8 lacks."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
 # A read copy's rounding stream has the top bit set (read_copy_rounding_key in checkpoint.cuh).
 _READ_COPY_STREAM = -(2**63)
 

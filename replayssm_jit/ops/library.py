@@ -193,6 +193,10 @@ _GDN_TOKEN = ("q", "k", "v", "slot_indices", "out!", "a?", "b?", "A_log?", "dt_b
 _DRAFTS = ("num_drafts?", "parents?", "num_accepted?")
 _M2_SLOTS = ("state!", "rec_x!", "rec_b!", "rec_dt!", "cursors!")
 _GDN_SLOTS = ("state!", "rec_u!", "rec_k!", "rec_g!", "cursors!")
+# A decode step's checkpoint tensors besides state, where the layout has them (e4m3 row scales;
+# Mamba-2's separate-mode read copy).
+_M2_CHECKPOINT = ("state_scale!?", "read_state!?", "read_scale!?")
+_GDN_CHECKPOINT = ("state_scale!?",)
 
 
 def _optional(args: Sequence[str]) -> tuple[str, ...]:
@@ -217,18 +221,39 @@ def _commit_drafts(plan: DecodePlan, handle: int, kw: dict) -> None:
 OPS = {
     "mamba2_decode": register_op(
         "mamba2_decode",
-        (_M2_SLOTS[0], *_MAMBA2_TOKEN, *_optional(_M2_SLOTS[1:]), "workspace!?", *_SEED),
+        (
+            _M2_SLOTS[0],
+            *_MAMBA2_TOKEN,
+            *_optional(_M2_SLOTS[1:]),
+            "workspace!?",
+            *_SEED,
+            *_M2_CHECKPOINT,
+        ),  # fmt: skip
         _step(mamba2_decode),
     ),
     "gdn_decode": register_op(
         "gdn_decode",
-        (_GDN_SLOTS[0], *_GDN_TOKEN, *_optional(_GDN_SLOTS[1:]), "workspace!?", *_SEED),
+        (
+            _GDN_SLOTS[0],
+            *_GDN_TOKEN,
+            *_optional(_GDN_SLOTS[1:]),
+            "workspace!?",
+            *_SEED,
+            *_GDN_CHECKPOINT,
+        ),  # fmt: skip
         _step(gdn_decode),
     ),
     # KDA: GDN's arguments (a and g [batch, HV, K], dt_bias [HV * K]).
     "kda_decode": register_op(
         "kda_decode",
-        (_GDN_SLOTS[0], *_GDN_TOKEN, *_optional(_GDN_SLOTS[1:]), "workspace!?", *_SEED),
+        (
+            _GDN_SLOTS[0],
+            *_GDN_TOKEN,
+            *_optional(_GDN_SLOTS[1:]),
+            "workspace!?",
+            *_SEED,
+            *_GDN_CHECKPOINT,
+        ),  # fmt: skip
         _step(kda_decode),
     ),
     "mamba2_verify": register_op(

@@ -26,6 +26,7 @@ import torch
 
 from replayssm_jit.checks import check_bool, check_disjoint, check_int, check_tensor
 from replayssm_jit.families.layout import CacheLayout
+from replayssm_jit.ops.cpu import raw_bits, store_checkpoint
 
 __all__ = ["copy_slots", "reset_slots", "slot_id_list"]
 
@@ -147,7 +148,8 @@ def reset_slots(
         pad_slot_id.
     initial_state: None (zero checkpoints) or [n, *S] of a floating dtype on any device, where
         S is the state's per-slot shape (Mamba-2 [H, P, N], GDN [HV, V, K]); converted to the
-        state's dtype (round to nearest) and device.
+        state's dtype (round to nearest) and device: e4m3 via FP32, with its row scales, and
+        separate mode's read copy from the same values.
     Nothing else changes; every slot not named keeps its bits.
     """
     _check_options(pad_slot_id, check_slot_values)
@@ -162,9 +164,14 @@ def reset_slots(
         if not initial_state.dtype.is_floating_point:
             raise TypeError(f"initial_state: expected a floating dtype, got {initial_state.dtype}")
     if initial_state is None:
-        state.index_fill_(0, index, 0)
+        for name in layout.checkpoint_names:
+            raw_bits(tensors[name]).index_fill_(0, index, 0)
     else:
-        state.index_copy_(0, index, initial_state.to(device=device, dtype=state.dtype))
+        values = initial_state.to(device=device)
+        if layout.checkpoint_names == ("state",):
+            state.index_copy_(0, index, values.to(state.dtype))
+        else:
+            store_checkpoint(tensors, index, values.to(torch.float32))
     tensors["cursors"].index_fill_(0, index, 0)
 
 
@@ -205,6 +212,6 @@ def copy_slots(
         shared = sorted(set(src_ids) & set(dst_ids))
         if shared:
             raise ValueError(f"dst: expected slot ids not in src, got {shared[0]}")
-    for t in tensors.values():
+    for t in map(raw_bits, tensors.values()):
         # (index_select gathers a new tensor first, so no dst row is read after it is written)
         t.index_copy_(0, dst_index, t.index_select(0, src_index))

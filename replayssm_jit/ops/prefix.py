@@ -31,7 +31,7 @@ def _check_mamba2(plan: DecodePlan, tensors, params) -> None:
 
 
 def _fold_mamba2(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
-    state = tensors["state"][slot : slot + 1].to(_F32)
+    state = cpu.checkpoint_values(tensors, slice(slot, slot + 1))
     if held == 0:
         return state
     heads = plan.layout.shape.value_heads
@@ -41,7 +41,7 @@ def _fold_mamba2(plan: DecodePlan, tensors, slot: int, held: int, params) -> tor
 
 
 def _fold_delta(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
-    state = tensors["state"][slot : slot + 1].to(_F32)
+    state = cpu.checkpoint_values(tensors, slice(slot, slot + 1))
     if held == 0:
         return state
     shape = plan.layout.shape
@@ -65,8 +65,9 @@ def materialize_slots(
     slots: torch.Tensor | Sequence[int],
     **params: torch.Tensor,
 ) -> torch.Tensor:
-    """The current FP32 state of each slot in `slots`: its checkpoint with the records it holds
-    folded in (exact FP32, in the order the flush folds them). Nothing is written.
+    """The current FP32 state of each slot in `slots`: its checkpoint (the carried copy, decoded
+    where it is e4m3; separate mode's read copy is not read) with the records it holds folded in
+    (exact FP32, in the order the flush folds them). Nothing is written.
 
     plan: a plan of the layer (its layout, flags and mode; a conventional plan's state is the
         checkpoint itself). tensors: the layer's slot tensors by name. slots: [n] slot ids (an
@@ -91,7 +92,7 @@ def materialize_slots(
     ids = slot_id_list("slots", slots, num_slots, distinct=False)
     if not plan.replay:
         return (
-            torch.stack([tensors["state"][s].to(_F32) for s in ids])
+            torch.cat([cpu.checkpoint_values(tensors, slice(s, s + 1)) for s in ids])
             if ids
             else _empty(plan, tensors)
         )

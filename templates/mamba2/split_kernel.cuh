@@ -184,10 +184,10 @@ struct Records {
 };
 
 template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t, bool HAS_D,
-          bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR>
+          bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, typename read_t = void>
 struct State {
   using Base = Kernel<P, N, HPG, L, CAP, ROWS, WARPS, act_t, state_t, true, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, SR,
-                      false>;  // narrow rows: shorter shuffle reductions
+                      false, read_t>;  // narrow rows: shorter shuffle reductions
   using Params = typename Base::Params;
   using Tile = typename Base::Tile;
   using Workspace = SplitWorkspace<P, 1, CAP>;  // scalars: a(1:j)
@@ -218,8 +218,9 @@ struct State {
     if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
     // Checkpoint rows and this token's C and z first: none of them waits for the records kernel.
-    TileCheckpoint<Tile, state_t, P> ck;
-    ck.load(Base::state_view(p), slot, p.num_heads, head, row0);
+    // The copy non-flush steps read (separate mode: the read copy; a flush loads the carried one below).
+    typename Base::template Copy<typename Base::Read> read;
+    read.load(Base::read_view(p), slot, p.num_heads, head, row0);
     const act_t* b_cur = p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g;
     copy_rows_async<act_t, N, kThreads>(sm.q, 0, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g,
                                         0, 0, 1, 1);
@@ -261,8 +262,17 @@ struct State {
         sm.weighted_x[e / ROWS][e % ROWS] = to_float(sm.x[e / ROWS][e % ROWS]) * sm.coef[e / ROWS];
       __syncthreads();
     }
-    Base::finish_rows(p, ck, out, flush, records, total, slot, seed, epoch, head, row0, sm.q, sm.z,
-                      sm.extra, &sm.weighted_x[0][0], &sm.b[0][0]);
+    auto finish = [&](const auto& ck) {
+      Base::finish_rows(p, ck, out, flush, records, total, slot, seed, epoch, head, row0, sm.q, sm.z, sm.extra,
+                        &sm.weighted_x[0][0], &sm.b[0][0]);
+    };
+    if (Base::kSeparate && flush) {
+      typename Base::template Copy<state_t> carried;
+      carried.load(Base::state_view(p), slot, p.num_heads, head, row0);
+      finish(carried);
+    } else {
+      finish(read);
+    }
   }
 };
 

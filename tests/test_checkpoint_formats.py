@@ -1,0 +1,537 @@
+"""FP8 e4m3 checkpoints (shared mode) and separate mode's read copy (docs/precision.md).
+
+On the CPU: specs, URIs, layouts, errors, lifecycle and the PyTorch twin. On every device (the
+GPU cases carry the gpu marker): decode steps of fresh random sequences, outputs poisoned first,
+against float64 emulations that round where the kernels round:
+  - each non-flush output against a float64 decode from the copy the step reads (the read copy
+    in separate mode, else the checkpoint), decoded;
+  - each flush output against a float64 decode from the carried copy; the carried and read
+    copies after the flush against the float64 state encoded by reference.precision with the
+    step's rounding bits (RN, or SR from ops.cpu.rounding_bits), within one code of each value;
+  - separate mode's carried FP32 copy bit for bit against an FP32-only run of the same inputs;
+  - SR: the same seed gives the same bits, another seed other bits, and the read copies of many
+    slots holding one value average to it (unbiased within a stated bound).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import pytest
+import torch
+
+from replayssm_jit import (
+    GDNDecodeCache,
+    GDNDecodeWrapper,
+    KDADecodeCache,
+    KDADecodeWrapper,
+    Mamba2DecodeCache,
+    Mamba2DecodeWrapper,
+)
+from replayssm_jit.families.layout import mamba2_layout
+from replayssm_jit.launch.config import LaunchConfig
+from replayssm_jit.ops import cpu
+from replayssm_jit.reference import precision as P
+from replayssm_jit.reference.gdn import gdn_step_pool
+from replayssm_jit.reference.kda import kda_step_pool
+from replayssm_jit.reference.mamba2 import mamba2_step_pool
+from replayssm_jit.spec import gdn_spec, mamba2_spec
+
+F32, F64 = torch.float32, torch.float64
+SEED = 77
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+TORCH = {"f32": F32, "f16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
+
+
+# ---------------------------------------------------------------------------------------------
+# Specs, layouts and their errors
+# ---------------------------------------------------------------------------------------------
+
+
+def test_uri_names_the_checkpoint_formats():
+    shared = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, state_dtype="e4m3")
+    separate = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, read_dtype="e4m3")
+    assert "_state-e4m3" in shared.uri and "read-" not in shared.uri
+    assert "_state-f32_read-e4m3" in separate.uri
+    assert separate.template_context()["read_t"] == "replayssm::e4m3"
+    assert shared.template_context()["read_t"] == "void"
+    sr = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, read_dtype="e4m3", flags=("sr",))
+    assert sr.flags == ("sr",)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(read_dtype="f32"), ValueError, "^read_dtype: expected a format narrower"),
+        (dict(state_dtype="bf16", read_dtype="bf16"), ValueError, "^read_dtype: expected"),
+        (dict(state_dtype="bf16", read_dtype="f16"), ValueError, "^read_dtype: a read copy"),
+        (dict(state_dtype="e4m3", read_dtype="bf16"), ValueError, "^read_dtype: a read copy"),
+        (dict(read_dtype="fp8"), TypeError, "^read_dtype: expected one of"),
+        (dict(read_dtype="e4m3", window=1), ValueError, r"^read_dtype: .*window=1"),
+        (dict(read_dtype="e4m3", drafts=4), ValueError, "^drafts: expected 1"),
+        (dict(state_dtype="e4m3", drafts=4), ValueError, "^drafts: expected 1"),
+        (dict(flags=("sr",)), ValueError, "^flags: 'sr'"),
+        (dict(act_dtype="e4m3"), TypeError, "^act_dtype: expected one of"),
+    ],
+)
+def test_bad_checkpoint_formats_are_refused(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        mamba2_spec(headdim=64, dstate=128, heads_per_group=8, **kwargs)
+
+
+def test_separate_mode_is_built_for_mamba2_only():
+    with pytest.raises(ValueError, match=r"^read_dtype: separate mode .* not gdn"):
+        gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, read_dtype="e4m3")
+    spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, state_dtype="e4m3")
+    assert spec.state_dtype == "e4m3"
+
+
+def test_e4m3_rows_must_fill_16_byte_chunks():
+    with pytest.raises(ValueError, match="^dstate: expected a multiple of 16"):
+        mamba2_spec(headdim=64, dstate=8, heads_per_group=8, state_dtype="e4m3")
+
+
+def test_layout_tensors_and_bytes():
+    args = dict(num_heads=8, headdim=64, dstate=128, ngroups=1)
+    shared = mamba2_layout(**args, state_dtype=torch.float8_e4m3fn)
+    separate = mamba2_layout(**args, read_dtype="e4m3")
+    plain = mamba2_layout(**args)
+    assert shared.checkpoint_names == ("state", "state_scale")
+    assert separate.checkpoint_names == ("state", "read_state", "read_scale")
+    by_name = {t.name: t for t in separate.tensors()}
+    assert by_name["read_state"].dtype == torch.float8_e4m3fn
+    assert by_name["read_state"].per_slot_shape == (8, 64, 128)
+    assert by_name["read_scale"].per_slot_shape == (8, 64) and by_name["read_scale"].packed
+    rings = plain.bytes_per_slot() - 8 * 64 * 128 * 4
+    assert shared.bytes_per_slot() == rings + 8 * 64 * (128 + 4)
+    assert separate.bytes_per_slot() == plain.bytes_per_slot() + 8 * 64 * (128 + 4)
+
+
+def test_conventional_plan_of_a_separate_layout_is_refused():
+    cache = Mamba2DecodeCache(4, num_heads=8, headdim=64, dstate=128, ngroups=1,
+                              read_dtype="e4m3", device="cpu")  # fmt: skip
+    wrapper = Mamba2DecodeWrapper(cache, mode="conventional")
+    with pytest.raises(ValueError, match="^mode: expected 'replay' for a layout with a read copy"):
+        wrapper.plan(2)
+
+
+def test_policy_keeps_the_window_with_a_read_copy():
+    """Separate mode never flushes every step (that would read the carried copy every token):
+    small batches run per item, large ones split, as for 16-bit checkpoints."""
+    from replayssm_jit.launch.policy import choose_replay_kernel
+
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=16, read_dtype="e4m3")
+    assert choose_replay_kernel(spec, 1, 128, 132, LaunchConfig()) == "per-item"
+    assert choose_replay_kernel(spec, 256, 128, 132, LaunchConfig()) == "split"
+    plain = mamba2_spec(headdim=64, dstate=128, heads_per_group=16)
+    assert choose_replay_kernel(plain, 1, 128, 132, LaunchConfig()) == "flush-every-step"
+
+
+def test_missing_scale_tensor_is_named():
+    cache = Mamba2DecodeCache(4, num_heads=8, headdim=64, dstate=128, ngroups=1,
+                              state_dtype="e4m3", act_dtype=F32, device="cpu")  # fmt: skip
+    wrapper = Mamba2DecodeWrapper(cache)
+    wrapper.plan(1, **Mamba2Family.options)
+    tensors = dict(cache.tensors)
+    del tensors["state_scale"]
+    from replayssm_jit.ops.mamba2 import mamba2_decode
+
+    tok = Mamba2Family("cpu", torch.Generator().manual_seed(0), heads=8, groups=1).tokens(1)
+    with pytest.raises((TypeError, ValueError), match="^state_scale: expected"):
+        mamba2_decode(wrapper.decode_plan, **tensors, slot_indices=torch.zeros(1, dtype=torch.int32),
+                      **tok)  # fmt: skip
+
+
+def test_cpu_encoder_is_the_reference_encoder():
+    """ops.cpu.encode_e4m3_rows (the CPU twin of checkpoint.cuh's store_row) against
+    reference.precision.fp8_encode, bit for bit, RN and SR, over rows of every magnitude."""
+    gen = torch.Generator().manual_seed(4)
+    for magnitude in (1e-41, 1e-20, 1e-3, 1.0, 300.0, 1e5, 1e30, 0.0):
+        x = torch.randn(16, 128, generator=gen) * magnitude
+        x[0, :7] = 0.0
+        x[1] = -x[1].abs()
+        bits = torch.randint(0, 2**16, x.shape, generator=gen)
+        for b in (None, bits):
+            codes, scale = cpu.encode_e4m3_rows(x, b)
+            want = P.fp8_encode(x, bits=b)
+            assert torch.equal(scale, want.scale.squeeze(-1)), magnitude
+            assert torch.equal(codes, want.codes), magnitude
+
+
+def test_lifecycle_encodes_and_materializes():
+    """reset() with an initial state encodes every copy (RN); fork copies codes and scales;
+    materialize returns the carried copy in FP32."""
+    gen = torch.Generator().manual_seed(5)
+    cache = Mamba2DecodeCache(4, num_heads=2, headdim=64, dstate=128, ngroups=1, window=4,
+                              read_dtype="e4m3", device="cpu")  # fmt: skip
+    init = torch.randn(2, 2, 64, 128, generator=gen)
+    assert cache.allocate(4).tolist() == [0, 1, 2, 3]
+    cache.reset([1, 3], init)
+    assert torch.equal(cache.state[[1, 3]], init)
+    codes, scale = cpu.encode_e4m3_rows(init)
+    assert torch.equal(cache.tensors["read_state"][[1, 3]].view(torch.uint8), codes)
+    assert torch.equal(cache.tensors["read_scale"][[1, 3]], scale)
+    cache.fork([1], [2])
+    for name in cache.layout.checkpoint_names:
+        assert torch.equal(
+            cpu.raw_bits(cache.tensors[name][2]), cpu.raw_bits(cache.tensors[name][1])
+        )
+    cache.reset([2])
+    assert not cpu.raw_bits(cache.tensors["read_state"][2]).any()
+    assert not cache.tensors["read_scale"][2].any()
+    shared = Mamba2DecodeCache(2, num_heads=2, headdim=64, dstate=128, ngroups=1, window=4,
+                               state_dtype="e4m3", device="cpu")  # fmt: skip
+    shared.reset([0], init[:1])
+    wrapper = Mamba2DecodeWrapper(shared)
+    wrapper.plan(1)
+    got = wrapper.materialize([0], A=-torch.ones(2))
+    want = P.fp8_encode(init[:1]).value.to(F32)
+    assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode steps against float64 emulations
+# ---------------------------------------------------------------------------------------------
+
+
+class Mamba2Family:
+    cache_type, wrapper_type = Mamba2DecodeCache, Mamba2DecodeWrapper
+    options: ClassVar[dict] = dict(has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True)
+
+    def __init__(self, device, gen, heads=4, groups=2):
+        self.device, self.gen = device, gen
+        self.H, self.G, self.P, self.N = heads, groups, 64, 128
+        self.dims = dict(num_heads=heads, headdim=self.P, dstate=self.N, ngroups=groups)
+        self.A = -(0.5 + torch.rand(heads, generator=gen))
+        self.D = torch.randn(heads, generator=gen)
+        self.dt_bias = 0.1 * torch.randn(heads, generator=gen)
+
+    @property
+    def state_shape(self):
+        return (self.H, self.P, self.N)
+
+    def tokens(self, batch):
+        g, dev = self.gen, self.device
+        return dict(
+            x=torch.randn(batch, self.H, self.P, generator=g).to(dev),
+            dt=(torch.rand(batch, self.H, generator=g) * 2 - 2.5).to(dev),
+            A=self.A.to(dev),
+            B=(0.5 * torch.randn(batch, self.G, self.N, generator=g)).to(dev),
+            C=(0.5 * torch.randn(batch, self.G, self.N, generator=g)).to(dev),
+            D=self.D.to(dev),
+            dt_bias=self.dt_bias.to(dev),
+        )
+
+    def run(self, wrapper, tok, slots):
+        tok = dict(tok)
+        return wrapper.run(tok.pop("x"), tok.pop("dt"), tok.pop("A"), tok.pop("B"), tok.pop("C"),
+                           slots, **tok)  # fmt: skip
+
+    def reference(self, pool, slots, tok):
+        t = {k: v.cpu() for k, v in tok.items()}
+        return mamba2_step_pool(pool, slots, t["x"], t["dt"], t["A"], t["B"], t["C"], t["D"],
+                                None, t["dt_bias"], True)  # fmt: skip
+
+
+class DeltaFamily:
+    options: ClassVar[dict] = dict(use_qk_l2norm=True, gates_in_kernel=False)
+
+    def __init__(self, device, gen, per_channel):
+        self.device, self.gen, self.per_channel = device, gen, per_channel
+        self.H, self.HV, self.K, self.V = 1, 2, 128, 128
+        self.dims = dict(num_k_heads=1, num_v_heads=2, head_k_dim=128, head_v_dim=128)
+        self.cache_type = KDADecodeCache if per_channel else GDNDecodeCache
+        self.wrapper_type = KDADecodeWrapper if per_channel else GDNDecodeWrapper
+        self.step_pool = kda_step_pool if per_channel else gdn_step_pool
+
+    @property
+    def state_shape(self):
+        return (self.HV, self.V, self.K)
+
+    def tokens(self, batch):
+        g, dev = self.gen, self.device
+        gate = (batch, self.HV, self.K) if self.per_channel else (batch, self.HV)
+        return dict(
+            q=torch.randn(batch, self.H, self.K, generator=g).to(dev),
+            k=torch.randn(batch, self.H, self.K, generator=g).to(dev),
+            v=torch.randn(batch, self.HV, self.V, generator=g).to(dev),
+            g=(-0.3 * torch.rand(gate, generator=g)).to(dev),
+            beta=torch.rand(batch, self.HV, generator=g).to(dev),
+        )
+
+    def run(self, wrapper, tok, slots):
+        tok = dict(tok)
+        return wrapper.run(tok.pop("q"), tok.pop("k"), tok.pop("v"), slots, **tok)
+
+    def reference(self, pool, slots, tok):
+        t = {k: v.cpu() for k, v in tok.items()}
+        return self.step_pool(pool, slots, t["q"], t["k"], t["v"], t["g"], t["beta"],
+                              self.K**-0.5, True)  # fmt: skip
+
+
+FAMILIES = {
+    "mamba2": lambda device, gen: Mamba2Family(device, gen),
+    "gdn": lambda device, gen: DeltaFamily(device, gen, False),
+    "kda": lambda device, gen: DeltaFamily(device, gen, True),
+}
+
+
+def decoded(tensors, codes: str, scale: str) -> torch.Tensor:
+    """A copy as float64 on the CPU (e4m3: code times row scale in FP32)."""
+    values = tensors[codes].cpu().to(F32)
+    if tensors.get(scale) is not None:
+        values = values * tensors[scale].cpu().unsqueeze(-1)
+    return values.to(F64)
+
+
+def assert_within_one_code(got: torch.Tensor, want: torch.Tensor, dtype: str, what: str):
+    """Each value of `got` within one code of `want`: the format's step at the larger of the
+    two (e4m3: at the value over its row's scale, then scaled back)."""
+    assert torch.isfinite(got).all(), f"{what}: not finite"
+    if dtype == "f32":
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), what
+        return
+    bits = {"f16": 10, "bf16": 7, "e4m3": 3}[dtype]
+    mag = torch.maximum(got.abs(), want.abs())
+    if dtype == "e4m3":  # the code's step at |value / row scale| (subnormal below 2^-6), scaled
+        scale = want.abs().amax(-1, keepdim=True) / 448
+        q = (mag / scale.clamp_min(1e-30)).clamp_min(2.0**-6)
+        ulp = torch.exp2(torch.floor(torch.log2(q)) - bits) * scale
+    else:
+        ulp = torch.exp2(torch.floor(torch.log2(mag.clamp_min(2.0**-14))) - bits)
+    excess = ((got - want).abs() - 1.01 * ulp).max().item()
+    assert excess <= 0, f"{what}: a value is more than one code away ({excess:.3e} over)"
+
+
+def encode_like_the_kernel(values, dtype, *, sr, slots, epochs, read_copy, shape):
+    """reference.precision's encoding of FP32-rounded float64 `values` [n, *shape] as a flush
+    stores them, with the step's bits where SR."""
+    bits = None
+    if sr:
+        element = torch.arange(math.prod(shape), dtype=torch.int64)
+        stream = (slots.to(torch.int64) << 32) | epochs.to(torch.int64)
+        if read_copy:
+            stream = stream | -(2**63)
+        bits = cpu.rounding_bits(SEED, stream[:, None], element[None, :]).view(values.shape)
+    if dtype == "e4m3":
+        return P.fp8_encode(values, bits=bits).value
+    if dtype == "f32":
+        return values.to(F32).to(F64)
+    if sr:
+        return P.round_half_sr(values, bits, TORCH[dtype]).value
+    return P.round_half_rn(values, TORCH[dtype]).value
+
+
+def drive(name, device, state_dtype, read_dtype, sr, *, window=4, steps=13, batch=5, slots=7,
+          gen_seed=0, config=None):  # fmt: skip
+    """Runs `steps` tokens of fresh random sequences through a cache of the given format; checks
+    every step as the module doc says. Returns the cache and the tokens (for twin runs)."""
+    gen = torch.Generator().manual_seed(gen_seed)
+    fam = FAMILIES[name](device, gen)
+    cache = fam.cache_type(slots, **fam.dims, window=window, state_dtype=TORCH[state_dtype],
+                           read_dtype=read_dtype and TORCH[read_dtype], act_dtype=F32,
+                           device=device)  # fmt: skip
+    wrapper = fam.wrapper_type(cache)
+    wrapper.plan(batch, config=config, seed=SEED, stochastic_rounding=sr, **fam.options)
+    rows = torch.tensor([3, -1, 0, 5, 6][:batch], dtype=torch.int32)
+    live = rows[rows >= 0].long()
+    init = 0.5 * torch.randn(slots, *fam.state_shape, generator=gen)
+    cache.reset(list(range(slots)), init)
+    carried = decoded(cache.tensors, "state", "state_scale")
+    read = decoded(cache.tensors, "read_state", "read_scale") if read_dtype else carried.clone()
+    ref_carried, ref_read = carried.clone(), read.clone()
+    held = 0
+    tokens = []
+    for step in range(steps):
+        tok = fam.tokens(batch)
+        tokens.append(tok)
+        flush = held + 1 >= window
+        out = torch.full((batch, *fam.state_shape[:2]), math.nan, dtype=F32, device=device)
+        fam.run(wrapper, {**tok, "out": out}, rows.to(device))
+        y_carried = fam.reference(ref_carried, rows, tok)
+        y_read = fam.reference(ref_read, rows, tok)
+        want = y_carried if flush else y_read
+        got = out.cpu().to(F64)
+        assert torch.equal(got[1], torch.zeros_like(got[1])), "pad row"
+        err = (got - want).norm() / want.norm()
+        assert err < 2e-5, f"step {step} ({'flush' if flush else 'read'}): rel error {err:.2e}"
+        if flush:
+            epochs = cache.cursors[live, 1].cpu() - 1  # the epoch the flush rounded at
+            shape = fam.state_shape
+            enc = dict(sr=sr, slots=live, epochs=epochs, shape=shape)
+            want_state = encode_like_the_kernel(ref_carried[live], state_dtype, read_copy=False,
+                                                **enc)  # fmt: skip
+            got_state = decoded(cache.tensors, "state", "state_scale")
+            assert_within_one_code(got_state[live], want_state, state_dtype, f"state at {step}")
+            if read_dtype:
+                want_read = encode_like_the_kernel(ref_carried[live], read_dtype, read_copy=True,
+                                                   **enc)  # fmt: skip
+                got_read = decoded(cache.tensors, "read_state", "read_scale")
+                assert_within_one_code(got_read[live], want_read, read_dtype, f"read at {step}")
+            # The next window starts from what the kernels stored.
+            ref_carried = decoded(cache.tensors, "state", "state_scale")
+            ref_read = (
+                decoded(cache.tensors, "read_state", "read_scale") if read_dtype
+                else ref_carried.clone()
+            )  # fmt: skip
+            held = 0
+        else:
+            held += 1
+        untouched = [s for s in range(slots) if s not in live.tolist()]
+        now = decoded(cache.tensors, "state", "state_scale")
+        assert torch.equal(now[untouched], carried[untouched]), "an unnamed slot changed"
+    return cache, tokens
+
+
+FORMATS = [
+    ("mamba2", "e4m3", None, False),
+    ("mamba2", "e4m3", None, True),
+    ("mamba2", "f32", "e4m3", False),
+    ("mamba2", "f32", "e4m3", True),
+    ("mamba2", "f16", "e4m3", True),
+    ("mamba2", "bf16", "e4m3", True),
+    ("mamba2", "f32", "bf16", False),
+    ("gdn", "e4m3", None, False),
+    ("gdn", "e4m3", None, True),
+    ("kda", "e4m3", None, False),
+    ("kda", "e4m3", None, True),
+]
+
+
+def _fid(case):
+    name, state, read, sr = case
+    return f"{name}-{state}" + (f"+{read}" if read else "") + ("-sr" if sr else "")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", FORMATS, ids=_fid)
+def test_steps_match_the_emulation(case, device):
+    name, state, read, sr = case
+    drive(name, device, state, read, sr)
+
+
+SPLIT_FORMATS = [c for c in FORMATS if c[0] == "mamba2" and c[2] == "e4m3"] + [FORMATS[0]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", SPLIT_FORMATS, ids=_fid)
+def test_split_steps_match_the_emulation(case, device):
+    """The split step (a records kernel, then the state kernel) of each format and mode."""
+    name, state, read, sr = case
+    drive(name, device, state, read, sr, config=LaunchConfig(kernel="split"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["mamba2", "gdn"])
+def test_conventional_e4m3_matches_the_emulation(name, device):
+    """Conventional steps (window 1) store e4m3 every token: each state against the float64
+    step of the previous one, encoded (RN)."""
+    gen = torch.Generator().manual_seed(2)
+    fam = FAMILIES[name](device, gen)
+    cache = fam.cache_type(3, **fam.dims, window=1, state_dtype=torch.float8_e4m3fn,
+                           act_dtype=F32, device=device)  # fmt: skip
+    wrapper = fam.wrapper_type(cache, mode="conventional")
+    wrapper.plan(2, **fam.options)
+    cache.reset([0, 2], 0.5 * torch.randn(2, *fam.state_shape, generator=gen))
+    rows = torch.tensor([2, 0], dtype=torch.int32)
+    for step in range(4):
+        before = decoded(cache.tensors, "state", "state_scale")
+        tok = fam.tokens(2)
+        out = torch.full((2, *fam.state_shape[:2]), math.nan, device=device)
+        fam.run(wrapper, {**tok, "out": out}, rows.to(device))
+        want_out = fam.reference(before, rows, tok)
+        assert (out.cpu().double() - want_out).norm() / want_out.norm() < 2e-5
+        want = P.fp8_encode(before[rows.long()]).value
+        got = decoded(cache.tensors, "state", "state_scale")[rows.long()]
+        assert_within_one_code(got, want, "e4m3", f"step {step}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", ["per-item", "split"])
+@pytest.mark.parametrize("state", ["f32", "f16"])
+def test_separate_carried_copy_is_the_single_copy_run(state, kernel, device):
+    """Separate mode never lets the read copy's error reach the carried copy: after three
+    flushes the carried copy is bit for bit that of a one-copy run of the same format with the
+    same inputs (same kernel and row tile); drive() holds each run's non-flush outputs to its
+    own read copy."""
+    config = LaunchConfig(kernel=kernel, rows_per_cta=64)
+    runs = {}
+    for read in (None, "e4m3"):
+        cache, _ = drive("mamba2", device, state, read, state != "f32", window=4, steps=12,
+                         config=config)  # fmt: skip
+        runs[read] = cache
+    a, b = runs[None].state.cpu(), runs["e4m3"].state.cpu()
+    assert torch.equal(cpu.raw_bits(a).view(torch.uint8), cpu.raw_bits(b).view(torch.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in FORMATS if c[3]], ids=_fid)
+def test_gpu_rounding_is_the_cpu_twin(case):
+    """The kernels' rounding bits are the CPU twin's: the same sequence on both devices ends in
+    the same codes, up to the rare value whose FP32 fold differs by an ulp (FMA order); bits
+    from another stream would change about a third of the stochastically rounded codes."""
+    name, state, read, sr = case
+    ends = {dev: drive(name, dev, state, read, sr, steps=8)[0] for dev in ("cpu", "cuda")}
+    for copy in ends["cpu"].layout.checkpoint_names:
+        a = cpu.raw_bits(ends["cpu"].tensors[copy])
+        b = cpu.raw_bits(ends["cuda"].tensors[copy]).cpu()
+        if a.dtype == F32:  # FP32 copies and row scales: FMA order only
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), copy
+            continue
+        differ = (a.view(torch.uint8) != b.view(torch.uint8)).float().mean().item()
+        assert differ < 0.01, f"{copy}: {differ:.2%} of the bytes differ from the CPU twin"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sr_same_seed_same_bits(device):
+    """Two runs with one seed store the same e4m3 bits; a run with another seed differs."""
+
+    def run(seed):
+        gen = torch.Generator().manual_seed(3)
+        fam = Mamba2Family(device, gen)
+        cache = fam.cache_type(2, **fam.dims, window=2, state_dtype="e4m3", act_dtype=F32,
+                               device=device)  # fmt: skip
+        wrapper = fam.wrapper_type(cache)
+        wrapper.plan(2, seed=seed, stochastic_rounding=True, **fam.options)
+        cache.reset([0, 1], 0.5 * torch.randn(2, *fam.state_shape, generator=gen))
+        for _ in range(4):
+            fam.run(wrapper, fam.tokens(2), torch.tensor([0, 1], dtype=torch.int32, device=device))
+        return cache.state.view(torch.uint8).cpu().clone()
+
+    first, again, other = run(11), run(11), run(12)
+    assert torch.equal(first, again)
+    assert (first != other).float().mean() > 0.05
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sr_read_copy_is_unbiased(device):
+    """256 slots carry one FP32 state; after a flush their e4m3 read copies (SR, keyed by slot)
+    average to the carried values: the mean error, in units of each value's gap, is below 6
+    standard errors (each draw's error is within one gap, so its variance is below 1/4)."""
+    gen = torch.Generator().manual_seed(6)
+    fam = Mamba2Family(device, gen, heads=1, groups=1)
+    slots = 256
+    cache = fam.cache_type(slots, **fam.dims, window=2, read_dtype="e4m3", act_dtype=F32,
+                           device=device)  # fmt: skip
+    wrapper = fam.wrapper_type(cache)
+    wrapper.plan(slots, seed=SEED, stochastic_rounding=True, **fam.options)
+    one = 0.5 * torch.randn(1, *fam.state_shape, generator=gen)
+    cache.reset(list(range(slots)), one.expand(slots, -1, -1, -1).contiguous())
+    rows = torch.arange(slots, dtype=torch.int32, device=device)
+    tok = {k: (v[:1].expand(slots, *v.shape[1:]).contiguous() if v.dim() > 1 else v)
+           for k, v in fam.tokens(1).items()}  # fmt: skip
+    for _ in range(2):  # the second step flushes
+        fam.run(wrapper, tok, rows)
+    carried = cache.state.cpu().double()
+    assert torch.equal(carried, carried[:1].expand_as(carried)), "the carried copies differ"
+    read = decoded(cache.tensors, "read_state", "read_scale")
+    scale = cache.tensors["read_scale"].cpu().double().unsqueeze(-1)
+    # One gap of each value: the e4m3 step at |value / scale| (subnormal below 2^-6), scaled.
+    q = (carried / scale).abs().clamp_min(2.0**-6)
+    ulp = torch.exp2(torch.floor(torch.log2(q)) - 3) * scale
+    moved = read != P.fp8_encode(carried.to(F32)).value
+    assert moved.float().mean() > 0.2, "SR left most values at their nearest code"
+    err = ((read - carried) / ulp).mean().item()
+    bound = 6 * 0.5 / math.sqrt(read.numel())
+    assert abs(err) < bound, f"mean SR error {err:.2e} gaps exceeds {bound:.2e}"
