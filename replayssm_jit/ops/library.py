@@ -228,7 +228,7 @@ OPS = {
             "workspace!?",
             *_SEED,
             *_M2_CHECKPOINT,
-        ),  # fmt: skip
+        ),
         _step(mamba2_decode),
     ),
     "gdn_decode": register_op(
@@ -240,7 +240,7 @@ OPS = {
             "workspace!?",
             *_SEED,
             *_GDN_CHECKPOINT,
-        ),  # fmt: skip
+        ),
         _step(gdn_decode),
     ),
     # KDA: GDN's arguments (a and g [batch, HV, K], dt_bias [HV * K]).
@@ -253,7 +253,7 @@ OPS = {
             "workspace!?",
             *_SEED,
             *_GDN_CHECKPOINT,
-        ),  # fmt: skip
+        ),
         _step(kda_decode),
     ),
     "mamba2_verify": register_op(
