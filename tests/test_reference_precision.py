@@ -166,10 +166,19 @@ def test_grid_sr_unbiased(encode, decode, q, gap):
 
 
 def test_grid_sr_rule_and_determinism():
-    # frac = 0.25 between 1 and 1.125: away from zero iff u < 0.25, u = bits * 2^-16
+    # e2m1: frac = 0.5 between 1 and 1.5: away from zero iff u < 0.5, u = bits * 2^-16
+    x = torch.full((4,), 1.25, dtype=F64)
+    bits = torch.tensor([0, (1 << 15) - 1, 1 << 15, (1 << 16) - 1])
+    assert P.e2m1_decode(P.e2m1_encode(x, bits)).tolist() == [1.5, 1.5, 1.0, 1.0]
+    # e4m3: frac = 0.25 between 1 and 1.125: the bits added atop the 20 dropped mantissa bits
+    # (0x40000 of 2^20) carry iff bits >= 0xC000
     x = torch.full((4,), 1.03125, dtype=F64)
-    bits = torch.tensor([0, (1 << 14) - 1, 1 << 14, (1 << 16) - 1])
-    assert P.e4m3_decode(P.e4m3_encode(x, bits)).tolist() == [1.125, 1.125, 1.0, 1.0]
+    bits = torch.tensor([0, 0xBFFF, 0xC000, (1 << 16) - 1])
+    assert P.e4m3_decode(P.e4m3_encode(x, bits)).tolist() == [1.0, 1.0, 1.125, 1.125]
+    # subnormal: 2^-9 + a quarter gap, on |q| + 2^-6
+    x = torch.full((2,), 2.0**-9 * 1.25, dtype=F64)
+    bits = torch.tensor([0xBFFF, 0xC000])
+    assert P.e4m3_decode(P.e4m3_encode(x, bits)).tolist() == [2.0**-9, 2.0**-8]
     exact = torch.tensor([1.0, 6.0, -0.5, 0.0], dtype=F64)
     ones = torch.full((4,), (1 << 16) - 1)
     zeros = torch.zeros(4, dtype=torch.int64)

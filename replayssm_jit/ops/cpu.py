@@ -191,27 +191,24 @@ E4M3_MAX = 448.0
 def encode_e4m3_rows(
     values: torch.Tensor, bits: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(uint8 codes, FP32 row scales [...]) of FP32 `values` [..., n] as common/fp8.cuh's
+    """(uint8 codes, FP32 row scales [...]) of FP32 `values` [..., n] as common/checkpoint.cuh's
     store_row: scale = max(amax / 448, 2^-126) (0 for a zero row), codes of values * fp32(1 /
-    scale), saturating at 448; round to nearest even, or (bits: 16 per element) up away from
-    zero iff bits * 2^-16 < the distance from the code toward zero in units of the gap."""
+    scale), saturating at 448; round to nearest even, or (bits: 16 per element) fp8.cuh's
+    sr_value: the bits added atop the 20 FP32 mantissa bits e4m3 drops, then cleared (below
+    2^-6 on |q| + 2^-6, taken off again)."""
     v = values.to(_F32)
     amax = v.abs().amax(dim=-1)
     scale = torch.where(amax == 0, 0.0, (amax / E4M3_MAX).clamp_min(2.0**-126))
     inverse = torch.where(scale == 0, 1.0, 1.0 / scale)
     q = v * inverse[..., None]
     mag = q.abs().clamp(max=E4M3_MAX)
-    nearest = mag.to(torch.float8_e4m3fn)  # round to nearest even
-    code = nearest.view(torch.uint8).to(torch.int64)
-    if bits is not None:
-        value = nearest.to(_F32)
-        lower = torch.where(value > mag, code - 1, code)  # the code toward zero
-        lower_value = lower.to(torch.uint8).view(torch.float8_e4m3fn).to(_F32)
-        upper_value = (lower + 1).clamp(max=0x7E).to(torch.uint8).view(torch.float8_e4m3fn).to(_F32)
-        gap = torch.where(upper_value > lower_value, upper_value - lower_value, 1.0)
-        frac = (mag - lower_value) / gap  # exact: the gap is a power of two
-        up = (bits.to(_F32) * (1.0 / 65536.0) < frac) & (mag > lower_value)
-        code = torch.where(up, lower + 1, lower)
+    if bits is not None:  # add the bits atop the 20 dropped mantissa bits, clear them
+        low = mag < 2.0**-6
+        m = torch.where(low, mag + 2.0**-6, mag)
+        u = m.view(torch.int32).to(torch.int64) + (bits.to(torch.int64) << 4)
+        mag = (u & 0x7FF00000).to(torch.int32).view(_F32).clamp(max=E4M3_MAX)
+        mag = torch.where(low, mag - 2.0**-6, mag)
+    code = mag.to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int64)  # nearest, ties even
     sign = torch.where(q.view(torch.int32) < 0, 0x80, 0)
     code = torch.where(torch.isnan(q), 0x7F, code | sign)
     return code.to(torch.uint8), scale

@@ -51,6 +51,7 @@ __all__ = [
     "e2m1_encode",
     "e4m3_decode",
     "e4m3_encode",
+    "e4m3_sr_value",
     "fp8_decode",
     "fp8_encode",
     "fp8_scales",
@@ -184,9 +185,32 @@ def _grid_encode(
 def e4m3_encode(q: torch.Tensor, bits: torch.Tensor | None = None) -> torch.Tensor:
     """Raw values -> e4m3fn codes (uint8), as cvt.rn.satfinite.e4m3x2.f32 does in RN mode:
     nearest of the 253 finite values, ties to the even mantissa, |q| > 448 (and +-inf) saturate
-    to +-448 (0x7E / 0xFE), NaN -> 0x7F, -0.0 -> 0x80. With `bits`: stochastic (module doc).
-    `q` is rounded as given (float64); callers that model FP32 pass FP32 values."""
-    return _grid_encode(q, _E4M3_GRID, 7, bits).to(torch.uint8)
+    to +-448 (0x7E / 0xFE), NaN -> 0x7F, -0.0 -> 0x80. `q` is rounded as given (float64);
+    callers that model FP32 pass FP32 values. With `bits`: e4m3_sr_value's stochastic rounding
+    of fp32(q), then its (exact) code."""
+    if bits is not None:
+        q = e4m3_sr_value(q, bits)
+    return _grid_encode(q, _E4M3_GRID, 7, None).to(torch.uint8)
+
+
+def e4m3_sr_value(q: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    """Stochastic rounding of fp32(q) to an e4m3fn value (float64, exact), as fp8.cuh's
+    sr_value: the 16 random bits are added at the top of the 20 FP32 mantissa bits e4m3 drops,
+    then those 20 bits are cleared, so the value rounds away from zero iff bits >= 2^16 (1 -
+    frac) (probability frac to the 2^-16 resolution of the bits; representable values stay).
+    Below 2^-6 (e4m3 subnormals, a fixed gap of 2^-9) the same is done to fp32(|q| + 2^-6),
+    then 2^-6 is taken off again (exact). |q| is first clamped to 448, and a value that rounds
+    past 448 saturates to it; NaN stays NaN; the sign is kept (-0.0 too)."""
+    q32 = q.to(_F32)
+    mag = q32.abs().clamp(max=E4M3_MAX)  # (inf too)
+    low = mag < 2.0**-6
+    offset = torch.tensor(2.0**-6, dtype=_F32)
+    m = torch.where(low, mag + offset, mag)
+    u = m.view(torch.int32).to(torch.int64) + (bits.to(torch.int64) << 4)
+    v = (u & 0x7FF00000).to(torch.int32).view(torch.float32).clamp(max=E4M3_MAX)
+    v = torch.where(low, v - offset, v)
+    signed = torch.where(torch.signbit(q32), -v, v)
+    return torch.where(torch.isnan(q32), q32, signed).to(_F64)
 
 
 def e4m3_decode(codes: torch.Tensor) -> torch.Tensor:

@@ -75,15 +75,14 @@ __device__ __forceinline__ void store_values(T* dst, const float (&v)[VEC], uint
     static_assert(VEC % 2 == 0, "e4m3 codes are formed in pairs");
     #pragma unroll
     for (int e = 0; e < VEC; e += 2) {
-      const float a = v[e] * inverse, b = v[e + 1] * inverse;
-      if constexpr (SR) {
+      float a = v[e] * inverse, b = v[e + 1] * inverse;
+      if constexpr (SR) {  // to exact e4m3 values, which the conversion below keeps
         const uint32_t bits = pair_bits(key, static_cast<uint32_t>((element + e) >> 1));
-        out[e].code = static_cast<uint8_t>(fp8::encode<true>(a, bits & 0xffffu));
-        out[e + 1].code = static_cast<uint8_t>(fp8::encode<true>(b, bits >> 16));
-      } else {
-        reinterpret_cast<__nv_fp8x2_storage_t*>(out)[e / 2] =
-            __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+        a = fp8::sr_value(a, bits & 0xffffu);
+        b = fp8::sr_value(b, bits >> 16);
       }
+      reinterpret_cast<__nv_fp8x2_storage_t*>(out)[e / 2] =
+          __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
     }
   } else if constexpr (SR && !std::is_same_v<T, float>) {
     static_assert(VEC % 2 == 0, "stochastic rounding draws bits for pairs of elements");
