@@ -25,8 +25,9 @@ representable neighbours rounds to the one away from zero iff u < frac, where fr
 lower) / (upper - lower) is its distance from the one toward zero in units of the gap, so
 E[rounded] = x up to the 2^-16 resolution of u. Representable values stay, values past the
 format's max saturate to it (never rounded up to NaN / inf), NaN stays NaN. BF16 instead adds
-the 16 bits below its kept 16 bits and truncates, and FP16 normals add the low 13 bits below
-their kept mantissa and truncate (exactly unbiased: frac has 13 bits there).
+the 16 bits below its kept 16 bits and truncates, FP16 normals add the low 13 bits below
+their kept mantissa and truncate (exactly unbiased: frac has 13 bits there), and e4m3 adds the
+16 bits atop the 20 FP32 mantissa bits it drops and clears them (e4m3_sr_value).
 """
 
 from __future__ import annotations

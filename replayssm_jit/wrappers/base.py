@@ -99,9 +99,10 @@ class DecodeWrapper:
         options: the family's plan options (Family.plan_options and plan_scalars), e.g. for
             Mamba-2 has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True; for GDN
             use_qk_l2norm=True, gates_in_kernel=True (raw a, b plus A_log, dt_bias; else g,
-            beta), scale=K**-0.5; for both stochastic_rounding=False (bf16/fp16 checkpoints
-            rounded stochastically at a flush: the noise is a hash of (seed, slot, element,
-            flush epoch), so the same seed gives the same bits).
+            beta), scale=K**-0.5; for both stochastic_rounding=False (bf16/fp16/e4m3
+            checkpoints, and a read copy, rounded stochastically where stored: the noise is a
+            hash of (seed, slot, element, flush epoch), so the same seed gives the same bits; a
+            conventional step has no epoch, so give it a new seed each step).
         config: launch choices to fix (LaunchConfig; "auto" fields are the policy's).
         """
         plan = plan_decode(
