@@ -405,3 +405,176 @@ def test_patch_errors_change_nothing():
         hf.patch(model, window=0)
     assert hf.patched_layers(model) == []
     assert not any("forward" in vars(m) for m in model.modules())
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint formats: FP8 e4m3, separate mode's read copy, stochastic rounding
+# ---------------------------------------------------------------------------------------------
+
+
+def nemotron_h_formats(dtype=F32, seed=0):
+    """NemotronH whose heads every format tiles: headdim 32, dstate 64 (the 16 x 16 heads above
+    fit no e4m3 row tile, and separate mode needs one tile that both copies fit)."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    config = NemotronHConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64,
+        layers_block_type=["linear_attention", "full_attention", "linear_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=64, n_groups=2, conv_kernel=4,
+        chunk_size=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    return _build(NemotronHForCausalLM, config, dtype, seed)
+
+
+def qwen3_next_formats(dtype=F32, seed=0):
+    """Qwen3-Next with K = 32, V = 16 heads (an e4m3 row tile fits; K = V = 16 has none)."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+        linear_value_head_dim=16, mlp_only_layers=[0, 1],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    return _build(Qwen3NextForCausalLM, config, dtype, seed)
+
+
+FORMAT_MODELS = {"nemotron_h": nemotron_h_formats, "qwen3_next": qwen3_next_formats}
+_FORMAT_RUNS: dict = {}
+
+
+def format_reference(name):
+    """(model, prompt chunks then HF's greedy tokens one at a time, the prompt mask, HF's
+    teacher-forced logits [steps, batch, vocab] from the first new token's position on)."""
+    if name not in _FORMAT_RUNS:
+        model = FORMAT_MODELS[name]()
+        ids, mask = prompts()
+        hf_tokens, _, _ = generate(model)
+        chunks = [ids, *hf_tokens[:, :-1].split(1, dim=1)]
+        _FORMAT_RUNS[name] = (model, chunks, mask, _teacher_forced(model, chunks, mask))
+    return _FORMAT_RUNS[name]
+
+
+def _teacher_forced(model, chunks, mask):
+    first = chunks[0].shape[1] - 1  # the position whose logits give the first new token
+    return forward_schedule(model, chunks, mask)[:, first:].transpose(0, 1)
+
+
+def run_format(name, **options):
+    """Teacher-forced logits through our ops with `options`, and the layers' pools (read
+    before write_back releases the slots)."""
+    model, chunks, mask, _ = format_reference(name)
+    handle = hf.patch(model, window=WINDOW, stagger_flushes=True, **options)
+    try:
+        logits = _teacher_forced(model, chunks, mask)
+        assert all(layer.decode_steps == NEW_TOKENS - 1 for layer in handle.layers)
+        pools = [dict(layer.pool) for layer in handle.layers]
+        layouts = [layer.layout for layer in handle.layers]
+    finally:
+        hf.unpatch(model)
+    return logits, pools, layouts
+
+
+E4M3 = torch.float8_e4m3fn
+# (model, patch options, bound on the logits error). Measured over the 63 steps (seed 0):
+# replay / separate 0.012 to 0.047; conventional FP8+SR, rounded every step, 0.17 to 0.19.
+FORMAT_CASES = [
+    ("nemotron_h", dict(state_dtype=E4M3), 0.2),
+    ("nemotron_h", dict(state_dtype="e4m3", stochastic_rounding=True, seed=5), 0.2),
+    ("nemotron_h", dict(read_dtype="e4m3"), 0.2),
+    ("nemotron_h", dict(state_dtype=torch.float16, read_dtype="e4m3", stochastic_rounding=True),
+     0.2),
+    ("nemotron_h", dict(mode="conventional", state_dtype=E4M3, stochastic_rounding=True), 0.4),
+    ("nemotron_h", dict(mode="conventional", state_dtype=torch.bfloat16,
+                        stochastic_rounding=True), 0.2),
+    ("qwen3_next", dict(state_dtype=E4M3), 0.2),
+    ("qwen3_next", dict(mode="conventional", state_dtype=E4M3, stochastic_rounding=True), 0.4),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "options", "bound"), FORMAT_CASES)
+def test_checkpoint_formats_follow_hf_decode(name, options, bound):
+    """Each format's logits stay finite and near HF's FP32 decode (loosely: FP8 keeps 3
+    mantissa bits), clearly off the FP32 replay's, which stays within 1e-4; every checkpoint
+    tensor of the layout (codes, row scales, read copy) is passed and written."""
+    *_, expected = format_reference(name)
+    fp32, _, _ = run_format(name)
+    fp32_error = logits_error(fp32, expected)
+    assert fp32_error < 1e-4
+    logits, pools, layouts = run_format(name, **options)
+    assert torch.isfinite(logits).all()
+    error = logits_error(logits, expected)
+    assert 10 * fp32_error < error < bound, (error, fp32_error)
+    for pool, layout in zip(pools, layouts):
+        names = {"state"} | ({"state_scale"} if layout.state_dtype == E4M3 else set())
+        if layout.read_dtype is not None:
+            names |= {"read_state"} | ({"read_scale"} if layout.read_dtype == E4M3 else set())
+        assert set(layout.checkpoint_names) == names
+        dtypes = {t.name: t.dtype for t in layout.tensors()}
+        for checkpoint in names:
+            assert pool[checkpoint].dtype == dtypes[checkpoint]
+            assert pool[checkpoint].float().abs().sum() > 0, checkpoint  # decoding wrote it
+
+
+def test_stochastic_rounding_seeds(monkeypatch):
+    """Replay SR keeps the plan's seed (its noise is keyed by the flush epoch); conventional SR
+    gets a new seed every step. The same seed gives the same logits, another seed others."""
+    seeds = []
+    decode = hf.mamba2_decode
+
+    def recording(plan, **kwargs):
+        seeds.append((plan.seed, kwargs.get("seed")))
+        return decode(plan, **kwargs)
+
+    monkeypatch.setattr(hf, "mamba2_decode", recording)
+    run_format("nemotron_h", state_dtype=torch.bfloat16, stochastic_rounding=True, seed=9)
+    assert {s for s in seeds} == {(9, None)}
+    seeds.clear()
+    options = dict(mode="conventional", state_dtype=torch.bfloat16, stochastic_rounding=True)
+    first, _, _ = run_format("nemotron_h", seed=9, **options)
+    steps = NEW_TOKENS - 1
+    layers = 2  # NemotronH's two Mamba-2 layers
+    assert len(seeds) == steps * layers
+    assert all(plan_seed == 9 for plan_seed, _ in seeds)
+    per_step = [seed for _, seed in seeds]
+    assert len(set(per_step)) == steps  # one seed per step, shared by the layers
+    assert per_step[:2] == [(9 << 32) + 1] * 2
+    again, _, _ = run_format("nemotron_h", seed=9, **options)
+    other, _, _ = run_format("nemotron_h", seed=10, **options)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "error", "match"),
+    [
+        ("qwen3_next", dict(read_dtype="e4m3"), ValueError, r"^read_dtype: separate mode .* gdn"),
+        ("nemotron_h", dict(mode="conventional", read_dtype="e4m3"), ValueError,
+         "^mode: expected 'replay' for a layout with a read copy"),
+        ("nemotron_h", dict(stochastic_rounding=True), ValueError, "^flags: 'sr'"),
+        ("nemotron_h", dict(read_dtype="f32"), ValueError, "^read_dtype: expected a format"),
+        ("nemotron_h", dict(state_dtype="bf16", read_dtype="f16"), ValueError,
+         "^read_dtype: a read copy"),
+        ("nemotron_h", dict(read_dtype="fp8"), TypeError, "^read_dtype: expected one of"),
+        ("nemotron_h", dict(state_dtype=torch.int8), TypeError, "^state_dtype: expected"),
+        ("nemotron_h", dict(stochastic_rounding=1), TypeError, "^stochastic_rounding: expected"),
+        ("nemotron_h", dict(seed="7"), TypeError, "^seed: expected an int"),
+        ("nemotron_h", dict(read_dtype="e4m3", window=1), ValueError, "^read_dtype: .*window=1"),
+        ("nemotron_h_16", dict(state_dtype=E4M3), ValueError, "^headdim: no row tiling fits"),
+        ("qwen3_next_16", dict(state_dtype="e4m3"), ValueError, "^head_v_dim: no row tiling"),
+    ],
+)  # fmt: skip
+def test_unsupported_formats_raise_and_change_nothing(name, options, error, match):
+    """The layouts, specs and a CPU plan made at patch time refuse these before any forward is
+    replaced (the 16 x 16 heads of the first models fit no e4m3 tile)."""
+    if name.endswith("_16"):
+        model, _ = hf_reference(name[: -len("_16")])
+    else:
+        model = format_reference(name)[0]
+    with pytest.raises(error, match=match):
+        hf.patch(model, **options)
+    assert hf.patched_layers(model) == []
+    assert not any("forward" in vars(m) for m in model.modules())

@@ -6,6 +6,10 @@
     out = model.generate(input_ids, attention_mask=mask, max_new_tokens=128)
     hf.unpatch(model)                           # the model's own forwards again
 
+Checkpoint formats (docs/precision.md) are patch options: state_dtype (float32, bfloat16,
+float16, float8_e4m3fn), read_dtype (separate mode's read copy, Mamba-2 only), and
+stochastic_rounding with its seed.
+
 Each SSM mixer (NemotronHMamba2Mixer; Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet,
 Qwen3_5MoeGatedDeltaNet) gets an instance-level forward. Prefill and every call that is not a
 one-token cached decode run the model's own forward unchanged. A one-token decode keeps the
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from replayssm_jit.checks import check_bool, check_int
 from replayssm_jit.families.layout import CacheLayout, gdn_layout, mamba2_layout
 from replayssm_jit.ops import (
     gdn_decode,
@@ -82,6 +87,8 @@ class PatchedLayer:
     launch_config: object
     original_forward: Callable
     saved_instance_forward: object
+    stochastic_rounding: bool = False
+    seed: int = 0
     pool: dict[str, torch.Tensor] = field(default_factory=dict)
     plans: dict[int, DecodePlan] = field(default_factory=dict)
     params: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -127,17 +134,28 @@ class PatchedLayer:
 
     def plan(self, batch: int) -> DecodePlan:
         if batch not in self.plans:
-            options = (
-                dict(has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True)
-                if self.family == "mamba2"
-                else dict(use_qk_l2norm=True, gates_in_kernel=False)  # g, beta computed as HF does
-            )
             # The slot ids are ours (0..batch-1 or pads): no host read of them per step.
             self.plans[batch] = plan_decode(
                 self.layout, batch, device=self.device, mode=self.mode, check_slot_values=False,
-                config=self.launch_config, **options,
+                config=self.launch_config, seed=self.seed, **self.plan_options(),
             )  # fmt: skip
         return self.plans[batch]
+
+    def plan_options(self) -> dict:
+        """The family's plan() options: HF's gates and norms, and the rounding."""
+        options = (
+            dict(has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True)
+            if self.family == "mamba2"
+            else dict(use_qk_l2norm=True, gates_in_kernel=False)  # g, beta computed as HF does
+        )
+        return options | {"stochastic_rounding": self.stochastic_rounding}
+
+    def step_seed(self) -> int | None:
+        """The seed of the current decode step: None (the plan's) except for conventional SR,
+        whose noise has no flush epoch to key it: each step then gets a seed of its own."""
+        if not (self.stochastic_rounding and self.mode == "conventional"):
+            return None
+        return ((self.seed << 32) + self.decode_steps) & (2**63 - 1)
 
     @property
     def device(self) -> torch.device:
@@ -262,7 +280,7 @@ def _mamba2_decode(layer: PatchedLayer, hidden_states, cache, attention_mask):
         layer.plan(batch), **layer.pool,
         x=x.reshape(batch, H, P).contiguous(), B=B.reshape(batch, G, N).contiguous(),
         C=C.reshape(batch, G, N).contiguous(), dt=dt[:, 0].float().contiguous(),
-        slot_indices=_slot_ids(layer, batch), **layer.params,
+        slot_indices=_slot_ids(layer, batch), seed=layer.step_seed(), **layer.params,
     )  # fmt: skip
     scan_output = mixer.norm(y.reshape(batch, 1, H * P), gate)
     return mixer.out_proj(scan_output.to(dtype))
@@ -303,7 +321,7 @@ def _gdn_decode(layer: PatchedLayer, hidden_states, cache, attention_mask):
         layer.plan(batch), **layer.pool,
         q=q.reshape(batch, H, K).contiguous(), k=k.reshape(batch, H, K).contiguous(),
         v=v.reshape(batch, HV, V).contiguous(), g=g.contiguous(), beta=beta.contiguous(),
-        slot_indices=_slot_ids(layer, batch),
+        slot_indices=_slot_ids(layer, batch), seed=layer.step_seed(),
     )  # fmt: skip
     normed = mixer.norm(o.reshape(-1, V), z.reshape(-1, V))
     return mixer.out_proj(normed.reshape(batch, 1, HV * V))
@@ -322,9 +340,11 @@ class HFPatch:
     layers: list[PatchedLayer]
 
 
-def _layout_of(mixer, family: str, window: int, state_dtype: torch.dtype) -> CacheLayout:
+def _layout_of(mixer, family: str, window: int, state_dtype, read_dtype=None) -> CacheLayout:
+    """The mixer's layout (the spec checks the formats: e.g. a GDN read_dtype raises)."""
     act_dtype = mixer.out_proj.weight.dtype
-    common = dict(window=window, state_dtype=state_dtype, act_dtype=act_dtype)
+    common = dict(window=window, state_dtype=state_dtype, act_dtype=act_dtype,
+                  read_dtype=read_dtype)  # fmt: skip
     if family == "mamba2":
         return mamba2_layout(
             num_heads=mixer.num_heads, headdim=mixer.head_dim, dstate=mixer.ssm_state_size,
@@ -336,13 +356,21 @@ def _layout_of(mixer, family: str, window: int, state_dtype: torch.dtype) -> Cac
     )  # fmt: skip
 
 
-def _patched_layer(mixer, family, mode, window, state_dtype, stagger_flushes, launch_config):
-    return PatchedLayer(
-        mixer=mixer, family=family, layout=_layout_of(mixer, family, window, state_dtype),
+def _patched_layer(mixer, family, mode, window, formats, stagger_flushes, launch_config):
+    """formats: state_dtype, read_dtype, stochastic_rounding and seed. The layer is planned
+    once on the CPU (nothing compiled) so that a combination its plans would refuse (a
+    conventional read copy, SR of an FP32 checkpoint, a launch config) raises here."""
+    layer = PatchedLayer(
+        mixer=mixer, family=family,
+        layout=_layout_of(mixer, family, window, formats["state_dtype"], formats["read_dtype"]),
         mode=mode, stagger_flushes=bool(stagger_flushes), launch_config=launch_config,
         original_forward=mixer.forward,
         saved_instance_forward=vars(mixer).get("forward", _NO_FORWARD),
+        stochastic_rounding=formats["stochastic_rounding"], seed=formats["seed"],
     )  # fmt: skip
+    plan_decode(layer.layout, 1, device="cpu", mode=mode, check_slot_values=False,
+                config=launch_config, seed=layer.seed, **layer.plan_options())  # fmt: skip
+    return layer
 
 
 def _check_cache_api() -> None:
@@ -371,19 +399,39 @@ def patch(
     mode: str = "replay",
     window: int = 16,
     *,
-    state_dtype: torch.dtype = torch.float32,
+    state_dtype: torch.dtype | str = torch.float32,
+    read_dtype: torch.dtype | str | None = None,
+    stochastic_rounding: bool = False,
+    seed: int = 0,
     stagger_flushes: bool = False,
     launch_config=None,
 ) -> HFPatch:
     """Make `model`'s SSM layers decode through our ops; returns what was patched.
 
     mode: "replay" (ReplaySSM: checkpoint + ring of `window` records) or "conventional" (our
-        state-update step). state_dtype: the checkpoint dtype (HF itself keeps FP32 states);
-        the activation dtype is the model's. stagger_flushes: spread the rows' flushes over
-        the window (row r of a batch of b starts with (r * window) // b neutral records), so a
-        launch mixes flush and non-flush rows as an engine's batch does. launch_config: a
-        LaunchConfig for the plans (None: the launch policy's). Raises ValueError for a model
-        type without supported SSM mixers, or a model already patched.
+        state-update step).
+    state_dtype: the checkpoint dtype (HF itself keeps FP32 states): torch.float32 / bfloat16
+        / float16 / float8_e4m3fn or their names ("f32", "bf16", "f16", "e4m3"). e4m3 keeps a
+        FP32 scale per state row and needs heads that a kernel row tile fits (a key dim that
+        is a multiple of 16; not 16 x 16). The activation dtype is the model's.
+    read_dtype: separate mode's narrower read copy, which non-flush steps read ("e4m3",
+        "bf16", "f16"; None: one copy). Mamba-2 (NemotronH) and mode="replay" only, with heads
+        that one row tile fits for both copies (e.g. headdim 32, dstate 64).
+    stochastic_rounding: round the stored checkpoint (and the read copy) stochastically; needs
+        a 16-bit or e4m3 state_dtype, or a read copy.
+    seed: its seed (an int; every layer gets the same one, as from an engine). Replay keys the
+        noise by the slot's flush epoch (a reload after HF read the state starts the epochs
+        again); conventional steps have no epoch and get the seed (seed << 32) + step, a new
+        one every decode step.
+    stagger_flushes: spread the rows' flushes over the window (row r of a batch of b starts
+        with (r * window) // b neutral records), so a launch mixes flush and non-flush rows as
+        an engine's batch does.
+    launch_config: a LaunchConfig for the plans (None: the launch policy's).
+
+    Raises ValueError for a model type without supported SSM mixers, a model already patched,
+    or a combination the layouts or plans refuse (a GDN read copy, a read copy with
+    mode="conventional", SR of an FP32 checkpoint, heads no e4m3 tile fits); TypeError for an
+    argument of the wrong type. A patch that raises changes nothing.
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -398,6 +446,9 @@ def patch(
         raise ValueError("model: already patched (call unpatch(model) first)")
     if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    formats = dict(state_dtype=state_dtype, read_dtype=read_dtype,
+                   stochastic_rounding=check_bool("stochastic_rounding", stochastic_rounding),
+                   seed=check_int("seed", seed))  # fmt: skip
     mixers = [
         (m, _MIXER_FAMILIES[type(m).__name__])
         for m in model.modules()
@@ -410,7 +461,7 @@ def patch(
         )
     # Every layout is checked before any forward is replaced, so a failed patch changes nothing.
     layers = [
-        _patched_layer(mixer, family, mode, window, state_dtype, stagger_flushes, launch_config)
+        _patched_layer(mixer, family, mode, window, formats, stagger_flushes, launch_config)
         for mixer, family in mixers
     ]
     for layer in layers:
