@@ -531,7 +531,7 @@ def test_stochastic_rounding_seeds(monkeypatch):
 
     monkeypatch.setattr(hf, "mamba2_decode", recording)
     run_format("nemotron_h", state_dtype=torch.bfloat16, stochastic_rounding=True, seed=9)
-    assert {s for s in seeds} == {(9, None)}
+    assert set(seeds) == {(9, None)}
     seeds.clear()
     options = dict(mode="conventional", state_dtype=torch.bfloat16, stochastic_rounding=True)
     first, _, _ = run_format("nemotron_h", seed=9, **options)
