@@ -84,12 +84,6 @@ class KernelSpec:
         return self.window + self.drafts
 
     @property
-    def two_state_kernels(self) -> bool:
-        """Whether the split step runs its non-flush and flush rows in two state kernels (each
-        with its own path's registers): e4m3 checkpoints and read copies."""
-        return self.read_dtype is not None or self.state_dtype in ROW_SCALED_DTYPES
-
-    @property
     def has_verify(self) -> bool:
         """Whether the module compiles the speculative kernels (verify, commit, snapshot)."""
         return 2 <= self.drafts <= MAX_VERIFY_DRAFTS
@@ -116,7 +110,6 @@ class KernelSpec:
             "act_t": CPP_TYPES[self.act_dtype],
             "state_t": CPP_TYPES[self.state_dtype],
             "read_t": CPP_TYPES[self.read_dtype] if self.read_dtype else "void",
-            "two_state_kernels": self.two_state_kernels,
             "flags": set(self.flags),
             "tilings": spec_tilings(self),
             **fam.template_context(),

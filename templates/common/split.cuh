@@ -8,7 +8,6 @@
 // still running, and it waits for the records only where it reads them. Past that wait no records
 // CTA is left to read a cursor, so the state kernel advances the cursors with plain stores.
 #pragma once
-#include <type_traits>
 #include <cuda_runtime.h>
 #include "common/replay.cuh"
 
@@ -90,14 +89,6 @@ __device__ __forceinline__ void stage_held_rows(T* dst, const T* src, int count)
   }
 }
 
-// Whether a state kernel runs the non-flush rows only, its FlushRows kernel (launched after it, on
-// the same grid) the flush rows: each then has the registers its own path needs.
-template <class State, class = void>
-struct HasFlushRowsKernel : std::false_type {};
-template <class State>
-struct HasFlushRowsKernel<State, std::void_t<typename State::FlushRows>>
-    : std::bool_constant<!std::is_void_v<typename State::FlushRows>> {};
-
 // Records kernel on (groups, batch) CTAs, then the state kernel on (heads x row splits, batch)
 // CTAs as its programmatic dependent (where the device supports it). `overlap_prior`: the records
 // kernel is a programmatic dependent of the stream's previous kernel too.
@@ -112,14 +103,7 @@ cudaError_t launch_split(const typename State::Params& p, int batch, int num_gro
   if (cudaError_t err = launch_dependent<Records>(p, dim3(num_groups, batch), overlap_prior && facts.major >= 9, stream);
       err != cudaSuccess)
     return err;
-  const dim3 grid(num_heads * State::kSplits, batch);
-  if (cudaError_t err = launch_dependent<State>(p, grid, facts.major >= 9, stream); err != cudaSuccess) return err;
-  if constexpr (HasFlushRowsKernel<State>::value) {  // the state kernel took the non-flush rows only
-    using FlushRows = typename State::FlushRows;
-    if (cudaError_t err = allow_shared_memory<FlushRows>(facts.device); err != cudaSuccess) return err;
-    return launch_dependent<FlushRows>(p, grid, facts.major >= 9, stream);
-  }
-  return cudaSuccess;
+  return launch_dependent<State>(p, dim3(num_heads * State::kSplits, batch), facts.major >= 9, stream);
 }
 
 }  // namespace replayssm

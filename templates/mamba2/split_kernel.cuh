@@ -183,19 +183,9 @@ struct Records {
   }
 };
 
-// Which rows a state kernel runs: all of them, or (two kernels, one after the other) the
-// non-flush rows then the flush rows, so that the read path does not carry the flush's registers.
-enum class StateRows { kAll, kNonFlush, kFlush };
-
 template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t, bool HAS_D,
-          bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, typename read_t = void,
-          StateRows ROWS_RUN = StateRows::kAll>
+          bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, typename read_t = void>
 struct State {
-  // The kernel launched after a non-flush-rows one for the flush rows (common/split.cuh).
-  using FlushRows = std::conditional_t<ROWS_RUN == StateRows::kNonFlush,
-                                       State<P, N, HPG, L, CAP, ROWS, WARPS, act_t, state_t, HAS_D, HAS_Z, HAS_DT_BIAS,
-                                             DT_SOFTPLUS, SR, read_t, StateRows::kFlush>,
-                                       void>;
   using Base = Kernel<P, N, HPG, L, CAP, ROWS, WARPS, act_t, state_t, true, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, SR,
                       false, read_t>;  // narrow rows: shorter shuffle reductions
   using Params = typename Base::Params;
@@ -217,30 +207,20 @@ struct State {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
-  static constexpr bool kFlushRowsOnly = ROWS_RUN == StateRows::kFlush;
-  static constexpr bool kNonFlushRowsOnly = ROWS_RUN == StateRows::kNonFlush;
-
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
     allow_dependent_grid();  // the next step's first kernel may be scheduled (it waits for this one)
-    // The flush-rows kernel waits for the non-flush one before anything: none of its CTAs may end,
-    // and let the next step begin, before that kernel's cursor writes.
-    if constexpr (kFlushRowsOnly) wait_for_prior_grid();
     // Inline, not RowTileIndex: through the helper the compiler laid out this kernel's flush copies differently.
     const int split = blockIdx.x % kSplits, head = blockIdx.x / kSplits, row = blockIdx.y;
     const int group = head / HPG, num_groups = p.num_heads / HPG;
     const int row0 = split * ROWS;
     const int slot = p.slot_indices[row];
     act_t* out = p.out + (int64_t(row) * p.num_heads + head) * P + row0;
-    if constexpr (kFlushRowsOnly) {
-      if (!slot_usable(slot, p.pad_slot_id, p.num_slots)) return;  // the non-flush kernel wrote its outputs
-    } else {
-      if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
-    }
+    if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
     // Checkpoint rows and this token's C and z first: none of them waits for the records kernel.
     // The copy non-flush steps read (separate mode: the read copy; a flush loads the carried one below).
     typename Base::template Copy<typename Base::Read> read;
-    if constexpr (!kFlushRowsOnly) read.load(Base::read_view(p), slot, p.num_heads, head, row0);
+    read.load(Base::read_view(p), slot, p.num_heads, head, row0);
     const act_t* b_cur = p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g;
     copy_rows_async<act_t, N, kThreads>(sm.q, 0, 0, p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g,
                                         0, 0, 1, 1);
@@ -248,21 +228,16 @@ struct State {
       copy_rows_async<act_t, ROWS, kThreads>(sm.z, 0, 0, p.z + int64_t(row) * p.z_stride_b +
                                              int64_t(head) * p.z_stride_h + row0, 0, 0, 1, 1);
 
-    if constexpr (!kFlushRowsOnly) wait_for_prior_grid();  // the records kernel has finished: no cursor readers left
+    wait_for_prior_grid();  // from here on the records kernel has finished: no cursor readers left
     const Workspace ws{p.workspace, p.batch, p.num_heads};
     const auto info = ws.row_info(row);
     if (!held_count_valid<L, CAP>(info.held)) {  // a corrupted cursor: the row touches nothing
       pipe::wait_copies();
-      if constexpr (!kFlushRowsOnly) fill_outputs<ROWS, kThreads>(out, fault_output());
-      return;
-    }
-    if ((kNonFlushRowsOnly && info.flush) || (kFlushRowsOnly && !info.flush)) {  // the other kernel's row
-      pipe::wait_copies();
+      fill_outputs<ROWS, kThreads>(out, fault_output());
       return;
     }
     const int held = info.held, records = held + 1;
-    const bool flush = kFlushRowsOnly || (!kNonFlushRowsOnly && info.flush);  // a constant in the two-kernel form
-    if constexpr (kFlushRowsOnly && !Base::kSeparate) read.load(Base::read_view(p), slot, p.num_heads, head, row0);
+    const bool flush = info.flush;
     const uint64_t epoch = SR ? uint64_t(info.epoch) : 0;
     const uint64_t seed = rounding_seed<SR>(p);
     if (head == 0 && split == 0 && threadIdx.x == 0)
