@@ -106,9 +106,20 @@ STEP_SEED = 777  # the device-tensor seed passed on odd steps
 FULL_STEPS = (
     2 * WINDOW + 4
 )  # every schedule's cases reached (a speculative one's ring rows rewritten)
-# (state dtype, stochastic rounding): every checkpoint dtype the preset builds
-STATES = (("f32", False), ("bf16", False), ("bf16", True), ("f16", False))
-QUICK_STATES = (("f32", False), ("bf16", True))
+# (checkpoint format, stochastic rounding): every format the preset builds; "f32+e4m3" is
+# separate mode (an FP32 carried copy, an e4m3 read copy; Mamba-2 only, no drafts), e4m3 no drafts
+STATES = (("f32", False), ("bf16", False), ("bf16", True), ("f16", False), ("e4m3", False),
+          ("e4m3", True), ("f32+e4m3", False), ("f32+e4m3", True))  # fmt: skip
+QUICK_STATES = (("f32", False), ("bf16", True), ("e4m3", True), ("f32+e4m3", True))
+
+
+def format_supported(family: str, state: str, drafts: int) -> bool:
+    """Whether the preset builds `family` with checkpoint format `state` and `drafts`."""
+    if drafts > 1 and state not in ("f32", "bf16", "f16"):
+        return False
+    return "+" not in state or family == "mamba2"
+
+
 REPLAY_KERNELS = ("per-item", "flush-every-step", "split")
 SPEC_DRAFTS = (2, 4)  # draft lengths T of the speculative configs (ring capacity L + T)
 SPEC_OPS = ("verify", "snapshot")
@@ -248,9 +259,10 @@ def sr_option(fam: Family) -> str:
 
 
 def make_layout(family: str, state: str, drafts: int = DRAFTS) -> CacheLayout:
+    carried, _, read = state.partition("+")
     return family_layout(
-        family, window=WINDOW, drafts=drafts, state_dtype=state, act_dtype=ACT,
-        **case_of(family).shape,
+        family, window=WINDOW, drafts=drafts, state_dtype=carried, act_dtype=ACT,
+        read_dtype=read or None, **case_of(family).shape,
     )  # fmt: skip
 
 
@@ -361,8 +373,11 @@ def family_configs(family: str, quick: bool) -> list[list[Config]]:
     fam = get_family(family)
     groups: dict[tuple, list[tuple[tuple[int, int], Config]]] = {}
     for si, (state, sr) in enumerate(QUICK_STATES if quick else STATES):
+        if not format_supported(family, state, DRAFTS):
+            continue
         layout = make_layout(family, state)
-        for mode in ("conventional", "replay"):
+        # (separate mode runs ReplaySSM steps only)
+        for mode in ("replay",) if layout.read_dtype else ("conventional", "replay"):
             spec = plan_decode(
                 layout, BATCH, device="cpu", mode=mode, **plan_options(family, sr)
             ).spec
@@ -430,6 +445,8 @@ def spec_configs(family: str, quick: bool) -> list[list[SpecConfig]]:
         return []
     for si, (state, sr) in enumerate(QUICK_STATES if quick else STATES):
         for drafts in SPEC_DRAFTS:
+            if not format_supported(family, state, drafts):
+                continue
             layout = make_layout(family, state, drafts)
             spec = plan_decode(layout, BATCH, device="cpu", **plan_options(family, sr)).spec
             if not spec.has_verify:
@@ -504,15 +521,17 @@ def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
     host: dict[str, torch.Tensor] = {}
     slot_tensors: dict[str, torch.Tensor] = {}
     for t in layout.tensors():
-        if t.name != "state" and not replay:
+        checkpoint = t.name in layout.checkpoint_names
+        if not checkpoint and not replay:
             continue
         if t.name == "cursors":
             host[t.name] = torch.zeros(t.shape(NUM_SLOTS), dtype=t.dtype)
-        elif t.name != "state" and rings_empty:
+        elif not checkpoint and rings_empty:
             slot_tensors[t.name] = torch.empty(t.shape(NUM_SLOTS), dtype=t.dtype, device=device)
             continue
         else:
-            host[t.name] = torch.randn(t.shape(NUM_SLOTS), generator=gen).to(t.dtype)
+            values = torch.randn(t.shape(NUM_SLOTS), generator=gen)
+            host[t.name] = (values.abs() if t.name.endswith("scale") else values).to(t.dtype)
         slot_tensors[t.name] = host[t.name].to(device)
     params = {k: v.to(device) for k, v in case.params(shape, gen).items()}
     out_shape = (BATCH, shape.value_heads, shape.value_dim)
@@ -785,7 +804,8 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--quick", action="store_true",
-        help="largest and smallest row tiles only, FP32 and BF16+SR checkpoints only",
+        help="largest and smallest row tiles only, FP32, BF16+SR, e4m3+SR and FP32 + e4m3+SR "
+        "checkpoints only",
     )  # fmt: skip
     parser.add_argument(
         "--ops", nargs="+", choices=("decode", *SPEC_OPS), default=["decode", *SPEC_OPS],
@@ -815,6 +835,11 @@ def main(argv: list[str] | None = None) -> int:
         help="seconds after which no further config starts (0: none); the rest count as not run",
     )  # fmt: skip
     parser.add_argument(
+        "--formats", default="",
+        help="comma-separated checkpoint formats to run, as named in the configs (e.g. "
+        "e4m3,e4m3+sr,f32+e4m3+sr; default: every one)",
+    )  # fmt: skip
+    parser.add_argument(
         "--device", default="cuda", choices=("cuda", "cpu"),
         help="cpu: the same schedules on the PyTorch path (checks this script, not kernels)",
     )  # fmt: skip
@@ -830,6 +855,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--shard: expected K/N with 0 <= K < N, got {args.shard!r}")
     families = [f for f in FAMILIES if f in args.families]  # registry order
     configs = [c for c in all_configs(families, args.quick) if op_of(c) in args.ops]
+    if args.formats:
+        wanted = set(args.formats.split(","))
+        configs = [c for c in configs if c.state + ("+sr" if c.sr else "") in wanted]
     complete = not args.quick and families == list(FAMILIES) and len(args.ops) == 1 + len(SPEC_OPS)
     if args.check_preset:
         return check_preset(configs, complete)

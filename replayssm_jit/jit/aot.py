@@ -131,7 +131,8 @@ def _preset_sanitizer() -> list[KernelSpec]:
     every input path's flags (Mamba-2 z too), conventional (L = 1) and L = 4 replay, BF16
     activations, FP32 / BF16 / BF16 with stochastic rounding / FP16 checkpoints; and the same
     at L = 4 with T = 2 and 4 drafts (the verify, commit and snapshot kernels) for the families
-    that compile them."""
+    that compile them; e4m3 checkpoints (with and without stochastic rounding, no drafts) and, for
+    Mamba-2, FP32 with an e4m3 read copy at L = 4."""
     shapes = {
         "mamba2": dict(headdim=64, dstate=64, heads_per_group=2),
         "gdn": dict(head_k_dim=128, head_v_dim=64, value_heads_per_key_head=2),
@@ -155,6 +156,14 @@ def _preset_sanitizer() -> list[KernelSpec]:
                                    state_dtype=state, flags=(*flags[family], *sr),
                                    **dims)  # fmt: skip
                 specs.append(spec)
+        for sr in ((), ("sr", "device_seed")):
+            for window in (1, 4):
+                specs.append(family_spec(family, window=window, act_dtype="bf16", state_dtype="e4m3",
+                                         flags=(*flags[family], *sr), **dims))  # fmt: skip
+            if family == "mamba2":
+                specs.append(family_spec(family, window=4, act_dtype="bf16", state_dtype="f32",
+                                         read_dtype="e4m3", flags=(*flags[family], *sr),
+                                         **dims))  # fmt: skip
     return specs
 
 
