@@ -535,3 +535,83 @@ def test_sr_read_copy_is_unbiased(device):
     err = ((read - carried) / ulp).mean().item()
     bound = 6 * 0.5 / math.sqrt(read.numel())
     assert abs(err) < bound, f"mean SR error {err:.2e} gaps exceeds {bound:.2e}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout arguments, drawn (hypothesis): every combination is accepted or refused by the
+# documented rules, worked out here, and a refusal names its argument
+# ---------------------------------------------------------------------------------------------
+
+CHECKPOINT_FORMS = {"f32": 4, "bf16": 2, "f16": 2, "e4m3": 1, torch.float32: 4,
+                    torch.bfloat16: 2, torch.float16: 2, torch.float8_e4m3fn: 1}  # fmt: skip
+NAME_OF = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
+           torch.float8_e4m3fn: "e4m3"}  # fmt: skip
+
+
+def expected_refusal(family, state, read, window, drafts, key_dim) -> str | None:
+    """The argument a layout must name in its error, or None where the rules allow it (the row
+    tiling, which decides the value dim, aside)."""
+    if state not in CHECKPOINT_FORMS:
+        return "state_dtype"
+    if read is not None and read not in CHECKPOINT_FORMS:
+        return "read_dtype"
+    s = NAME_OF.get(state, state)
+    r = NAME_OF.get(read, read) if read is not None else None
+    if r is not None:
+        if CHECKPOINT_FORMS[read] >= CHECKPOINT_FORMS[state] or s == "e4m3":
+            return "read_dtype"
+        if family != "mamba2" or window < 2:
+            return "read_dtype"
+    if drafts != 1 and (s == "e4m3" or r is not None):
+        return "drafts"
+    narrowest = min(CHECKPOINT_FORMS[state], CHECKPOINT_FORMS[read] if r else 4)
+    vec = 16 // narrowest
+    if key_dim % max(vec, 8) or key_dim > 32 * vec * 8:
+        return "key_dim"
+    return None
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn"])
+def test_drawn_layout_formats_follow_the_rules(family):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    forms = [*CHECKPOINT_FORMS, torch.float64, "fp8", "float8", None, 1]
+    key_arg = "dstate" if family == "mamba2" else "head_k_dim"
+    value_arg = "headdim" if family == "mamba2" else "head_v_dim"
+
+    @settings(max_examples=150, deadline=None, derandomize=True)
+    @given(state=st.sampled_from(forms[:-1]), read=st.sampled_from(forms),
+           window=st.sampled_from([1, 2, 4, 16]), drafts=st.sampled_from([1, 2, 4]),
+           key_dim=st.sampled_from([8, 16, 24, 32, 64, 128, 4096, 8192]),
+           value_dim=st.sampled_from([16, 32, 64, 80, 128]))  # fmt: skip
+    def check(state, read, window, drafts, key_dim, value_dim):
+        read = None if read == 1 else read  # (1 stands for "no read copy" among the draws)
+        if family == "mamba2":
+            dims = dict(num_heads=4, ngroups=2, headdim=value_dim, dstate=key_dim)
+        else:
+            dims = dict(num_k_heads=1, num_v_heads=2, head_k_dim=key_dim, head_v_dim=value_dim)
+        want = expected_refusal(family, state, read, window, drafts, key_dim)
+        want = {"key_dim": key_arg}.get(want, want)
+        try:
+            layout = family_layout_of(family, dims, state, read, window, drafts)
+        except (TypeError, ValueError) as exc:
+            names = (want,) if want else (value_arg,)
+            assert str(exc).startswith(tuple(f"{n}:" for n in names)), (want, str(exc))
+            return
+        assert want is None, f"accepted, but {want} breaks the rules"
+        names = [t.name for t in layout.tensors()]
+        copies = [n for n in names if n in ("state", "state_scale", "read_state", "read_scale")]
+        expect = ["state"] + (["state_scale"] if NAME_OF.get(state, state) == "e4m3" else [])
+        if read is not None:
+            expect += ["read_state"] + (["read_scale"] if NAME_OF.get(read, read) == "e4m3" else [])
+        assert copies == expect
+
+    check()
+
+
+def family_layout_of(family, dims, state, read, window, drafts):
+    from replayssm_jit.families.layout import family_layout
+
+    return family_layout(family, window=window, drafts=drafts, state_dtype=state,
+                         read_dtype=read, **dims)  # fmt: skip
