@@ -40,9 +40,6 @@ import argparse
 import json
 import math
 import os
-import platform
-import shlex
-import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -51,6 +48,9 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import plot_against_steps, run_environment
 
 HERE = Path(__file__).resolve().parent
 F64 = torch.float64
@@ -375,50 +375,22 @@ def markdown(results: list[dict], env: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print("no matplotlib: no plot", flush=True)
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 6))
-    styles = {"conv": "-", "replay": "-.", "shared": "--", "separate": ":"}
     ends = res["window_ends"]
-    for label, values in res["kl_windows"].items():
-        # A log axis has no place for an exact 0 (an FP32 run may match the reference exactly).
-        shown = [(n, v) for n, v in zip(ends, values) if v > 0]
-        if shown:
-            ax.plot(*zip(*shown), styles[label.split()[0]], marker=".", label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("decode step N")
-    ax.set_ylabel(f"KL(p_ref || p), mean over the {res['report_window']} steps ending at N")
-    ax.set_title(f"{res['model']}: teacher-forced KL of checkpoint formats")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    curves = {label: list(zip(ends, values)) for label, values in res["kl_windows"].items()}
+    plot_against_steps(
+        curves, path,
+        ylabel=f"KL(p_ref || p), mean over the {res['report_window']} steps ending at N",
+        title=f"{res['model']}: teacher-forced KL of checkpoint formats",
+    )  # fmt: skip
 
 
 def environment(device: torch.device, argv: list[str]) -> dict:
     import transformers
 
-    def git(*cmd):
-        try:
-            done = subprocess.run(["git", *cmd], cwd=HERE, capture_output=True, text=True)
-        except OSError:
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-    return {"device": name or device.type, "torch": torch.__version__,
-            "transformers": transformers.__version__, "commit": git("rev-parse", "HEAD"),
-            "dirty": bool(git("status", "--porcelain")), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(),
-            "command": shlex.join(["python", "benchmarks/accuracy_hf_kl.py", *argv])}  # fmt: skip
+    return {
+        **run_environment(device, "benchmarks/accuracy_hf_kl.py", argv),
+        "transformers": transformers.__version__,
+    }
 
 
 # ---------------------------------------------------------------------------------------------

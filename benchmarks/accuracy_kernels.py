@@ -26,9 +26,6 @@ import argparse
 import json
 import math
 import os
-import platform
-import shlex
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import accuracy_study as study
+from harness import plot_against_steps, run_environment
 
 from replayssm_jit import (
     GDNDecodeCache,
@@ -380,41 +378,16 @@ def markdown(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> None:
-    try:
-        import matplotlib
-    except ImportError:
-        print("no matplotlib: no plot", flush=True)
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 6))
-    styles = {"conv": "-", "replay": "-.", "shared": "--", "separate": ":"}
-    for label, row in res["ssm_part_error"].items():
-        ns = sorted(row)
-        ax.loglog(ns, [row[n] for n in ns], styles[label.split()[0]], marker="o", label=label)
-    ax.set_xlabel("decode step N")
-    ax.set_ylabel(f"SSM-part error over the {res['report_window']} steps ending at N")
-    ax.set_title(f"{res['family']} through the kernels ({res['environment']['device']})")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    curves = {label: sorted(row.items()) for label, row in res["ssm_part_error"].items()}
+    plot_against_steps(
+        curves, path,
+        ylabel=f"SSM-part error over the {res['report_window']} steps ending at N",
+        title=f"{res['family']} through the kernels ({res['environment']['device']})",
+    )  # fmt: skip
 
 
 def environment(device: torch.device, argv: list[str]) -> dict:
-    def git(*cmd):
-        try:
-            done = subprocess.run(["git", *cmd], cwd=HERE, capture_output=True, text=True)
-        except OSError:
-            return None
-        return done.stdout.strip() if done.returncode == 0 else None
-
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
-    return {"device": name or device.type, "torch": torch.__version__, "commit": git("rev-parse",
-            "HEAD"), "dirty": bool(git("status", "--porcelain")), "python": platform.python_version(),
-            "command": shlex.join(["python", "benchmarks/accuracy_kernels.py", *argv])}  # fmt: skip
+    return run_environment(device, "benchmarks/accuracy_kernels.py", argv)
 
 
 def main(argv=None) -> int:

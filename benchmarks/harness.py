@@ -25,6 +25,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -164,6 +165,55 @@ def environment() -> dict:
             "nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader"
         ),
     }
+
+
+def run_environment(device: torch.device, script: str, argv: list[str]) -> dict:
+    """Where a study ran, on a CPU or a GPU: the device's name, torch and Python versions, the
+    git commit and whether the tree was dirty, the CPU count and the command."""
+
+    def git(*cmd):
+        try:
+            done = subprocess.run(["git", *cmd], cwd=Path(__file__).resolve().parent,
+                                  capture_output=True, text=True)  # fmt: skip
+        except OSError:
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    return {"device": name or device.type, "torch": torch.__version__, "commit": git("rev-parse",
+            "HEAD"), "dirty": bool(git("status", "--porcelain")), "python": platform.python_version(),
+            "cpu_count": os.cpu_count(), "command": shlex.join(["python", script, *argv])}  # fmt: skip
+
+
+def plot_against_steps(curves: dict[str, list[tuple[int, float]]], path: Path, *, ylabel: str,
+                       title: str) -> None:  # fmt: skip
+    """A log-log plot of each configuration's (step N, value) points, styled by the label's
+    first word (conv, replay, shared, separate); values of 0 are left out (no place on a log
+    axis). Nothing where matplotlib is missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("no matplotlib: no plot", flush=True)
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    styles = {"conv": "-", "replay": "-.", "shared": "--", "separate": ":"}
+    fig, ax = plt.subplots(figsize=(9, 6))
+    for label, points in curves.items():
+        shown = [(n, v) for n, v in points if v > 0]
+        if shown:
+            ax.plot(*zip(*shown), styles.get(label.split()[0], "-"), marker=".", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("decode step N")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def write_results(path: Path, payload: dict) -> None:
