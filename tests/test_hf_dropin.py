@@ -54,28 +54,28 @@ def _long_memory(mixer, gen) -> None:
                 proj.weight.mul_(8.0)
 
 
-def nemotron_h(dtype=F32, seed=0):
+def nemotron_h(dtype=F32, seed=0, *, headdim=16, dstate=16):
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
     config = NemotronHConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=64,
         layers_block_type=["linear_attention", "full_attention", "linear_attention"],
         num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-        mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=2, conv_kernel=4,
-        chunk_size=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        mamba_num_heads=4, mamba_head_dim=headdim, ssm_state_size=dstate, n_groups=2,
+        conv_kernel=4, chunk_size=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
     return _build(NemotronHForCausalLM, config, dtype, seed)
 
 
-def qwen3_next(dtype=F32, seed=0):
+def qwen3_next(dtype=F32, seed=0, *, key_dim=16, value_dim=16):
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     config = Qwen3NextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
         layer_types=["linear_attention", "full_attention"],
         num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-        linear_value_head_dim=16, mlp_only_layers=[0, 1],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=key_dim,
+        linear_value_head_dim=value_dim, mlp_only_layers=[0, 1],
         pad_token_id=0, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
     return _build(Qwen3NextForCausalLM, config, dtype, seed)
@@ -415,31 +415,12 @@ def test_patch_errors_change_nothing():
 def nemotron_h_formats(dtype=F32, seed=0):
     """NemotronH whose heads every format tiles: headdim 32, dstate 64 (the 16 x 16 heads above
     fit no e4m3 row tile, and separate mode needs one tile that both copies fit)."""
-    from transformers import NemotronHConfig, NemotronHForCausalLM
-
-    config = NemotronHConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=64,
-        layers_block_type=["linear_attention", "full_attention", "linear_attention"],
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-        mamba_num_heads=4, mamba_head_dim=32, ssm_state_size=64, n_groups=2, conv_kernel=4,
-        chunk_size=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    return _build(NemotronHForCausalLM, config, dtype, seed)
+    return nemotron_h(dtype, seed, headdim=32, dstate=64)
 
 
 def qwen3_next_formats(dtype=F32, seed=0):
     """Qwen3-Next with K = 32, V = 16 heads (an e4m3 row tile fits; K = V = 16 has none)."""
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
-    config = Qwen3NextConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-        layer_types=["linear_attention", "full_attention"],
-        num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-        linear_value_head_dim=16, mlp_only_layers=[0, 1],
-        pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    return _build(Qwen3NextForCausalLM, config, dtype, seed)
+    return qwen3_next(dtype, seed, key_dim=32)
 
 
 FORMAT_MODELS = {"nemotron_h": nemotron_h_formats, "qwen3_next": qwen3_next_formats}
