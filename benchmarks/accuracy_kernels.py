@@ -141,14 +141,15 @@ FAMILIES = {"mamba2": Mamba2Inputs, "gdn": GDNInputs}
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """A study configuration as a cache format: mode, state and read dtypes, one SR flag (it
-    rounds both copies), or why it is not built."""
+    """A study configuration as a cache format: mode, state and read dtypes, SR (of the carried
+    copy, and of the read copy unless read_rn), or why it is not built."""
 
     study: study.Config
     mode: str = "replay"
     state_dtype: torch.dtype | None = None
     read_dtype: torch.dtype | None = None
     sr: bool = False
+    read_rn: bool = False
     not_built: str = ""
     note: str = ""
 
@@ -160,7 +161,8 @@ class KernelConfig:
         name = {None: None, **{v: k for k, v in STATE_DTYPES.items()}}
         return {"mode": self.mode, "state_dtype": name[self.state_dtype],
                 "read_dtype": name[self.read_dtype], "stochastic_rounding": self.sr,
-                "not_built": self.not_built, "note": self.note}  # fmt: skip
+                "read_copy_round_to_nearest": self.read_rn, "not_built": self.not_built,
+                "note": self.note}  # fmt: skip
 
 
 def kernel_config(cfg: study.Config, family) -> KernelConfig:
@@ -169,16 +171,16 @@ def kernel_config(cfg: study.Config, family) -> KernelConfig:
         return KernelConfig(cfg, not_built="NVFP4 checkpoints are not built")
     if cfg.read is not None and not family.separate:
         return KernelConfig(cfg, not_built="separate mode (a read copy) is not built for GDN")
-    note = ""
-    if cfg.read is not None and cfg.carry.sr:
-        note = "the read copy is stochastically rounded too (one SR flag per plan)"
+    # The read copy rounds as the study's does (to nearest unless it says SR).
+    read_rn = cfg.read is not None and cfg.carry.sr and not cfg.read.sr
+    sr = cfg.carry.sr or (cfg.read is not None and cfg.read.sr)
     return KernelConfig(
         cfg,
         mode="replay" if cfg.replay else "conventional",
         state_dtype=STATE_DTYPES[cfg.carry.name],
         read_dtype=STATE_DTYPES[cfg.read.name] if cfg.read else None,
-        sr=cfg.carry.sr,
-        note=note,
+        sr=sr,
+        read_rn=read_rn,
     )
 
 
@@ -197,6 +199,7 @@ class Decoder:
         self.plan_args = dict(
             config=LaunchConfig(kernel="per-item") if replay else None, seed=seed,
             stochastic_rounding=cfg.sr, **family.options,
+            **({"read_copy_round_to_nearest": True} if cfg.read_rn else {}),
         )  # fmt: skip
         self.slots = self.cache.allocate(BATCH)
         # Conventional steps key SR by (seed, slot, element) with no epoch: one seed per step.

@@ -177,6 +177,11 @@ def check_flags(
             "flags: 'sr' (stochastic rounding) needs a bf16/f16/e4m3 state_dtype or a read "
             "copy, got an f32 state and none"
         )
+    if "read_rn" in flags and ("sr" not in flags or read_dtype is None):
+        raise ValueError(
+            "flags: 'read_rn' (a read copy rounded to nearest under stochastic rounding) needs "
+            f"'sr' and a read copy, got flags {sorted(set(flags))} and read_dtype={read_dtype!r}"
+        )
     if "device_seed" in flags and "sr" not in flags:
         raise ValueError("flags: 'device_seed' (the seed read on the device) needs 'sr'")
     return tuple(sorted(set(flags)))

@@ -324,7 +324,7 @@ def encode_like_the_kernel(values, dtype, *, sr, slots, epochs, read_copy, shape
 
 
 def drive(name, device, state_dtype, read_dtype, sr, *, window=4, steps=13, batch=5, slots=7,
-          gen_seed=0, config=None):  # fmt: skip
+          gen_seed=0, config=None, read_rn=False):  # fmt: skip
     """Runs `steps` tokens of fresh random sequences through a cache of the given format; checks
     every step as the module doc says. Returns the cache and the tokens (for twin runs)."""
     gen = torch.Generator().manual_seed(gen_seed)
@@ -333,7 +333,8 @@ def drive(name, device, state_dtype, read_dtype, sr, *, window=4, steps=13, batc
                            read_dtype=read_dtype and TORCH[read_dtype], act_dtype=F32,
                            device=device)  # fmt: skip
     wrapper = fam.wrapper_type(cache)
-    wrapper.plan(batch, config=config, seed=SEED, stochastic_rounding=sr, **fam.options)
+    rn = {"read_copy_round_to_nearest": True} if read_rn else {}
+    wrapper.plan(batch, config=config, seed=SEED, stochastic_rounding=sr, **fam.options, **rn)
     rows = torch.tensor([3, -1, 0, 5, 6][:batch], dtype=torch.int32)
     live = rows[rows >= 0].long()
     init = 0.5 * torch.randn(slots, *fam.state_shape, generator=gen)
@@ -365,8 +366,9 @@ def drive(name, device, state_dtype, read_dtype, sr, *, window=4, steps=13, batc
             got_state = decoded(cache.tensors, "state", "state_scale")
             assert_within_one_code(got_state[live], want_state, state_dtype, f"state at {step}")
             if read_dtype:
+                read_enc = {**enc, "sr": sr and not read_rn}
                 want_read = encode_like_the_kernel(ref_carried[live], read_dtype, read_copy=True,
-                                                   **enc)  # fmt: skip
+                                                   **read_enc)  # fmt: skip
                 got_read = decoded(cache.tensors, "read_state", "read_scale")
                 assert_within_one_code(got_read[live], want_read, read_dtype, f"read at {step}")
             # The next window starts from what the kernels stored.
@@ -409,6 +411,45 @@ def _fid(case):
 def test_steps_match_the_emulation(case, device):
     name, state, read, sr = case
     drive(name, device, state, read, sr)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", ["per-item", "split"])
+@pytest.mark.parametrize("state", ["f32", "f16"])
+def test_read_copy_rounded_to_nearest_under_sr(state, kernel, device):
+    """read_copy_round_to_nearest: SR rounds the carried copy (where it is 16-bit), the read copy
+    is rounded to nearest (drive() holds it to the RN encoding, within one code)."""
+    drive("mamba2", device, state, "e4m3", True, read_rn=True, config=LaunchConfig(kernel=kernel))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rounding", ["rn", "sr", "sr-read-rn"])
+def test_read_copy_is_the_carried_copy_encoded(rounding, device):
+    """With an FP32 carried copy the read copy is exactly the oracle's encoding of it, bit for
+    bit: round to nearest, or SR with the read copy's own bits (the stream with bit 63 set, the
+    epoch of the last flush), or to nearest under SR with read_copy_round_to_nearest."""
+    sr, read_rn = rounding != "rn", rounding == "sr-read-rn"
+    cache, _ = drive("mamba2", device, "f32", "e4m3", sr, read_rn=read_rn)
+    live = torch.tensor([3, 0, 5, 6])
+    carried = cache.state.cpu()[live]
+    bits = None
+    if sr and not read_rn:
+        epochs = cache.cursors.cpu()[live, 1].to(torch.int64) - 1
+        stream = ((live << 32) | epochs) | -(2**63)
+        element = torch.arange(carried[0].numel(), dtype=torch.int64)
+        bits = cpu.rounding_bits(SEED, stream[:, None], element[None, :]).view(carried.shape)
+    want = P.fp8_encode(carried, bits=bits)
+    assert torch.equal(cache.tensors["read_state"].cpu()[live].view(torch.uint8), want.codes)
+    assert torch.equal(cache.tensors["read_scale"].cpu()[live], want.scale.squeeze(-1))
+
+
+def test_read_copy_rounding_option_needs_sr_and_a_read_copy():
+    with pytest.raises(ValueError, match="^flags: 'read_rn'"):
+        mamba2_spec(headdim=64, dstate=128, heads_per_group=8, read_dtype="e4m3",
+                    flags=("read_rn",))  # fmt: skip
+    with pytest.raises(ValueError, match="^flags: 'read_rn'"):
+        mamba2_spec(headdim=64, dstate=128, heads_per_group=8, state_dtype="bf16",
+                    flags=("sr", "read_rn"))  # fmt: skip
 
 
 SPLIT_FORMATS = [c for c in FORMATS if c[0] == "mamba2" and c[2] == "e4m3"] + [FORMATS[0]]

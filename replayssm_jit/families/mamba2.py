@@ -48,6 +48,8 @@ MAMBA2 = Mamba2Family(
         "has_dt_bias": ("dt_bias", True),
         "dt_softplus": ("dt_softplus", True),
         "stochastic_rounding": ("sr", False),
+        # Separate mode: round the read copy to nearest while SR rounds the carried one.
+        "read_copy_round_to_nearest": ("read_rn", False),
         "device_seed": ("device_seed", False),
     },
     records_warps=(8,),

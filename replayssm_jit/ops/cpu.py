@@ -399,7 +399,7 @@ def _check_flags(flags: frozenset[str], known: set[str], family: str) -> bool:
 # Mamba-2
 # ---------------------------------------------------------------------------------------------
 
-_MAMBA2_FLAGS = {"d", "z", "dt_bias", "dt_softplus", "sr", "device_seed"}
+_MAMBA2_FLAGS = {"d", "z", "dt_bias", "dt_softplus", "sr", "read_rn", "device_seed"}
 
 
 def mamba2_step(
@@ -466,8 +466,8 @@ def mamba2_step(
             y = (s @ q[..., None]).squeeze(-1) + extra
             _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs, state_scale=state_scale)
             if read_state is not None:
-                _store_state(read_state, slots, s, sr=sr, seed=seed, epochs=epochs,
-                             state_scale=read_scale, read_copy=True)  # fmt: skip
+                _store_state(read_state, slots, s, sr=sr and "read_rn" not in flags, seed=seed,
+                             epochs=epochs, state_scale=read_scale, read_copy=True)  # fmt: skip
         else:
             dots = (bs @ c[..., None]).squeeze(-1).repeat_interleave(per_group, dim=1)  # [b,H,j]
             replayed = ((weight * dots)[..., None] * xs).sum(dim=2)  # [b, H, P]

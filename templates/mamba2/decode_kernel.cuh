@@ -69,7 +69,7 @@ __device__ __forceinline__ float token_dt(const Params& p, int row, int head) {
 
 template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
           bool REPLAY, bool HAS_D, bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, bool WIDE_ROWS,
-          typename read_t = void>
+          typename read_t = void, bool READ_SR = SR>
 struct Kernel {
   using Params = mamba2::Params<act_t, state_t>;
   // Separate mode (read_t not void): non-flush steps read the read copy; a flush reads the state
@@ -135,7 +135,7 @@ struct Kernel {
     float q_reg[RT::kChunksPerLane][RT::kVec];
     RT::slice(q, q_reg);
     const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
-    const uint64_t read_key = kSeparate ? read_copy_rounding_key<SR>(seed, slot, epoch) : 0;
+    const uint64_t read_key = kSeparate ? read_copy_rounding_key<READ_SR>(seed, slot, epoch) : 0;
     #pragma unroll
     for (int i = 0; i < RT::kPasses; ++i) {
       const int r = RT::row(i);
@@ -148,7 +148,7 @@ struct Kernel {
           const CheckpointView<Read> v = read_view(p);
           const int64_t base = int64_t(slot) * v.slot_stride + (int64_t(head) * P + row0 + r) * N;
           float* scale = kRowScaled<Read> ? v.scales + (int64_t(slot) * p.num_heads + head) * P + row0 + r : nullptr;
-          store_row<RT, Read, SR>(v.codes + base, scale, s[i], read_key, element);
+          store_row<RT, Read, READ_SR>(v.codes + base, scale, s[i], read_key, element);
         }
       }
       if (RT::row_leader()) {

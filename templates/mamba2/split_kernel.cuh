@@ -184,10 +184,10 @@ struct Records {
 };
 
 template <int P, int N, int HPG, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t, bool HAS_D,
-          bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, typename read_t = void>
+          bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, typename read_t = void, bool READ_SR = SR>
 struct State {
   using Base = Kernel<P, N, HPG, L, CAP, ROWS, WARPS, act_t, state_t, true, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS, SR,
-                      false, read_t>;  // narrow rows: shorter shuffle reductions
+                      false, read_t, READ_SR>;  // narrow rows: shorter shuffle reductions
   using Params = typename Base::Params;
   using Tile = typename Base::Tile;
   using Workspace = SplitWorkspace<P, 1, CAP>;  // scalars: a(1:j)

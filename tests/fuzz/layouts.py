@@ -277,6 +277,8 @@ def build_spec(draw, device):
         v.mark(False, "sr with an f32 state")
     if "device_seed" in chosen and "sr" not in chosen:
         v.mark(False, "device_seed without sr")
+    if "read_rn" in chosen:  # (these layouts have no read copy)
+        v.mark(False, "read_rn without a read copy")
     how = draw(st.sampled_from(["make", "family", "named"]))
     if how == "make" and v.spend(draw):
         how = "make-bad-shape"

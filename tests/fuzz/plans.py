@@ -27,6 +27,7 @@ PLAN_NAMES = {
     "config", "plan()", "flags", "scale", LAUNCH_ENV, "config.kernel", "config.rows_per_cta",
     "config.records_warps", "config.capped_state_registers", "use_qk_l2norm", "gates_in_kernel",
     "stochastic_rounding", "device_seed", "has_D", "has_z", "has_dt_bias", "dt_softplus",
+    "read_copy_round_to_nearest",
 }  # fmt: skip
 
 
@@ -72,6 +73,8 @@ def draw_options(draw, fam, layout, device: str, v: Validity) -> dict:
             v.mark(False, "stochastic rounding of an f32 state")
         if resolved["device_seed"] and not resolved["stochastic_rounding"]:
             v.mark(False, "device_seed without stochastic rounding")
+        if resolved.get("read_copy_round_to_nearest"):  # (these layouts have no read copy)
+            v.mark(False, "read_copy_round_to_nearest without a read copy")
     return opts
 
 
