@@ -102,7 +102,8 @@ class DecodeWrapper:
             beta), scale=K**-0.5; for both stochastic_rounding=False (bf16/fp16/e4m3
             checkpoints, and a read copy, rounded stochastically where stored: the noise is a
             hash of (seed, slot, element, flush epoch), so the same seed gives the same bits; a
-            conventional step has no epoch, so give it a new seed each step).
+            conventional step has no epoch, so give it a new seed each step); Mamba-2 with a
+            read copy also read_copy_round_to_nearest=False (SR for the carried copy only).
         config: launch choices to fix (LaunchConfig; "auto" fields are the policy's).
         """
         plan = plan_decode(
