@@ -68,7 +68,6 @@ class Mamba2Inputs:
     cache_type, wrapper_type = Mamba2DecodeCache, Mamba2DecodeWrapper
     dims: ClassVar[dict] = dict(num_heads=HEADS, headdim=study.P, dstate=study.N, ngroups=1)
     options: ClassVar[dict] = dict(has_D=False, has_z=False, has_dt_bias=True, dt_softplus=True)
-    separate = True
 
     def __init__(self, seed: int, device: torch.device, m_lo: float, m_hi: float):
         # A is the first draw of the study's generator for this seed: the same heads.
@@ -110,7 +109,6 @@ class GDNInputs:
         num_k_heads=HEADS, num_v_heads=HEADS, head_k_dim=128, head_v_dim=128
     )
     options: ClassVar[dict] = dict(use_qk_l2norm=False, gates_in_kernel=False, scale=1.0)
-    separate = False  # no read copy for GDN yet
 
     def __init__(self, seed: int, device: torch.device, m_lo: float, m_hi: float):
         m = torch.exp(torch.linspace(math.log(m_lo), math.log(m_hi), HEADS, dtype=F64))
@@ -169,7 +167,7 @@ def kernel_config(cfg: study.Config, family) -> KernelConfig:
     formats = [cfg.carry, *([cfg.read] if cfg.read else [])]
     if any(f.name == "nvfp4" for f in formats):
         return KernelConfig(cfg, not_built="NVFP4 checkpoints are not built")
-    if cfg.read is not None and not family.separate:
+    if cfg.read is not None and not family.wrapper_type.family.read_copy:
         return KernelConfig(cfg, not_built="separate mode (a read copy) is not built for GDN")
     # The read copy rounds as the study's does (to nearest unless it says SR).
     read_rn = cfg.read is not None and cfg.carry.sr and not cfg.read.sr

@@ -36,6 +36,7 @@ from typing import NamedTuple
 import torch
 
 from replayssm_jit import LaunchConfig
+from replayssm_jit.families.base import DTYPE_BYTES, ROW_SCALED_DTYPES, dtype_name
 from replayssm_jit.launch.config import LAUNCH_ENV, parse_launch
 
 # Where experiment outputs go by default (git-ignored; benchmarks/results/ holds one committed
@@ -54,22 +55,19 @@ class CheckpointFormat(NamedTuple):
 
 
 def parse_format(name: str) -> CheckpointFormat:
-    """ "f32", "bf16sr", "e4m3", "f32+e4m3", "f16sr+e4m3sr", ...: carried[+read], each dtype with
-    an optional "sr" suffix (stochastic rounding: one flag for the whole spec)."""
+    """ "f32", "bf16sr", "e4m3", "f32+e4m3", "f16sr+e4m3sr", ...: carried[+read], each a
+    checkpoint dtype with an optional "sr" suffix (stochastic rounding: one flag for the spec)."""
     parts = name.split("+")
     if not 1 <= len(parts) <= 2:
         raise ValueError(f"--states: expected DTYPE or HP+LP, got {name!r}")
-    dtypes = [p.removesuffix("sr") for p in parts]
-    for d in dtypes:
-        if d not in ("f32", "bf16", "f16", "e4m3"):
-            raise ValueError(f"--states: unknown dtype {d!r} in {name!r}")
+    dtypes = [dtype_name(p.removesuffix("sr"), "--states", checkpoint=True) for p in parts]
     return CheckpointFormat(dtypes[0], dtypes[1] if len(parts) == 2 else None,
                             any(p.endswith("sr") for p in parts))  # fmt: skip
 
 
-def checkpoint_bytes(dtype: str, cols: int) -> float:
-    """Bytes of one state row of `cols` elements in `dtype` (e4m3: its FP32 scale too)."""
-    return {"f32": 4, "bf16": 2, "f16": 2}[dtype] * cols if dtype != "e4m3" else cols + 4
+def checkpoint_bytes(dtype: str, cols: int) -> int:
+    """Bytes of one state row of `cols` elements in `dtype`, with its scale where it has one."""
+    return DTYPE_BYTES[dtype] * cols + (4 if dtype in ROW_SCALED_DTYPES else 0)
 
 
 REPLAY_KERNELS = ("conventional", "cycle", "nonflush", "flush", "staggered")

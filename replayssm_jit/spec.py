@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from replayssm_jit.checks import check_positive_int
-from replayssm_jit.families import get_family
+from replayssm_jit.families import FAMILIES, get_family
 from replayssm_jit.families.base import (
     CPP_TYPES,
     DTYPE_BYTES,
@@ -116,11 +116,6 @@ class KernelSpec:
         }
 
 
-# Read copies built per family: separate mode's flush recomputes nothing for Mamba-2, while GDN
-# and KDA must recompute each held u from the carried copy (not built yet).
-SEPARATE_MODE_FAMILIES = frozenset({"mamba2"})
-
-
 def check_read_dtype(
     fam: Family, read_dtype: object, state_dtype: str, window: int, drafts: int
 ) -> str | None:
@@ -138,10 +133,11 @@ def check_read_dtype(
                 f"read_dtype: a read copy needs a wider carried state; got "
                 f"state_dtype={state_dtype!r} and read_dtype={read!r}"
             )
-        if fam.name not in SEPARATE_MODE_FAMILIES:
+        if not fam.read_copy:
+            built = sorted(f.name for f in FAMILIES.values() if f.read_copy)
             raise ValueError(
                 f"read_dtype: separate mode (a read copy) is built for "
-                f"{sorted(SEPARATE_MODE_FAMILIES)}, not {fam.name}; got {read!r}"
+                f"{built}, not {fam.name}; got {read!r}"
             )
         if window < 2:
             raise ValueError(
@@ -190,12 +186,17 @@ def check_flags(
 def spec_tilings(spec: KernelSpec) -> list[tuple[int, int]]:
     """The (rows_per_cta, warps) tiles compiled into `spec`'s module, largest first."""
     rows, cols = spec.state_rows_cols
-    tilings = rows_tilings(rows, cols, DTYPE_BYTES[spec.state_dtype])
-    if spec.read_dtype is None:
-        return tilings
-    # Separate mode's kernel tiles both copies with one (rows, warps).
-    read = set(rows_tilings(rows, cols, DTYPE_BYTES[spec.read_dtype]))
-    return [t for t in tilings if t in read]
+    return checkpoint_tilings(rows, cols, (spec.state_dtype, spec.read_dtype))
+
+
+def checkpoint_tilings(rows: int, cols: int, dtypes) -> list[tuple[int, int]]:
+    """The row tiles that serve every copy of a [rows, cols] head in `dtypes` (None: no such
+    copy): separate mode's kernel tiles both copies with one (rows, warps)."""
+    present = [d for d in dtypes if d is not None]
+    tilings = rows_tilings(rows, cols, DTYPE_BYTES[present[0]])
+    for other in present[1:]:
+        tilings = [t for t in tilings if t in set(rows_tilings(rows, cols, DTYPE_BYTES[other]))]
+    return tilings
 
 
 def make_spec(

@@ -112,6 +112,8 @@ class Family:
     decay_per_channel: the decay is a vector over key_dim (KDA), not a scalar per head.
     split_kernel: the module compiles the split step (else the policy never picks it).
     speculative_kernels: the module compiles verify and commit (else drafts must be 1).
+    read_copy: the module compiles separate mode's read copy (a flush that needs nothing
+        recomputed from the carried copy: Mamba-2; GDN/KDA must recompute each held u).
     verify_split_min_pairs_per_sm: from this many (batch row, head) pairs per SM the split
         verify beats the per-item one (docs/tuning.md).
     """
@@ -130,6 +132,7 @@ class Family:
     decay_per_channel: bool = False
     split_kernel: bool = True
     speculative_kernels: bool = True
+    read_copy: bool = False
     verify_split_min_pairs_per_sm: float = 8.0
 
     @property

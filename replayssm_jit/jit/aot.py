@@ -25,7 +25,7 @@ from replayssm_jit.families import FAMILIES, HeadShape, get_family
 from replayssm_jit.jit import env
 from replayssm_jit.jit.build import build
 from replayssm_jit.models import MODELS, ModelShape
-from replayssm_jit.spec import KernelSpec, family_spec, make_spec
+from replayssm_jit.spec import KernelSpec, checkpoint_tilings, family_spec, make_spec
 
 
 def model_spec(model: ModelShape, **kwargs) -> KernelSpec:
@@ -195,8 +195,8 @@ def _preset_kda_tests() -> list[KernelSpec]:
 
 def _preset_checkpoint_formats() -> list[KernelSpec]:
     """FP8 checkpoints at every model shape (L = 16 and conventional, BF16 activations, with and
-    without stochastic rounding) and, for the Mamba-2 models whose heads both copies can tile
-    (not nano4b's headdim 80), separate mode's FP32, FP16 + SR and BF16 + SR carried copies
+    without stochastic rounding) and, for the Mamba-2 models whose heads one row tile serves for
+    both copies (not nano4b's headdim 80), separate mode's FP32, FP16 + SR and BF16 + SR carried copies
     with an e4m3 read copy."""
     specs = []
     for model in MODELS.values():
@@ -205,7 +205,7 @@ def _preset_checkpoint_formats() -> list[KernelSpec]:
             for sr in ((), ("sr",)):
                 specs.append(model_spec(model, window=window, act_dtype="bf16",
                                         state_dtype="e4m3", flags=(*flags, *sr)))  # fmt: skip
-        if model.family == "mamba2" and model.d_v % 64 == 0:
+        if model.family == "mamba2" and checkpoint_tilings(model.d_v, model.d_k, ("f32", "e4m3")):
             for state, sr in (("f32", ()), ("f32", ("sr",)), ("f16", ("sr",)), ("bf16", ("sr",))):
                 specs.append(model_spec(model, window=16, act_dtype="bf16", state_dtype=state,
                                         read_dtype="e4m3", flags=(*flags, *sr)))  # fmt: skip
