@@ -62,43 +62,6 @@ __device__ __forceinline__ void tile_values(const TileCheckpoint<Tile, T, HEAD_R
   for (int i = 0; i < Tile::kPasses; ++i) ck.values(i, mult, s[i]);
 }
 
-// VEC values as T at dst (VEC * sizeof(T) bytes, naturally aligned), rounded to nearest or, where
-// SR, stochastically (key: the copy's rounding key; element: the first value's index in the slot,
-// even). e4m3 encodes value * inverse (the row's inverse scale), saturating.
-template <typename T, bool SR, int VEC>
-__device__ __forceinline__ void store_values(T* dst, const float (&v)[VEC], uint64_t key, uint64_t element,
-                                             float inverse = 1.f) {
-  constexpr int kBytes = VEC * int(sizeof(T));
-  typename RawVec<kBytes>::type raw;
-  T* out = reinterpret_cast<T*>(&raw);
-  if constexpr (std::is_same_v<T, e4m3>) {
-    static_assert(VEC % 2 == 0, "e4m3 codes are formed in pairs");
-    #pragma unroll
-    for (int e = 0; e < VEC; e += 2) {
-      float a = v[e] * inverse, b = v[e + 1] * inverse;
-      if constexpr (SR) {  // to exact e4m3 values, which the conversion below keeps
-        const uint32_t bits = pair_bits(key, static_cast<uint32_t>((element + e) >> 1));
-        a = fp8::sr_value(a, bits & 0xffffu);
-        b = fp8::sr_value(b, bits >> 16);
-      }
-      reinterpret_cast<__nv_fp8x2_storage_t*>(out)[e / 2] =
-          __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-    }
-  } else if constexpr (SR && !std::is_same_v<T, float>) {
-    static_assert(VEC % 2 == 0, "stochastic rounding draws bits for pairs of elements");
-    #pragma unroll
-    for (int e = 0; e < VEC; e += 2) {
-      const uint32_t bits = pair_bits(key, static_cast<uint32_t>((element + e) >> 1));
-      out[e] = round_stochastic<T>(v[e], bits & 0xffffu);
-      out[e + 1] = round_stochastic<T>(v[e + 1], bits >> 16);
-    }
-  } else {
-    #pragma unroll
-    for (int e = 0; e < VEC; ++e) out[e] = from_float<T>(v[e]);
-  }
-  *reinterpret_cast<typename RawVec<kBytes>::type*>(dst) = raw;
-}
-
 // Stores this lane's chunks of pass i's row (s, laid out as Tile) into a copy of format T: `row`
 // is the row's first code, `row_scale` its scale (row-scaled formats: the row's amax is reduced
 // over the lanes that share it first), `element` the row's first element in the slot.

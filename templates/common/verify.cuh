@@ -190,7 +190,7 @@ __device__ __forceinline__ void store_tile(state_t* rows,
   for (int i = 0; i < Tile::kPasses; ++i)
     #pragma unroll
     for (int c = 0; c < Tile::kChunksPerLane; ++c)
-      store_chunk<state_t, SR>(rows + int64_t(Tile::row(i)) * Tile::kCols + Tile::col(c), s[i][c], sr_key,
+      store_values<state_t, SR, Tile::kVec>(rows + int64_t(Tile::row(i)) * Tile::kCols + Tile::col(c), s[i][c], sr_key,
                                (uint64_t(head) * HEAD_ROWS + row0 + Tile::row(i)) * Tile::kCols + Tile::col(c));
 }
 

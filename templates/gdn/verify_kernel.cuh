@@ -509,7 +509,7 @@ struct Snapshot {
             s[i][c][e] = fmaf(w, k_reg[c][e], alpha * s[i][c][e]);
             acc = fmaf(s[i][c][e], q_reg[c][e], acc);
           }
-          if (write) store_chunk<state_t, false>(snap_rows + int64_t(r) * K + Tile::col(c), s[i][c], 0, 0);
+          if (write) store_values<state_t, false, Tile::kVec>(snap_rows + int64_t(r) * K + Tile::col(c), s[i][c], 0, 0);
         }
         const float o = group_sum<Tile::kLanesPerRow>(acc) * rq;
         if (Tile::row_leader()) out[r] = from_float<act_t>(o);

@@ -304,7 +304,7 @@ struct Snapshot {
             s[i][c][e] = fmaf(w, b_reg[c][e], alpha * s[i][c][e]);
             acc = fmaf(s[i][c][e], q_reg[c][e], acc);
           }
-          if (write) store_chunk<state_t, false>(snap_rows + int64_t(r) * N + Tile::col(c), s[i][c], 0, 0);
+          if (write) store_values<state_t, false, Tile::kVec>(snap_rows + int64_t(r) * N + Tile::col(c), s[i][c], 0, 0);
         }
         float y = group_sum<Tile::kLanesPerRow>(acc) + D * sm.x[j][r];
         if (Tile::row_leader()) {
