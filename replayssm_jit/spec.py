@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 from replayssm_jit.checks import check_positive_int
 from replayssm_jit.families import FAMILIES, get_family
 from replayssm_jit.families.base import (
+    BLOCK_SCALED_DTYPES,
+    CHECKPOINT_ONLY_DTYPES,
+    CHUNK_VALUES,
     CPP_TYPES,
-    DTYPE_BYTES,
+    DTYPE_BITS,
     MAX_DRAFTS,
     MAX_VERIFY_DRAFTS,
     MAX_WINDOW,
-    ROW_SCALED_DTYPES,
     Family,
     HeadShape,
     dtype_name,
@@ -32,8 +34,9 @@ class KernelSpec:
     dims: ordered (name, value) pairs, e.g. (("p", 64), ("n", 128), ("hpg", 16)).
     window: replay window L (1 = conventional only). drafts: draft tokens T the ring also
     holds (capacity L + T). state_dtype: the checkpoint the recurrence is carried in (f32, bf16,
-    f16, or e4m3 with a scale per row). read_dtype: separate mode's read copy (e4m3, bf16 or
-    f16), which non-flush steps read instead, or None (shared mode). flags: sorted compile-time
+    f16, e4m3 with a scale per row, or nvfp4 with e4m3 scales per 16 values and an FP32 scale
+    per head). read_dtype: separate mode's read copy (nvfp4, e4m3, bf16 or f16), which
+    non-flush steps read instead, or None (shared mode). flags: sorted compile-time
     features, e.g. ("d", "dt_softplus"). Construct through `make_spec` (or mamba2_spec /
     gdn_spec), which checks everything.
     """
@@ -120,15 +123,20 @@ def check_read_dtype(
     fam: Family, read_dtype: object, state_dtype: str, window: int, drafts: int
 ) -> str | None:
     """`read_dtype` as a short name (or None), checked against the rest of the spec. Checkpoint
-    formats other than f32/bf16/f16 (e4m3 state or any read copy) take no drafts yet."""
+    formats other than f32/bf16/f16 (e4m3/nvfp4 state or any read copy) take no drafts yet."""
     read = None if read_dtype is None else dtype_name(read_dtype, "read_dtype", checkpoint=True)
+    nvfp4 = BLOCK_SCALED_DTYPES & {state_dtype, read}
+    if nvfp4 and not fam.nvfp4:
+        built = sorted(f.name for f in FAMILIES.values() if f.nvfp4)
+        arg = "state_dtype" if state_dtype in nvfp4 else "read_dtype"
+        raise ValueError(f"{arg}: NVFP4 checkpoints are built for {built}, not {fam.name}")
     if read is not None:
         if read == state_dtype or read == "f32":
             raise ValueError(
                 f"read_dtype: expected a format narrower than state_dtype={state_dtype!r} "
-                f"(e4m3, bf16 or f16), got {read!r}"
+                f"(nvfp4, e4m3, bf16 or f16), got {read!r}"
             )
-        if DTYPE_BYTES[read] >= DTYPE_BYTES[state_dtype] or state_dtype in ROW_SCALED_DTYPES:
+        if DTYPE_BITS[read] >= DTYPE_BITS[state_dtype] or state_dtype in CHECKPOINT_ONLY_DTYPES:
             raise ValueError(
                 f"read_dtype: a read copy needs a wider carried state; got "
                 f"state_dtype={state_dtype!r} and read_dtype={read!r}"
@@ -144,7 +152,7 @@ def check_read_dtype(
                 f"read_dtype: a read copy serves ReplaySSM's non-flush steps (window >= 2); "
                 f"got window={window}"
             )
-    if drafts != 1 and (read is not None or state_dtype in ROW_SCALED_DTYPES):
+    if drafts != 1 and (read is not None or state_dtype in CHECKPOINT_ONLY_DTYPES):
         raise ValueError(
             f"drafts: expected 1 with state_dtype={state_dtype!r} and read_dtype={read!r} "
             f"(the speculative kernels take f32/bf16/f16 checkpoints), got {drafts}"
@@ -170,7 +178,7 @@ def check_flags(
         )
     if "sr" in flags and state_dtype == "f32" and read_dtype is None:
         raise ValueError(
-            "flags: 'sr' (stochastic rounding) needs a bf16/f16/e4m3 state_dtype or a read "
+            "flags: 'sr' (stochastic rounding) needs a bf16/f16/e4m3/nvfp4 state_dtype or a read "
             "copy, got an f32 state and none"
         )
     if "read_rn" in flags and ("sr" not in flags or read_dtype is None):
@@ -191,11 +199,14 @@ def spec_tilings(spec: KernelSpec) -> list[tuple[int, int]]:
 
 def checkpoint_tilings(rows: int, cols: int, dtypes) -> list[tuple[int, int]]:
     """The row tiles that serve every copy of a [rows, cols] head in `dtypes` (None: no such
-    copy): separate mode's kernel tiles both copies with one (rows, warps)."""
+    copy): separate mode's kernel tiles both copies with one (rows, warps); an NVFP4 copy
+    needs whole heads per CTA (its head scale is reduced over the head at a flush)."""
     present = [d for d in dtypes if d is not None]
-    tilings = rows_tilings(rows, cols, DTYPE_BYTES[present[0]])
+    whole = bool(BLOCK_SCALED_DTYPES & set(present))
+    tilings = rows_tilings(rows, cols, CHUNK_VALUES[present[0]], whole_heads=whole)
     for other in present[1:]:
-        tilings = [t for t in tilings if t in set(rows_tilings(rows, cols, DTYPE_BYTES[other]))]
+        also = set(rows_tilings(rows, cols, CHUNK_VALUES[other], whole_heads=whole))
+        tilings = [t for t in tilings if t in also]
     return tilings
 
 
@@ -213,8 +224,8 @@ def make_spec(
     """The checked specialization of `family` for `shape` (value_heads may be any multiple of
     the key heads' ratio: only the ratio enters the spec).
 
-    Key rows must fill whole 16-byte lane chunks (a multiple of max(16 / state bytes, 8), at
-    most 32 lanes x 8 chunks) and value rows must have a row tiling.
+    Key rows must fill whole 16-byte lane chunks (a multiple of max(values per chunk, 8), at
+    most 32 lanes x 8 chunks) and value rows must have a row tiling (NVFP4: whole heads).
     """
     fam = get_family(family)
     state = dtype_name(state_dtype, "state_dtype", checkpoint=True)
@@ -237,7 +248,7 @@ def make_spec(
         )
     rows, cols = spec.state_rows_cols
     row_arg, col_arg = fam.dim_arg(fam.role_key("value_dim")), fam.dim_arg(fam.role_key("key_dim"))
-    vec = 16 // min(DTYPE_BYTES[d] for d in (state, read or state))
+    vec = max(CHUNK_VALUES[d] for d in (state, read or state))
     if cols % vec or cols % 8 or cols > 32 * vec * 8:
         raise ValueError(
             f"{col_arg}: expected a multiple of {max(vec, 8)} up to {32 * vec * 8}, got {cols}"

@@ -445,6 +445,62 @@ def test_nvfp4_decode_header_matches_the_integer_reference(tmp_path):
     assert torch.equal(got[~nan_got], want[~nan_want])
 
 
+def _nvfp4_test_heads() -> torch.Tensor:
+    """FP32 heads [heads, 4 rows, 32 values] for the NVFP4 encoder: blocks of very different
+    magnitudes (so that block scales round, underflow to 0 and saturate their values), an
+    all-zero block, a zero head, a head below the head-scale floor, and exact grid values."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 4, 32, generator=gen)
+    x = x * 2.0 ** torch.randint(-12, 12, (6, 4, 2), generator=gen).float().repeat_interleave(16, -1)
+    x[0, 1, :16] = 0.0
+    x[1] = 0.0
+    x[2] *= 1e-38
+    x[3, 0, :8] = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    x[4, 2, 3] = -0.0
+    return x.to(torch.float32)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("sr", [False, True])
+def test_nvfp4_encode_header_matches_the_reference_encoder(tmp_path, sr):
+    """templates/common/nvfp4.cuh's head scale, block scale codes and e2m1 codes (RN, and SR
+    with given bits), compiled by nvcc and run on the host, equal reference.precision's
+    nvfp4_encode bit for bit."""
+    from replayssm_jit.reference import precision as P
+
+    x = _nvfp4_test_heads()
+    bits = torch.randint(0, 2**16, x.shape, generator=torch.Generator().manual_seed(5))
+    flat = ", ".join(f"{v.item().hex()}f" if v.item() == v.item() else "0.f" for v in x.flatten())
+    bit_list = ", ".join(str(b) for b in bits.flatten().tolist())
+    heads = x.shape[0]
+    body = (
+        '#include <cstdio>\n#include "common/nvfp4.cuh"\nusing namespace replayssm;\n'
+        f"const float x[] = {{{flat}}};\nconst unsigned bits[] = {{{bit_list}}};\n"
+        f"int main() {{\n  for (int h = 0; h < {heads}; ++h) {{\n"
+        "    const float* v = x + h * 128;\n    float amax = 0.f;\n"
+        "    for (int i = 0; i < 128; ++i) amax = fmaxf(amax, fabsf(v[i]));\n"
+        "    const float head = nvfp4::head_scale(amax);\n"
+        '    std::printf("%u\\n", fp8::bits_of(head));\n'
+        "    for (int b = 0; b < 8; ++b) {\n      float block_amax = 0.f;\n"
+        "      for (int i = 0; i < 16; ++i) block_amax = fmaxf(block_amax, fabsf(v[16 * b + i]));\n"
+        "      const unsigned code = nvfp4::block_code(block_amax, head);\n"
+        "      const float inverse = nvfp4::block_inverse(code, head);\n"
+        '      std::printf("%u\\n", code);\n'
+        "      for (int i = 0; i < 16; ++i)\n"
+        f'        std::printf("%u\\n", nvfp4::encode<{str(sr).lower()}>(v[16 * b + i], inverse, '
+        "bits[h * 128 + 16 * b + i]));\n    }\n  }\n}\n"
+    )
+    got = torch.tensor(_run_nvcc_program(tmp_path, f"nvfp4_encode_{sr}", body), dtype=torch.int64)
+    got = got.view(heads, 1 + 8 * 17)
+    want = P.nvfp4_encode(x.double(), head_dims=2, bits=bits if sr else None)
+    head_bits = want.head_scale.to(torch.float32).view(torch.int32).to(torch.int64).flatten()
+    assert torch.equal(got[:, 0], head_bits & 0xFFFFFFFF)
+    per_block = got[:, 1:].view(heads, 8, 17)
+    assert torch.equal(per_block[..., 0], want.block_scales.view(heads, 8).to(torch.int64))
+    codes = P.unpack_nibbles(want.packed).view(heads, 8, 16)
+    assert torch.equal(per_block[..., 1:], codes)
+
+
 def _fp8_test_values() -> torch.Tensor:
     """FP32 values for the e4m3 encoder: every code's value, its neighbours' midpoints and one
     FP32 ulp either side of them, random values over the whole range (subnormal, normal, past

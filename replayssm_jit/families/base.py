@@ -24,16 +24,26 @@ DTYPE_NAMES: dict[torch.dtype, str] = {
     torch.bfloat16: "bf16",
     torch.float16: "f16",
     torch.float8_e4m3fn: "e4m3",
+    torch.float4_e2m1fn_x2: "nvfp4",
 }
 TORCH_DTYPES: dict[str, torch.dtype] = {v: k for k, v in DTYPE_NAMES.items()}
+# Bits per value (NVFP4: a byte holds two e2m1 codes, element 2i in the low nibble).
+DTYPE_BITS: dict[str, int] = {"f32": 32, "bf16": 16, "f16": 16, "e4m3": 8, "nvfp4": 4}
+# Bytes per element of the formats activations and records may have.
 DTYPE_BYTES: dict[str, int] = {"f32": 4, "bf16": 2, "f16": 2, "e4m3": 1}
+# Values in a 16-byte chunk, the unit a lane loads and stores (RowTiling::kVec).
+CHUNK_VALUES: dict[str, int] = {name: 128 // bits for name, bits in DTYPE_BITS.items()}
 CPP_TYPES: dict[str, str] = {
     "f32": "float", "bf16": "__nv_bfloat16", "f16": "__half", "e4m3": "replayssm::e4m3",
+    "nvfp4": "replayssm::nvfp4x2",
 }  # fmt: skip
 # Checkpoint formats with an FP32 decode scale per state row beside their codes.
 ROW_SCALED_DTYPES = frozenset({"e4m3"})
+# NVFP4: e4m3 scales per 16 values along a row and one FP32 scale per head beside the codes.
+BLOCK_SCALED_DTYPES = frozenset({"nvfp4"})
+NVFP4_BLOCK = 16
 # Dtypes only a checkpoint may have (activations and records are f32, bf16 or f16).
-CHECKPOINT_ONLY_DTYPES = frozenset({"e4m3"})
+CHECKPOINT_ONLY_DTYPES = frozenset({"e4m3", "nvfp4"})
 
 # Limits of a spec's ring: the replay window L and the draft tokens T it also holds.
 MAX_WINDOW = 256
@@ -114,6 +124,7 @@ class Family:
     speculative_kernels: the module compiles verify and commit (else drafts must be 1).
     read_copy: the module compiles separate mode's read copy (a flush that needs nothing
         recomputed from the carried copy: Mamba-2; GDN/KDA must recompute each held u).
+    nvfp4: the module compiles NVFP4 checkpoints (whole heads per CTA, for the head scale).
     verify_split_min_pairs_per_sm: from this many (batch row, head) pairs per SM the split
         verify beats the per-item one (docs/tuning.md).
     """
@@ -133,6 +144,7 @@ class Family:
     split_kernel: bool = True
     speculative_kernels: bool = True
     read_copy: bool = False
+    nvfp4: bool = False
     verify_split_min_pairs_per_sm: float = 8.0
 
     @property

@@ -56,6 +56,7 @@ MAMBA2 = Mamba2Family(
     capped_state_registers=False,
     flush_every_step_kernel=True,
     read_copy=True,
+    nvfp4=True,
     # The conventional step wants more, smaller tiles; where no tile gives 16 CTAs per SM
     # (batch 1), the largest giving 2 (docs/tuning.md, tile_targets).
     tile_targets={

@@ -16,11 +16,11 @@ SPLIT_RECORDS_FULL_SM_CTAS = MAX_THREADS_PER_SM // SPLIT_RECORDS_THREADS
 TARGET_CTAS_PER_SM = 2
 
 
-def lanes_per_row(rows_per_warp: int, cols: int, state_bytes: int) -> int:
+def lanes_per_row(rows_per_warp: int, cols: int, chunk_values: int) -> int:
     """Lanes sharing a state row in a tile with `rows_per_warp` rows per warp: the fewest of 8
     and 16 (at most one per 16-byte chunk) that split a warp's rows into whole passes, else one
     per chunk up to 32 (as RowTiling does for narrow rows)."""
-    vecs = cols // (16 // state_bytes)
+    vecs = cols // chunk_values
     for lanes in (8, 16):
         if lanes <= vecs and rows_per_warp % (32 // lanes) == 0:
             return lanes
@@ -30,20 +30,22 @@ def lanes_per_row(rows_per_warp: int, cols: int, state_bytes: int) -> int:
 def rows_tilings(
     rows: int,
     cols: int,
-    state_bytes: int,
+    chunk_values: int,
     *,
     warp_options: tuple[int, ...] = (4, 8, 2, 1),
     max_chunks: int = 16,
+    whole_heads: bool = False,
 ) -> list[tuple[int, int]]:
     """(rows_per_cta, warps) pairs for a [rows, cols] state per head, largest first.
 
-    A lane holds 16-byte chunks of a state row, so a warp covers 32 / lanes_per_row rows per
-    pass; splitting the rows across CTAs buys parallelism at small batch. `max_chunks` bounds
-    the state registers per lane (chunks x 16 bytes).
+    A lane holds 16-byte chunks (`chunk_values` values each) of a state row, so a warp covers
+    32 / lanes_per_row rows per pass; splitting the rows across CTAs buys parallelism at small
+    batch, unless `whole_heads` (a CTA must hold its head's rows: NVFP4's head scale).
+    `max_chunks` bounds the state registers per lane (chunks x 16 bytes).
     """
-    vec = 16 // state_bytes
+    vec = chunk_values
     tilings = []
-    for split in (1, 2, 4, 8):
+    for split in (1,) if whole_heads else (1, 2, 4, 8):
         if rows % split:
             continue
         per_cta = rows // split
@@ -51,7 +53,7 @@ def rows_tilings(
             per_warp = per_cta // warps if per_cta % warps == 0 else 0
             if not per_warp:
                 continue
-            rows_per_pass = 32 // lanes_per_row(per_warp, cols, state_bytes)
+            rows_per_pass = 32 // lanes_per_row(per_warp, cols, chunk_values)
             chunks = per_warp * cols // (32 * vec)
             if per_warp % rows_per_pass == 0 and chunks <= max_chunks:
                 tilings.append((per_cta, warps))

@@ -74,6 +74,7 @@ E4M3_MAX = 448.0  # largest finite e4m3fn magnitude: exponent 15, mantissa 110
 E4M3_NAN = 0x7F  # the NaN code the encoders emit (0xFF also decodes to NaN)
 E2M1_MAX = 6.0  # largest e2m1 magnitude: exponent 3, mantissa 1
 NVFP4_BLOCK = 16  # elements per e4m3 block scale along the contiguous dim
+NVFP4_MIN_HEAD_SCALE = 2.0**-117  # 2^-9 (e4m3's least subnormal) times it is FP32's least normal
 
 
 def _e4m3_magnitudes() -> torch.Tensor:
@@ -301,12 +302,16 @@ def _check_blocks(x: torch.Tensor, head_dims: int) -> None:
 def nvfp4_scales(x: torch.Tensor, head_dims: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """(block-scale codes, head scales) of the standard two-level scaling, all in FP32:
     head = amax(|fp32(x)|) over the last `head_dims` dims / (6 * 448), keepdim, so the block
-    scales land in e4m3's range; block code = e4m3_rn(fp32(fp32(block amax / 6) / head)),
-    saturating at 448; a zero head (head = 0) gets block codes 0."""
+    scales land in e4m3's range, at least 2^-117 where the amax is not 0 (so that every nonzero
+    block multiplier is a normal FP32 with a finite inverse); block code =
+    e4m3_rn(fp32(fp32(block amax / 6) / head)), saturating at 448; a zero head (head = 0) gets
+    block codes 0."""
     _check_blocks(x, head_dims)
     xf = x.to(_F32)
     dims = tuple(range(-head_dims, 0))
-    head = xf.abs().amax(dim=dims, keepdim=True) / torch.tensor(E2M1_MAX * E4M3_MAX, dtype=_F32)
+    amax = xf.abs().amax(dim=dims, keepdim=True)
+    head = (amax / torch.tensor(E2M1_MAX * E4M3_MAX, dtype=_F32)).clamp_min(NVFP4_MIN_HEAD_SCALE)
+    head = torch.where(amax == 0, torch.zeros_like(head), head)
     blocks = xf.unflatten(-1, (-1, NVFP4_BLOCK)).abs().amax(dim=-1)
     per_block = blocks / torch.tensor(E2M1_MAX, dtype=_F32)
     divisor = torch.where(head == 0, torch.ones_like(head), head)
@@ -363,17 +368,19 @@ def nvfp4_encode(
     x: torch.Tensor, head_dims: int = 2, bits: torch.Tensor | None = None
 ) -> NVFP4Tensor:
     """The kernel's store of a finite state x [..., n] whose last `head_dims` dims are one head:
-    (block codes, head) = nvfp4_scales(x); per element q = fp32(fp32(x) / S) with the decode's
-    S = fp32(e4m3(block) * head); code = e2m1_encode(q) (RN, or SR with `bits`; saturating at
-    6, which a block scale rounded down can need). S = 0 (zero block, or a block scale below
-    e4m3's 2^-9 after head scaling) stores codes 0. Block scales are always RN: only the values
-    take the random bits."""
+    (block codes, head) = nvfp4_scales(x); per element q = fp32(fp32(x) * fp32(1 / S)) with the
+    decode's S = fp32(e4m3(block) * head) (one multiply per element, as for FP8); code =
+    e2m1_encode(q) (RN, or SR with `bits`; saturating at 6, which the rounded block scale and
+    inverse can need). S = 0 (zero block, or a block scale below e4m3's 2^-9 after head
+    scaling) stores codes 0 (+0). Block scales are always RN: only the values take the random
+    bits."""
     if not torch.isfinite(x).all():
         raise ValueError("nvfp4_encode: the state must be finite (e2m1 has no inf / NaN)")
     block_scales, head = nvfp4_scales(x, head_dims)
     s = _block_multiplier(block_scales, head)
     xf = x.to(_F32)
-    q = xf / torch.where(s == 0, torch.ones_like(s), s)
+    one = torch.ones_like(s)
+    q = xf * (one / torch.where(s == 0, one, s))
     q = torch.where(s == 0, torch.zeros_like(q), q)
     codes = e2m1_encode(q.to(_F64), bits)
     packed = pack_nibbles(codes)

@@ -14,6 +14,16 @@ struct e4m3 {
   uint8_t code;
 };
 
+// Two NVFP4 checkpoint codes (e2m1, element 2i in the low nibble). They decode only with their
+// block's e4m3 scale and the head's FP32 scale (common/checkpoint.cuh), never one at a time.
+struct nvfp4x2 {
+  uint8_t codes;
+};
+
+// Values per storage element, and per 16-byte chunk (the unit a lane loads and stores).
+template <typename T> constexpr int kValuesPerElement = std::is_same_v<T, nvfp4x2> ? 2 : 1;
+template <typename T> constexpr int kChunkValues = 16 / int(sizeof(T)) * kValuesPerElement<T>;
+
 template <typename T> __device__ __forceinline__ float to_float(T v);
 template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }

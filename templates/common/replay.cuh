@@ -32,7 +32,8 @@ template <typename state_t, int COLS, int ROWS, int WARPS, bool WIDE>
 struct RowTiling {
   static constexpr int kThreads = WARPS * 32;
   static constexpr int kCols = COLS;
-  static constexpr int kVec = 16 / sizeof(state_t);
+  static constexpr int kVec = kChunkValues<state_t>;  // values per 16-byte chunk
+  static constexpr int kPack = kValuesPerElement<state_t>;
   static constexpr int kRowsPerWarp = ROWS / WARPS;
   static constexpr int kLanesPerRow = lanes_per_row<COLS / kVec, kRowsPerWarp, WIDE>();
   static constexpr int kChunksPerLane = COLS / (kVec * kLanesPerRow);
@@ -56,7 +57,7 @@ struct RowTiling {
     #pragma unroll
     for (int i = 0; i < kPasses; ++i)
       #pragma unroll
-      for (int c = 0; c < kChunksPerLane; ++c) regs[i][c].load(rows + int64_t(row(i)) * COLS + col(c));
+      for (int c = 0; c < kChunksPerLane; ++c) regs[i][c].load(rows + (int64_t(row(i)) * COLS + col(c)) / kPack);
   }
 
   // This lane's slice of a length-COLS vector held in shared memory (FP32 or as stored).

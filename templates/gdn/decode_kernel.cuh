@@ -273,8 +273,7 @@ struct Kernel {
       for (int i = 0; i < Tile::kPasses; ++i) {
         const int r = Tile::row(i);
         const float acc = Tile::dot(s[i], q_reg);
-        store_row<Tile, state_t, SR>(ck.rows + int64_t(r) * K, ck.scales + r, s[i], sr_key,
-                                     (uint64_t(vhead) * V + row0 + r) * K);
+        store_row<Tile, state_t, SR>(ck.at, r, s[i], sr_key, (uint64_t(vhead) * V + row0 + r) * K);
         o[i] = group_sum<Tile::kLanesPerRow>(acc) * rq;
       }
     }
@@ -289,7 +288,7 @@ struct Kernel {
   }
 
   static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
-    return {p.state, p.state_slot_stride, p.state_scale};
+    return {p.state, p.state_slot_stride, p.state_scale, nullptr};
   }
 
   // A held record's decay in the replay sums: dec_i for a scalar decay; 1 per channel, where the

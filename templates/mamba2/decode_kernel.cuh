@@ -22,10 +22,12 @@ template <typename act_t, typename state_t>
 struct Params {
   state_t* state;           // [slots, H, P, N]; slot stride below, rest contiguous
   int64_t state_slot_stride;
-  float* state_scale;       // [slots, H, P] FP32 row scales where the state is e4m3, else null
+  float* state_scale;       // e4m3: [slots, H, P] FP32 row scales; nvfp4: [slots, H] head scales; else null
+  uint8_t* state_blocks;    // nvfp4: [slots, H, P, N / 16] e4m3 block scales, else null
   void* read_state;         // separate mode: the read copy [slots, H, P, N] (read_t), else null
   int64_t read_slot_stride;
-  float* read_scale;        // [slots, H, P] where the read copy is e4m3, else null
+  float* read_scale;        // as state_scale, for the read copy
+  uint8_t* read_blocks;     // as state_blocks, for the read copy
   act_t* rec_x;             // [slots, H, CAP, P]
   act_t* rec_b;             // [slots, G, CAP, N]
   float* rec_dt;            // [slots, H, CAP]  (dt after bias and softplus)
@@ -98,10 +100,10 @@ struct Kernel {
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
   static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
-    return {p.state, p.state_slot_stride, p.state_scale};
+    return {p.state, p.state_slot_stride, p.state_scale, p.state_blocks};
   }
   static __device__ __forceinline__ CheckpointView<Read> read_view(const Params& p) {
-    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale};
+    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, p.read_blocks};
     else return state_view(p);
   }
 
@@ -136,6 +138,12 @@ struct Kernel {
     RT::slice(q, q_reg);
     const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
     const uint64_t read_key = kSeparate ? read_copy_rounding_key<READ_SR>(seed, slot, epoch) : 0;
+    const auto read_at = CopyRows<Read, P, N>::of(read_view(p), slot, p.num_heads, head, row0);
+    float head_scale = 0.f, read_head_scale = 0.f;  // NVFP4 copies' (whole-CTA reductions)
+    if (flush) {
+      head_scale = prepare_store<RT>(ck.at, s);
+      if constexpr (kSeparate) read_head_scale = prepare_store<RT>(read_at, s);
+    }
     #pragma unroll
     for (int i = 0; i < RT::kPasses; ++i) {
       const int r = RT::row(i);
@@ -143,13 +151,8 @@ struct Kernel {
       float y = group_sum<RT::kLanesPerRow>(acc) * (flush ? 1.f : total) + extra[r];
       if (flush) {
         const uint64_t element = (uint64_t(head) * P + row0 + r) * N;
-        store_row<RT, T, SR>(ck.rows + int64_t(r) * N, ck.scales + r, s[i], sr_key, element);
-        if constexpr (kSeparate) {
-          const CheckpointView<Read> v = read_view(p);
-          const int64_t base = int64_t(slot) * v.slot_stride + (int64_t(head) * P + row0 + r) * N;
-          float* scale = kRowScaled<Read> ? v.scales + (int64_t(slot) * p.num_heads + head) * P + row0 + r : nullptr;
-          store_row<RT, Read, READ_SR>(v.codes + base, scale, s[i], read_key, element);
-        }
+        store_row<RT, T, SR>(ck.at, r, s[i], sr_key, element, head_scale);
+        if constexpr (kSeparate) store_row<RT, Read, READ_SR>(read_at, r, s[i], read_key, element, read_head_scale);
       }
       if (RT::row_leader()) {
         if constexpr (HAS_Z) y *= to_float(z[r]) / (1.f + expf(-to_float(z[r])));
