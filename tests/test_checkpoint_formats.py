@@ -41,7 +41,8 @@ from replayssm_jit.spec import gdn_spec, mamba2_spec
 F32, F64 = torch.float32, torch.float64
 SEED = 77
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-TORCH = {"f32": F32, "f16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn}
+TORCH = {"f32": F32, "f16": torch.float16, "bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn,
+         "nvfp4": torch.float4_e2m1fn_x2}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,19 +279,40 @@ FAMILIES = {
 
 
 def decoded(tensors, codes: str, scale: str) -> torch.Tensor:
-    """A copy as float64 on the CPU (e4m3: code times row scale in FP32)."""
-    values = tensors[codes].cpu().to(F32)
+    """A copy as float64 on the CPU (e4m3: code times row scale in FP32; nvfp4: reference
+    .precision's decode of codes, block scales and head scales)."""
+    t = tensors[codes].cpu()
+    if t.dtype == torch.float4_e2m1fn_x2:
+        blocks = tensors[scale.replace("scale", "block_scale")].cpu().view(torch.uint8)
+        head = tensors[scale].cpu()[..., None, None]
+        return P.nvfp4_decode(t.view(torch.uint8), blocks, head)
+    values = t.to(F32)
     if tensors.get(scale) is not None:
         values = values * tensors[scale].cpu().unsqueeze(-1)
     return values.to(F64)
 
 
+def nvfp4_step(want: torch.Tensor) -> torch.Tensor:
+    """One e2m1 code's step at each value of float64 heads `want` [..., P, N], times its block's
+    multiplier S as the encoder forms it from `want` (0.5, 1 or 2 on the grid)."""
+    enc = P.nvfp4_encode(want, head_dims=2)
+    s = (P.e4m3_decode(enc.block_scales) * enc.head_scale).repeat_interleave(16, dim=-1)
+    q = want.abs() / torch.where(s == 0, 1.0, s)
+    gap = torch.where(q < 2, 0.5, torch.where(q < 4, 1.0, 2.0))
+    return gap * s
+
+
 def assert_within_one_code(got: torch.Tensor, want: torch.Tensor, dtype: str, what: str):
     """Each value of `got` within one code of `want`: the format's step at the larger of the
-    two (e4m3: at the value over its row's scale, then scaled back)."""
+    two (e4m3: at the value over its row's scale, then scaled back; nvfp4: at the value over
+    its block's multiplier)."""
     assert torch.isfinite(got).all(), f"{what}: not finite"
     if dtype == "f32":
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), what
+        return
+    if dtype == "nvfp4":
+        excess = ((got - want).abs() - 1.01 * nvfp4_step(want)).max().item()
+        assert excess <= 0, f"{what}: a value is more than one code away ({excess:.3e} over)"
         return
     bits = {"f16": 10, "bf16": 7, "e4m3": 3}[dtype]
     mag = torch.maximum(got.abs(), want.abs())
@@ -316,6 +338,8 @@ def encode_like_the_kernel(values, dtype, *, sr, slots, epochs, read_copy, shape
         bits = cpu.rounding_bits(SEED, stream[:, None], element[None, :]).view(values.shape)
     if dtype == "e4m3":
         return P.fp8_encode(values, bits=bits).value
+    if dtype == "nvfp4":
+        return P.nvfp4_encode(values.to(F32).to(F64), head_dims=2, bits=bits).value
     if dtype == "f32":
         return values.to(F32).to(F64)
     if sr:
@@ -394,6 +418,11 @@ FORMATS = [
     ("mamba2", "f16", "e4m3", True),
     ("mamba2", "bf16", "e4m3", True),
     ("mamba2", "f32", "bf16", False),
+    ("mamba2", "nvfp4", None, False),
+    ("mamba2", "nvfp4", None, True),
+    ("mamba2", "f32", "nvfp4", False),
+    ("mamba2", "f32", "nvfp4", True),
+    ("mamba2", "f16", "nvfp4", True),
     ("gdn", "e4m3", None, False),
     ("gdn", "e4m3", None, True),
     ("kda", "e4m3", None, False),
@@ -452,7 +481,10 @@ def test_read_copy_rounding_option_needs_sr_and_a_read_copy():
                     flags=("sr", "read_rn"))  # fmt: skip
 
 
-SPLIT_FORMATS = [c for c in FORMATS if c[0] == "mamba2" and c[2] == "e4m3"] + [FORMATS[0]]
+SPLIT_FORMATS = [c for c in FORMATS if c[0] == "mamba2" and c[2] in ("e4m3", "nvfp4")] + [
+    FORMATS[0],
+    ("mamba2", "nvfp4", None, True),
+]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -27,7 +27,9 @@ from replayssm_jit.checks import (
 )
 from replayssm_jit.families import get_family
 from replayssm_jit.families.base import (
+    BLOCK_SCALED_DTYPES,
     DTYPE_NAMES,
+    NVFP4_BLOCK,
     ROW_SCALED_DTYPES,
     TORCH_DTYPES,
     Family,
@@ -73,8 +75,9 @@ class CacheLayout:
 
     @property
     def checkpoint_names(self) -> tuple[str, ...]:
-        """The checkpoint's tensors: state, its row scales where it is e4m3, and separate
-        mode's read copy (read_state, with read_scale where it is e4m3)."""
+        """The checkpoint's tensors: state, with its scales where it is e4m3 (state_scale per
+        row) or nvfp4 (state_scale per head, state_block_scale per 16 values), and separate
+        mode's read copy (read_state, with read_scale / read_block_scale likewise)."""
         return tuple(t.name for t in self._checkpoint_tensors)
 
     @property
@@ -114,12 +117,18 @@ class CacheLayout:
         for codes, dtype in (("state", self.state_dtype), ("read_state", self.read_dtype)):
             if dtype is None:
                 continue
+            prefix = codes.removesuffix("_state")
             # The kernels take a copy's slot stride; its scales, the rings and the cursors they
             # index densely (slot * block), so only the codes' slots may be padded.
+            if DTYPE_NAMES[dtype] in BLOCK_SCALED_DTYPES:  # two e2m1 codes a byte
+                out.append(TensorLayout(codes, (*rows, s.key_dim // 2), dtype, packed=False))
+                out.append(TensorLayout(f"{prefix}_scale", rows[:1], torch.float32, alignment=4))
+                blocks = (*rows, s.key_dim // NVFP4_BLOCK)
+                out.append(TensorLayout(f"{prefix}_block_scale", blocks, torch.float8_e4m3fn, 2))
+                continue
             out.append(TensorLayout(codes, (*rows, s.key_dim), dtype, packed=False))
             if DTYPE_NAMES[dtype] in ROW_SCALED_DTYPES:
-                scale = "state_scale" if codes == "state" else "read_scale"
-                out.append(TensorLayout(scale, rows, torch.float32))
+                out.append(TensorLayout(f"{prefix}_scale", rows, torch.float32))
         return tuple(out)
 
     def check_tensors(
@@ -183,8 +192,13 @@ class CacheLayout:
         check_positive_int("num_slots", num_slots)
         check_at_most("num_slots", num_slots, MAX_SLOTS, "slot ids are int32")
         device = resolve_device(device)
+        # (as bytes: torch has no fill for float4_e2m1fn_x2; zero bytes are zero codes)
         return {
-            t.name: torch.zeros(t.shape(num_slots), dtype=t.dtype, device=device)
+            t.name: torch.zeros(
+                (*t.shape(num_slots)[:-1], t.shape(num_slots)[-1] * t.dtype.itemsize),
+                dtype=torch.uint8,
+                device=device,
+            ).view(t.dtype)
             for t in self.tensors()
         }
 
@@ -223,10 +237,12 @@ def mamba2_layout(**kwargs) -> CacheLayout:
     window=16, drafts=1, state_dtype=float32, act_dtype=bfloat16 and read_dtype=None (CAP =
     window + drafts):
 
-    state [H, P, N] state_dtype (float32, bfloat16, float16 or float8_e4m3fn); state_scale [H,
-    P] float32 where state_dtype is e4m3 (one decode scale per state row); read_state [H, P, N]
-    read_dtype and read_scale [H, P] (e4m3) in separate mode (read_dtype set: non-flush steps
-    read that copy, flushes carry state and rewrite it; docs/precision.md); rec_x [H, CAP, P]
+    state [H, P, N] state_dtype (float32, bfloat16, float16 or float8_e4m3fn; [H, P, N / 2]
+    float4_e2m1fn_x2 for nvfp4); state_scale [H, P] float32 where state_dtype is e4m3 (one
+    decode scale per state row), [H] float32 where it is nvfp4 (one per head), with
+    state_block_scale [H, P, N / 16] float8_e4m3fn (one per 16 values); read_state, read_scale
+    and read_block_scale likewise for read_dtype in separate mode (read_dtype set: non-flush
+    steps read that copy, flushes carry state and rewrite it; docs/precision.md); rec_x [H, CAP, P]
     act_dtype; rec_b [G, CAP, N] act_dtype; rec_dt [H, CAP] float32 (dt after bias and
     softplus); cursors [4] int32.
     """

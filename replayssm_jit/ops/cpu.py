@@ -214,9 +214,79 @@ def encode_e4m3_rows(
     return code.to(torch.uint8), scale
 
 
-def _load_state(state: torch.Tensor, state_scale: torch.Tensor | None, slots) -> torch.Tensor:
+NVFP4 = torch.float4_e2m1fn_x2
+_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_GAP_INVERSE = (2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 0.5, 0.5)  # 1 / (next value - this one)
+
+
+def _e2m1_codes(q: torch.Tensor, bits: torch.Tensor | None) -> torch.Tensor:
+    """e2m1 codes (int64, bit 3 the sign) of FP32 q as nvfp4.cuh's encode_rn (nearest, ties to
+    the even code, saturating at 6) or, with 16 bits per value, encode_sr (up iff bits <
+    (|q| - lower) / gap * 2^16)."""
+    a = q.abs()
+    if bits is None:
+        edges = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False),
+                 (3.5, True), (5.0, False))  # fmt: skip
+        code = sum(((a >= e) if even_above else (a > e)).to(torch.int64) for e, even_above in edges)
+    else:
+        a = a.clamp(max=6.0)
+        lower = sum((a >= e).to(torch.int64) for e in _E2M1_VALUES[1:])
+        table = torch.tensor(_E2M1_VALUES, dtype=_F32, device=q.device)
+        gap_inverse = torch.tensor(_E2M1_GAP_INVERSE, dtype=_F32, device=q.device)
+        frac = (a - table[lower]) * gap_inverse[lower] * 65536.0
+        up = (lower < 7) & (bits.to(_F32) < frac)
+        code = lower + up.to(torch.int64)
+    return code | (torch.signbit(q).to(torch.int64) << 3)
+
+
+def _e4m3_values(codes: torch.Tensor) -> torch.Tensor:
+    return codes.view(torch.float8_e4m3fn).to(_F32)
+
+
+def encode_nvfp4_heads(
+    values: torch.Tensor, bits: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(packed e2m1 codes uint8 [..., P, N / 2], block scale codes uint8 [..., P, N / 16], head
+    scales FP32 [...]) of FP32 heads `values` [..., P, N], as common/checkpoint.cuh's NVFP4
+    store: head = max(amax / 2688, 2^-117) (0 for a zero head); block code = e4m3 of
+    fp32(fp32(block amax / 6) / head), nearest, saturating; codes of value * fp32(1 / S), S =
+    fp32(e4m3(block) * head), +0 where S is 0; RN or (bits) SR."""
+    v = values.to(_F32)
+    amax = v.abs().amax(dim=(-2, -1))
+    head = torch.where(amax == 0, 0.0, (amax / 2688.0).clamp_min(2.0**-117))
+    block_amax = v.unflatten(-1, (-1, 16)).abs().amax(dim=-1)
+    per_block = block_amax / 6.0
+    h = head[..., None, None]
+    scaled = torch.where(h == 0, per_block, per_block / torch.where(h == 0, 1.0, h))
+    blocks = scaled.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    s = (_e4m3_values(blocks) * h).repeat_interleave(16, dim=-1)
+    inverse = torch.where(s == 0, 0.0, 1.0 / torch.where(s == 0, 1.0, s))
+    q = torch.where(inverse == 0, 0.0, v * inverse)
+    codes = _e2m1_codes(q, bits)
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    return packed, blocks, head
+
+
+def decode_nvfp4_heads(
+    packed: torch.Tensor, blocks: torch.Tensor, head: torch.Tensor
+) -> torch.Tensor:
+    """FP32 values fp32(e2m1(code) * S) of encode_nvfp4_heads' output, S = fp32(e4m3(block) * head)."""
+    p = packed.view(torch.uint8).to(torch.int64)
+    codes = torch.stack((p & 0xF, p >> 4), dim=-1).flatten(-2)
+    table = torch.tensor(_E2M1_VALUES, dtype=_F32, device=packed.device)
+    e2m1 = torch.where(codes >= 8, -table[codes & 7], table[codes & 7])
+    s = _e4m3_values(blocks.view(torch.uint8)) * head.to(_F32)[..., None, None]
+    return e2m1 * s.repeat_interleave(16, dim=-1)
+
+
+def _load_state(
+    state: torch.Tensor, state_scale: torch.Tensor | None, slots, block_scale=None
+) -> torch.Tensor:
     """state[slots] as FP32: e4m3 codes times their row's scale (one FP32 product, as
-    TileCheckpoint::values), other formats converted exactly."""
+    TileCheckpoint::values), nvfp4 codes times their block multiplier, other formats
+    converted exactly."""
+    if state.dtype == NVFP4:
+        return decode_nvfp4_heads(raw_bits(state)[slots], block_scale[slots], state_scale[slots])
     values = state[slots].to(_F32)
     if state_scale is None:
         return values
@@ -225,23 +295,26 @@ def _load_state(state: torch.Tensor, state_scale: torch.Tensor | None, slots) ->
 
 def checkpoint_values(tensors, slots) -> torch.Tensor:
     """The carried checkpoint of `slots` (an index) as FP32, from a layout's tensors by name
-    (state, with state_scale where it is e4m3)."""
-    return _load_state(tensors["state"], tensors.get("state_scale"), slots)
+    (state, with state_scale (and state_block_scale) where it is e4m3 (nvfp4))."""
+    return _load_state(tensors["state"], tensors.get("state_scale"), slots,
+                       tensors.get("state_block_scale"))  # fmt: skip
 
 
 def store_checkpoint(tensors, slots, values: torch.Tensor) -> None:
     """Every checkpoint copy of `slots` (an index) from FP32 `values`, rounded to nearest:
-    state (with state_scale) and separate mode's read copy (read_state, read_scale)."""
+    state (with its scales) and separate mode's read copy (read_state, with its scales)."""
     zero = torch.zeros(values.shape[0], dtype=torch.int64, device=values.device)
-    for codes, scale in (("state", "state_scale"), ("read_state", "read_scale")):
+    for prefix in ("state", "read"):
+        codes = "state" if prefix == "state" else "read_state"
         if tensors.get(codes) is not None:
             _store_state(tensors[codes], slots, values, sr=False, seed=0, epochs=zero,
-                         state_scale=tensors.get(scale))  # fmt: skip
+                         state_scale=tensors.get(f"{prefix}_scale"),
+                         block_scale=tensors.get(f"{prefix}_block_scale"))  # fmt: skip
 
 
 def raw_bits(t: torch.Tensor) -> torch.Tensor:
-    """`t` itself, or its bytes (uint8) where it is FP8, for the index ops FP8 lacks."""
-    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+    """`t` itself, or its bytes (uint8) where it is FP8 or NVFP4, for the index ops they lack."""
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, NVFP4) else t
 
 
 # A read copy's rounding stream has the top bit set (read_copy_rounding_key in checkpoint.cuh).
@@ -258,21 +331,28 @@ def _store_state(
     epochs: torch.Tensor,
     state_scale: torch.Tensor | None = None,
     read_copy: bool = False,
+    block_scale: torch.Tensor | None = None,
 ) -> None:
     """state[slots] = FP32 `values` [rows, *state.shape[1:]] in state's dtype: round to nearest,
     or (sr) stochastically with the key store_values gets (slot << 32 | epoch, with the top bit
     for a read copy; flat element). e4m3 stores codes and their row scales (state_scale[slots])
-    as reference.precision.fp8_encode does."""
+    as reference.precision.fp8_encode does; nvfp4 codes, block scales and head scales
+    (encode_nvfp4_heads)."""
     fp8 = state.dtype == torch.float8_e4m3fn
     bits = None
     if sr and state.dtype != _F32:
-        per_slot = state.shape[1:]
+        per_slot = values.shape[1:]
         element = torch.arange(per_slot.numel(), dtype=torch.int64, device=values.device)
         stream = (slots.to(torch.int64) << 32) | epochs.to(torch.int64)  # int32 epochs sign-extend
         if read_copy:
             stream = stream | _READ_COPY_STREAM
         bits = rounding_bits(seed, stream[:, None], element[None, :]).view(values.shape)
-    if fp8:
+    if state.dtype == NVFP4:
+        packed, blocks, head = encode_nvfp4_heads(values, bits)
+        raw_bits(state)[slots] = packed
+        block_scale.view(torch.uint8)[slots] = blocks
+        state_scale[slots] = head
+    elif fp8:
         codes, scale = encode_e4m3_rows(values, bits)
         state[slots] = codes.view(torch.float8_e4m3fn)
         state_scale[slots] = scale
@@ -409,6 +489,8 @@ def mamba2_step(
     state_scale: torch.Tensor | None = None,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    state_block_scale: torch.Tensor | None = None,
+    read_block_scale: torch.Tensor | None = None,
     rec_x: torch.Tensor | None,
     rec_b: torch.Tensor | None,
     rec_dt: torch.Tensor | None,
@@ -426,8 +508,10 @@ def mamba2_step(
 ) -> None:
     """One Mamba-2 decode step (conventional or ReplaySSM), as the module's bindings take it.
 
-    state [slots, H, P, N] (e4m3: with state_scale [slots, H, P]); separate mode's read copy
-    read_state (read_scale), which non-flush steps read and flushes rewrite from the new state;
+    state [slots, H, P, N] (e4m3: with state_scale [slots, H, P]; nvfp4: [slots, H, P, N / 2]
+    with state_scale [slots, H] and state_block_scale [slots, H, P, N / 16]); separate mode's
+    read copy read_state (read_scale, read_block_scale), which non-flush steps read and flushes
+    rewrite from the new state;
     rec_x [slots, H, CAP, P] act, rec_b [slots, G, CAP, N] act, rec_dt
     [slots, H, CAP] f32 (dt after bias and softplus), cursors [slots, 4] int32 (rings and cursors
     None when replay=False); x, z [batch, H, P]; dt [batch, H] f32 raw; A, D, dt_bias [H] f32;
@@ -457,17 +541,20 @@ def mamba2_step(
         weight = decay * dts  # a(i+1:j) dt_i
         q = c.repeat_interleave(per_group, dim=1)  # [b, H, N]
         reads = read_state is not None and not flush
-        s = _load_state(*((read_state, read_scale) if reads else (state, state_scale)), slots)
+        copy = (read_state, read_scale) if reads else (state, state_scale)
+        s = _load_state(*copy, slots, read_block_scale if reads else state_block_scale)
         extra = D.to(_F32)[:, None] * x_j if has_d else torch.zeros_like(x_j)
         if flush:
             keys = bs.repeat_interleave(per_group, dim=1)  # [b, H, j, N]
             vals = xs * weight[..., None]  # [b, H, j, P]
             s = s * total[..., None, None] + vals.transpose(-1, -2) @ keys
             y = (s @ q[..., None]).squeeze(-1) + extra
-            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs, state_scale=state_scale)
+            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs, state_scale=state_scale,
+                         block_scale=state_block_scale)  # fmt: skip
             if read_state is not None:
                 _store_state(read_state, slots, s, sr=sr and "read_rn" not in flags, seed=seed,
-                             epochs=epochs, state_scale=read_scale, read_copy=True)  # fmt: skip
+                             epochs=epochs, state_scale=read_scale, read_copy=True,
+                             block_scale=read_block_scale)  # fmt: skip
         else:
             dots = (bs @ c[..., None]).squeeze(-1).repeat_interleave(per_group, dim=1)  # [b,H,j]
             replayed = ((weight * dots)[..., None] * xs).sum(dim=2)  # [b, H, P]

@@ -124,7 +124,7 @@ def run_step(
         setup = cpu_setup(plan, seed_value, seed_tensor)
         ring_args = dict(zip(plan.layout.ring_names, rings if plan.replay else [None] * len(rings)))
         cursors = tensors.get("cursors") if plan.replay else None
-        copies = {k: tensors.get(k) for k in ("state", "state_scale", "read_state", "read_scale")}
+        copies = {k: tensors.get(k) for k in plan.layout.checkpoint_names}
         cpu_step(setup, **copies, **ring_args, cursors=cursors, **inputs, out=out,
                  slot_indices=slot_indices)  # fmt: skip
         return out
@@ -137,15 +137,22 @@ def run_step(
         plan.rows_per_cta,
         plan.flags,
     )
-    state, scale = tensors["state"], tensors.get("state_scale")
+    state = [tensors.get(k) for k in ("state", "state_scale", "state_block_scale")]
+    state[2] = _raw_bytes(state[2])
     if plan.replay:
-        read = (tensors.get("read_state"), tensors.get("read_scale"))
+        read = [tensors.get(k) for k in ("read_state", "read_scale", "read_block_scale")]
+        read[2] = _raw_bytes(read[2])
         plan.module.replay_step(
-            state, scale, *read, *rings, tensors["cursors"], *inputs.values(), *tail, workspace
+            *state, *read, *rings, tensors["cursors"], *inputs.values(), *tail, workspace
         )
     else:
-        plan.module.conventional_step(state, scale, *inputs.values(), *tail)
+        plan.module.conventional_step(*state, *inputs.values(), *tail)
     return out
+
+
+def _raw_bytes(blocks: torch.Tensor | None) -> torch.Tensor | None:
+    """NVFP4 block scales as the bytes the kernels read (uint8 views cross every binding)."""
+    return None if blocks is None else blocks.view(torch.uint8)
 
 
 def checkpoint_tensors(
@@ -153,10 +160,13 @@ def checkpoint_tensors(
     state_scale: torch.Tensor | None,
     read_state: torch.Tensor | None,
     read_scale: torch.Tensor | None,
+    state_block_scale: torch.Tensor | None = None,
+    read_block_scale: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """A step's checkpoint tensors by name, those given (the layout says which it needs)."""
-    named = {"state": state, "state_scale": state_scale, "read_state": read_state,
-             "read_scale": read_scale}  # fmt: skip
+    named = {"state": state, "state_scale": state_scale, "state_block_scale": state_block_scale,
+             "read_state": read_state, "read_scale": read_scale,
+             "read_block_scale": read_block_scale}  # fmt: skip
     return {k: v for k, v in named.items() if v is not None or k == "state"}
 
 

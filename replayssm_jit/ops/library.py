@@ -193,9 +193,10 @@ _GDN_TOKEN = ("q", "k", "v", "slot_indices", "out!", "a?", "b?", "A_log?", "dt_b
 _DRAFTS = ("num_drafts?", "parents?", "num_accepted?")
 _M2_SLOTS = ("state!", "rec_x!", "rec_b!", "rec_dt!", "cursors!")
 _GDN_SLOTS = ("state!", "rec_u!", "rec_k!", "rec_g!", "cursors!")
-# A decode step's checkpoint tensors besides state, where the layout has them (e4m3 row scales;
-# Mamba-2's separate-mode read copy).
-_M2_CHECKPOINT = ("state_scale!?", "read_state!?", "read_scale!?")
+# A decode step's checkpoint tensors besides state, where the layout has them (e4m3 / nvfp4
+# scales; Mamba-2's separate-mode read copy).
+_M2_CHECKPOINT = ("state_scale!?", "read_state!?", "read_scale!?", "state_block_scale!?",
+                  "read_block_scale!?")  # fmt: skip
 _GDN_CHECKPOINT = ("state_scale!?",)
 
 

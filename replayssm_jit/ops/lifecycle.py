@@ -148,8 +148,8 @@ def reset_slots(
         pad_slot_id.
     initial_state: None (zero checkpoints) or [n, *S] of a floating dtype on any device, where
         S is the state's per-slot shape (Mamba-2 [H, P, N], GDN [HV, V, K]); converted to the
-        state's dtype (round to nearest) and device: e4m3 via FP32, with its row scales, and
-        separate mode's read copy from the same values.
+        state's dtype (round to nearest) and device: e4m3 and nvfp4 via FP32, with their
+        scales, and separate mode's read copy from the same values.
     Nothing else changes; every slot not named keeps its bits.
     """
     _check_options(pad_slot_id, check_slot_values)
@@ -160,7 +160,9 @@ def reset_slots(
     )
     state = tensors["state"]
     if initial_state is not None:
-        check_tensor("initial_state", initial_state, shape=(index.shape[0], *state.shape[1:]))
+        s = layout.shape  # (an nvfp4 state holds two values a byte: its own shape is narrower)
+        values_shape = (s.value_heads, s.value_dim, s.key_dim)
+        check_tensor("initial_state", initial_state, shape=(index.shape[0], *values_shape))
         if not initial_state.dtype.is_floating_point:
             raise TypeError(f"initial_state: expected a floating dtype, got {initial_state.dtype}")
     if initial_state is None:

@@ -2,9 +2,11 @@
 
 Shapes (tied head dim; G groups, H heads, P headdim, N dstate, CAP = L + T ring rows):
     state        [slots, H, P, N]   checkpoint dtype, each slot's block contiguous
+                                    ([slots, H, P, N / 2] float4_e2m1fn_x2 for nvfp4)
     state_scale  [slots, H, P]      float32 row scales where state is float8_e4m3fn
-    read_state   [slots, H, P, N]   separate mode's read copy (layout.read_dtype)
-    read_scale   [slots, H, P]      float32 row scales where the read copy is float8_e4m3fn
+                 [slots, H]         float32 head scales where state is nvfp4
+    state_block_scale [slots, H, P, N / 16]  float8_e4m3fn block scales where state is nvfp4
+    read_state, read_scale, read_block_scale  separate mode's read copy (layout.read_dtype), alike
     rec_x        [slots, H, CAP, P] act dtype        } ReplaySSM records
     rec_b        [slots, G, CAP, N] act dtype        } (families.layout.mamba2_layout)
     rec_dt       [slots, H, CAP]    float32          }
@@ -84,6 +86,8 @@ def mamba2_decode(
     state_scale: torch.Tensor | None = None,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    state_block_scale: torch.Tensor | None = None,
+    read_block_scale: torch.Tensor | None = None,
     rec_x: torch.Tensor | None = None,
     rec_b: torch.Tensor | None = None,
     rec_dt: torch.Tensor | None = None,
@@ -97,8 +101,9 @@ def mamba2_decode(
 ) -> torch.Tensor:
     """One Mamba-2 decode step; returns out [batch, H, P] (allocated when None).
 
-    The rings and cursors are required in replay mode; state_scale, read_state and read_scale
-    where the plan's layout has them (layout.checkpoint_names). workspace: float32, at least
+    The rings and cursors are required in replay mode; state_scale, state_block_scale,
+    read_state, read_scale and read_block_scale where the plan's layout has them
+    (layout.checkpoint_names). workspace: float32, at least
     plan.workspace_floats elements (allocated when None): scratch that the step overwrites (the
     split kernel hands its per-row values over in it), its contents afterwards unspecified; a
     call that raises leaves it unchanged. seed: overrides the plan's
@@ -110,7 +115,9 @@ def mamba2_decode(
     inputs = check_inputs(plan, (plan.batch_size,), x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
                           dt_bias=dt_bias)  # fmt: skip
     out = output_buffer(plan, out, (shape.value_heads, shape.value_dim))
-    tensors = {**checkpoint_tensors(state, state_scale, read_state, read_scale), "rec_x": rec_x,
+    copies = checkpoint_tensors(state, state_scale, read_state, read_scale, state_block_scale,
+                                read_block_scale)  # fmt: skip
+    tensors = {**copies, "rec_x": rec_x,
                "rec_b": rec_b, "rec_dt": rec_dt, "cursors": cursors}  # fmt: skip
     return run_step(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,
