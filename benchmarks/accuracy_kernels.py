@@ -13,8 +13,8 @@ match the emulation's. Activations are float32: the output is then rounded only 
 comparison is about the checkpoint (BF16 outputs alone would be ~2e-3 off). D x is left out of
 the kernels (has_D=False), so y is the SSM part and the metric is the study's
 ||y - y_ref|| / ||y_ref - D x||, over the --report-window steps ending at each N in --steps, from
-one run to the largest N. Configurations whose formats are not built (NVFP4; GDN's separate mode)
-are listed as such. The kernels key conventional SR by (seed, slot, element) alone, so each
+one run to the largest N. Configurations whose formats are not built (GDN's NVFP4 and separate
+mode) are listed as such. The kernels key conventional SR by (seed, slot, element) alone, so each
 conventional step gets a seed of its own here (--fixed-conv-seed keeps the plan's one seed).
 Writes accuracy-kernels-<family>.json, .md and .png into --out (default benchmarks/scratch/),
 with the issue's checks and each figure against the emulation's (--emulation) where it has one.
@@ -56,7 +56,7 @@ EMULATION = {
     "gdn": HERE / "results/2026-12-02-cpu-accuracy/accuracy-gdn-1k.json",
 }
 STATE_DTYPES = {"fp32": F32, "fp16": torch.float16, "bf16": torch.bfloat16,
-                "fp8": torch.float8_e4m3fn}  # fmt: skip
+                "fp8": torch.float8_e4m3fn, "nvfp4": torch.float4_e2m1fn_x2}  # fmt: skip
 CHUNK = 1024  # steps of inputs drawn at once
 
 
@@ -165,8 +165,8 @@ class KernelConfig:
 
 def kernel_config(cfg: study.Config, family) -> KernelConfig:
     formats = [cfg.carry, *([cfg.read] if cfg.read else [])]
-    if any(f.name == "nvfp4" for f in formats):
-        return KernelConfig(cfg, not_built="NVFP4 checkpoints are not built")
+    if any(f.name == "nvfp4" for f in formats) and not family.wrapper_type.family.nvfp4:
+        return KernelConfig(cfg, not_built="NVFP4 checkpoints are built for Mamba-2 only")
     if cfg.read is not None and not family.wrapper_type.family.read_copy:
         return KernelConfig(cfg, not_built="separate mode (a read copy) is not built for GDN")
     # The read copy rounds as the study's does (to nearest unless it says SR).

@@ -74,7 +74,7 @@ def bench_config(
         device="cuda",
     )
     slots = torch.arange(cache.num_slots, device="cuda")
-    cache.reset(slots, torch.randn(cache.state.shape, generator=gen, device="cuda"))
+    cache.reset(slots, torch.randn(cache.num_slots, H, P, N, generator=gen, device="cuda"))
     sets = slot_sets(nsets, batch, gen)
     x = torch.randn(batch, H, P, generator=gen, device="cuda").to(torch.bfloat16)
     dt = torch.randn(batch, H, generator=gen, device="cuda") * 0.5 - 1

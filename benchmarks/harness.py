@@ -36,7 +36,13 @@ from typing import NamedTuple
 import torch
 
 from replayssm_jit import LaunchConfig
-from replayssm_jit.families.base import DTYPE_BYTES, ROW_SCALED_DTYPES, dtype_name
+from replayssm_jit.families.base import (
+    BLOCK_SCALED_DTYPES,
+    DTYPE_BITS,
+    NVFP4_BLOCK,
+    ROW_SCALED_DTYPES,
+    dtype_name,
+)
 from replayssm_jit.launch.config import LAUNCH_ENV, parse_launch
 
 # Where experiment outputs go by default (git-ignored; benchmarks/results/ holds one committed
@@ -66,8 +72,10 @@ def parse_format(name: str) -> CheckpointFormat:
 
 
 def checkpoint_bytes(dtype: str, cols: int) -> int:
-    """Bytes of one state row of `cols` elements in `dtype`, with its scale where it has one."""
-    return DTYPE_BYTES[dtype] * cols + (4 if dtype in ROW_SCALED_DTYPES else 0)
+    """Bytes of one state row of `cols` elements in `dtype`, with its row or block scales where
+    it has them (an NVFP4 head's one FP32 scale, 4 bytes a head, is left out)."""
+    blocks = cols // NVFP4_BLOCK if dtype in BLOCK_SCALED_DTYPES else 0
+    return DTYPE_BITS[dtype] * cols // 8 + (4 if dtype in ROW_SCALED_DTYPES else 0) + blocks
 
 
 REPLAY_KERNELS = ("conventional", "cycle", "nonflush", "flush", "staggered")

@@ -19,7 +19,7 @@ from replayssm_jit import (
     mamba2_layout,
     plan_decode,
 )
-from replayssm_jit.families.base import DTYPE_BYTES
+from replayssm_jit.families.base import CHUNK_VALUES
 from replayssm_jit.jit import build
 from replayssm_jit.jit.aot import PRESETS, preset_specs
 from replayssm_jit.launch.policy import choose_launch
@@ -112,7 +112,7 @@ def test_template_context_carries_the_row_tilings(state, kv):
     K, V = kv
     spec = gdn_spec(head_k_dim=K, head_v_dim=V, value_heads_per_key_head=2, state_dtype=state)
     ctx = spec.template_context()
-    assert ctx["tilings"] == rows_tilings(V, K, DTYPE_BYTES[state]) == spec_tilings(spec)
+    assert ctx["tilings"] == rows_tilings(V, K, CHUNK_VALUES[state]) == spec_tilings(spec)
     assert ctx["tilings"] and all(
         V % rows == 0 and rows % warps == 0 for rows, warps in ctx["tilings"]
     )

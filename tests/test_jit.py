@@ -10,7 +10,7 @@ import torch
 
 from replayssm_jit import mamba2_layout, plan_decode
 from replayssm_jit.families import MAMBA2, HeadShape, get_family
-from replayssm_jit.families.base import CPP_TYPES, DTYPE_BYTES
+from replayssm_jit.families.base import CHUNK_VALUES, CPP_TYPES
 from replayssm_jit.jit import build, env
 from replayssm_jit.jit.aot import PRESETS, preset_specs
 from replayssm_jit.launch.policy import can_split
@@ -79,10 +79,10 @@ def test_make_spec_takes_a_head_shape_and_keeps_the_uris():
 
 
 def test_tilings_cover_model_shapes():
-    assert rows_tilings(64, 128, DTYPE_BYTES["f32"])[0] == (64, 4)
-    assert rows_tilings(80, 128, DTYPE_BYTES["f32"])[0] == (80, 8)
+    assert rows_tilings(64, 128, CHUNK_VALUES["f32"])[0] == (64, 4)
+    assert rows_tilings(80, 128, CHUNK_VALUES["f32"])[0] == (80, 8)
     assert spec_tilings(mamba2_spec(headdim=80, dstate=128, heads_per_group=12))[0] == (80, 8)
-    for rows, warps in rows_tilings(80, 128, DTYPE_BYTES["bf16"]):
+    for rows, warps in rows_tilings(80, 128, CHUNK_VALUES["bf16"]):
         assert 80 % rows == 0 and rows % warps == 0
 
 
@@ -366,7 +366,7 @@ def test_lane_layout_matches_the_python_mirror(tmp_path):
     cases, lines = [], []
     for rows, cols in shapes:
         for state, cpp in (("f32", "float"), ("bf16", "__nv_bfloat16")):
-            size = DTYPE_BYTES[state]
+            size = CHUNK_VALUES[state]
             for tile, warps in rows_tilings(rows, cols, size):
                 narrow = lanes_per_row(tile // warps, cols, size)
                 wide = min(32, cols // (16 // size))

@@ -14,10 +14,10 @@ from fuzz.layouts import draw_device
 from fuzz.values import INT32_MAX, INT32_MIN, draw_bool, draw_choice, draw_int, is_int
 from replayssm_jit import LaunchConfig, SlotCache, plan_decode
 from replayssm_jit.families import FAMILIES
-from replayssm_jit.families.base import DTYPE_BYTES, DTYPE_NAMES
+from replayssm_jit.families.base import DTYPE_NAMES
 from replayssm_jit.families.layout import family_layout
 from replayssm_jit.launch.config import LAUNCH_ENV
-from replayssm_jit.launch.tiles import rows_tilings
+from replayssm_jit.spec import checkpoint_tilings
 
 MAX_BATCH = 65535
 STATES = (torch.float32, torch.bfloat16, torch.float16)
@@ -106,12 +106,9 @@ def draw_config(draw, fam, layout, replay: bool, device: str, v: Validity):
             # (the sanitizer shapes split)
             v.mark((True if device == "cuda" else None) if splits else False, "split")
     s = layout.shape
-    tiles = [
-        r
-        for r, _ in rows_tilings(
-            s.value_dim, s.key_dim, DTYPE_BYTES[DTYPE_NAMES[layout.state_dtype]]
-        )
-    ]
+    dtypes = (layout.state_dtype, layout.read_dtype)
+    names = tuple(DTYPE_NAMES[d] if d is not None else None for d in dtypes)
+    tiles = [r for r, _ in checkpoint_tilings(s.value_dim, s.key_dim, names)]
     if draw(st.booleans()):
         rows = draw(st.sampled_from([3, 1000] if v.spend(draw) else tiles))
         fields["rows_per_cta"] = rows
