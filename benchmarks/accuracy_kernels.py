@@ -297,6 +297,8 @@ def checks(res: dict, emulation: dict) -> list[dict]:
     """The issue's orderings at each N and each figure against the emulation's (within 1.5x)."""
     err, out = res["ssm_part_error"], []
     pairs = (("shared FP8+SR", "separate FP32 + FP8", 1.9, "separate beats shared at FP8 reads"),
+             ("shared NVFP4+SR", "separate FP32 + NVFP4", 1.9,
+              "separate beats shared at NVFP4 reads"),
              ("conv FP8+SR", "separate FP32 + FP8", 6.0, "separate FP32 + FP8 beats conv FP8+SR"))  # fmt: skip
     for worse, better, target, what in pairs:
         for n in res["steps"]:

@@ -25,6 +25,7 @@ Public API:
 
 from replayssm_jit.families.layout import (
     CacheLayout,
+    CheckpointFormat,
     TensorLayout,
     gdn_layout,
     kda_layout,
@@ -57,6 +58,7 @@ from replayssm_jit.wrappers.mamba2 import Mamba2DecodeCache, Mamba2DecodeWrapper
 
 __all__ = [
     "CacheLayout",
+    "CheckpointFormat",
     "DecodePlan",
     "GDNDecodeCache",
     "GDNDecodeWrapper",

@@ -87,6 +87,7 @@ from replayssm_jit.launch.policy import (
     choose_launch,
     choose_rows_per_cta,
 )
+from replayssm_jit.ops.cpu import raw_bits
 from replayssm_jit.reference import root_path
 from replayssm_jit.spec import KernelSpec, spec_tilings
 
@@ -107,9 +108,11 @@ FULL_STEPS = (
     2 * WINDOW + 4
 )  # every schedule's cases reached (a speculative one's ring rows rewritten)
 # (checkpoint format, stochastic rounding): every format the preset builds; "f32+e4m3" is
-# separate mode (an FP32 carried copy, an e4m3 read copy; Mamba-2 only, no drafts), e4m3 no drafts
+# separate mode (an FP32 carried copy, an e4m3 read copy; Mamba-2 only, no drafts), e4m3 and
+# nvfp4 (Mamba-2 only) no drafts
 STATES = (("f32", False), ("bf16", False), ("bf16", True), ("f16", False), ("e4m3", False),
-          ("e4m3", True), ("f32+e4m3", False), ("f32+e4m3", True))  # fmt: skip
+          ("e4m3", True), ("f32+e4m3", False), ("f32+e4m3", True), ("nvfp4", False),
+          ("nvfp4", True), ("f32+nvfp4", False), ("f32+nvfp4", True))  # fmt: skip
 QUICK_STATES = (("f32", False), ("bf16", True), ("e4m3", True), ("f32+e4m3", True))
 
 
@@ -117,7 +120,7 @@ def format_supported(family: str, state: str, drafts: int) -> bool:
     """Whether the preset builds `family` with checkpoint format `state` and `drafts`."""
     if drafts > 1 and state not in ("f32", "bf16", "f16"):
         return False
-    return "+" not in state or family == "mamba2"
+    return ("+" not in state and "nvfp4" not in state) or family == "mamba2"
 
 
 REPLAY_KERNELS = ("per-item", "flush-every-step", "split")
@@ -529,6 +532,9 @@ def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
         elif not checkpoint and rings_empty:
             slot_tensors[t.name] = torch.empty(t.shape(NUM_SLOTS), dtype=t.dtype, device=device)
             continue
+        elif t.dtype == torch.float4_e2m1fn_x2:  # every byte is two valid e2m1 codes
+            codes = torch.randint(0, 256, t.shape(NUM_SLOTS), generator=gen, dtype=torch.uint8)
+            host[t.name] = codes.view(t.dtype)
         else:
             values = torch.randn(t.shape(NUM_SLOTS), generator=gen)
             host[t.name] = (values.abs() if t.name.endswith("scale") else values).to(t.dtype)
@@ -581,10 +587,13 @@ def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
         torch.cuda.synchronize()
     live = list(LIVE_SLOTS)
     untouched = [s for s in range(NUM_SLOTS) if s not in LIVE_SLOTS]
-    final = {name: t.cpu() for name, t in slot_tensors.items() if name in host}
-    check(bool(torch.isfinite(final["state"][live].float()).all()), "live checkpoints not finite")
+    final = {name: raw_bits(t.cpu()) for name, t in slot_tensors.items() if name in host}
+    if layout.state_dtype != torch.float4_e2m1fn_x2:  # (e2m1 codes are all finite)
+        check(bool(torch.isfinite(final["state"][live].view(layout.state_dtype).float()).all()),
+              "live checkpoints not finite")  # fmt: skip
     for name, t in final.items():
-        check(torch.equal(t[untouched], host[name][untouched]), f"unnamed slots' {name} changed")
+        check(torch.equal(t[untouched], raw_bits(host[name])[untouched]),
+              f"unnamed slots' {name} changed")  # fmt: skip
     if replay:
         want = [[held[s], epochs[s], 0, 0] for s in LIVE_SLOTS]
         got = final["cursors"][live].tolist()

@@ -26,25 +26,27 @@ def test_short_cpu_run_writes_ordered_errors(tmp_path):
     res = json.loads((tmp_path / "accuracy-kernels-mamba2.json").read_text())
     assert res["environment"]["torch"] == torch.__version__
     assert res["environment"]["command"].startswith("python benchmarks/accuracy_kernels.py")
-    assert res["configs"]["shared NVFP4+SR"]["not_built"]
+    assert not res["configs"]["shared NVFP4+SR"]["not_built"]
     assert res["configs"]["replay FP32"]["kernel"] == "per-item"
     errors = res["ssm_part_error"]
-    assert set(errors) == set(labels) - {"shared NVFP4+SR"}
+    assert set(errors) == set(labels)
     for n in ("32", "48"):
         err = {label: row[n] for label, row in errors.items()}
         assert all(math.isfinite(e) for e in err.values()), err
         fp32 = max(err["conv FP32"], err["replay FP32"])
         fp8 = min(err["shared FP8+SR"], err["separate FP32 + FP8"])
         assert fp32 < 1e-4 and fp8 > 1e-3 and fp8 > 1000 * fp32, err
+        assert err["shared NVFP4+SR"] > err["shared FP8+SR"], err  # 4-bit values read worse
     text = (tmp_path / "accuracy-kernels-mamba2.md").read_text()
-    assert "| shared NVFP4+SR | NVFP4 checkpoints are not built | not built | not built |" in text
     assert "separate beats shared at FP8 reads @32" in text
+    assert "separate beats shared at NVFP4 reads @32: n/a (separate FP32 + NVFP4: not run)" in text
     assert (tmp_path / "accuracy-kernels-mamba2.png").stat().st_size > 0
 
 
-def test_gdn_lists_separate_mode_as_not_built():
+def test_gdn_lists_separate_mode_and_nvfp4_as_not_built():
     configs = {c.label: kernels.kernel_config(c, kernels.GDNInputs) for c in study.CONFIGS}
     assert "not built for GDN" in configs["separate FP32 + FP8"].not_built
+    assert "built for Mamba-2 only" in configs["shared NVFP4+SR"].not_built
     assert configs["shared FP8+SR"].state_dtype == torch.float8_e4m3fn
     assert configs["conv FP8+SR"].mode == "conventional" and configs["conv FP8+SR"].sr
 

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from replayssm_jit import (
+    CheckpointFormat,
     GDNDecodeCache,
     GDNDecodeWrapper,
     KDADecodeCache,
@@ -74,11 +75,94 @@ def test_uri_names_the_checkpoint_formats():
         (dict(state_dtype="e4m3", drafts=4), ValueError, "^drafts: expected 1"),
         (dict(flags=("sr",)), ValueError, "^flags: 'sr'"),
         (dict(act_dtype="e4m3"), TypeError, "^act_dtype: expected one of"),
+        (dict(act_dtype="nvfp4"), TypeError, "^act_dtype: expected one of"),
+        (dict(state_dtype="nvfp4", read_dtype="e4m3"), ValueError, "^read_dtype: a read copy"),
+        (dict(state_dtype="e4m3", read_dtype="nvfp4"), ValueError, "^read_dtype: a read copy"),
+        (dict(state_dtype="nvfp4", drafts=4), ValueError, "^drafts: expected 1"),
+        (dict(read_dtype="nvfp4", drafts=4), ValueError, "^drafts: expected 1"),
+        (dict(read_dtype="nvfp4", dstate=16), ValueError, "^dstate: expected a multiple of 32"),
     ],
 )
 def test_bad_checkpoint_formats_are_refused(kwargs, error, match):
     with pytest.raises(error, match=match):
-        mamba2_spec(headdim=64, dstate=128, heads_per_group=8, **kwargs)
+        mamba2_spec(**{"headdim": 64, "dstate": 128, "heads_per_group": 8, **kwargs})
+
+
+def test_nvfp4_is_built_for_mamba2_with_whole_heads_per_cta():
+    """NVFP4's head scale is reduced over the head at a flush: a CTA holds whole heads (no row
+    splits), and the delta-rule families refuse it by name."""
+    spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, state_dtype="nvfp4")
+    assert "_state-nvfp4" in spec.uri and spec.template_context()["state_t"] == "replayssm::nvfp4x2"
+    assert {rows for rows, _ in spec.template_context()["tilings"]} == {64}
+    separate = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, read_dtype="nvfp4")
+    assert "_state-f32_read-nvfp4" in separate.uri
+    assert {rows for rows, _ in separate.template_context()["tilings"]} == {64}
+    for state, read, arg in (("nvfp4", None, "state_dtype"), ("f32", "nvfp4", "read_dtype")):
+        with pytest.raises(ValueError, match=f"^{arg}: NVFP4 checkpoints are built for ..mamba2.., not gdn"):
+            gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2,
+                     state_dtype=state, read_dtype=read)  # fmt: skip
+
+
+def test_nvfp4_layout_tensors_and_bytes():
+    args = dict(num_heads=8, headdim=64, dstate=128, ngroups=1)
+    shared = mamba2_layout(**args, state_dtype="nvfp4")
+    separate = mamba2_layout(**args, read_dtype=torch.float4_e2m1fn_x2)
+    plain = mamba2_layout(**args)
+    assert shared.checkpoint_names == ("state", "state_scale", "state_block_scale")
+    assert separate.checkpoint_names == ("state", "read_state", "read_scale", "read_block_scale")
+    by_name = {t.name: t for t in shared.tensors()}
+    assert by_name["state"].dtype == torch.float4_e2m1fn_x2
+    assert by_name["state"].per_slot_shape == (8, 64, 64)
+    assert by_name["state_scale"].per_slot_shape == (8,)
+    assert by_name["state_block_scale"].per_slot_shape == (8, 64, 8)
+    assert by_name["state_block_scale"].dtype == torch.float8_e4m3fn
+    rings = plain.bytes_per_slot() - 8 * 64 * 128 * 4
+    head = 64 * (64 + 8) + 4  # codes, block scales, head scale
+    assert shared.bytes_per_slot() == rings + 8 * head
+    assert separate.bytes_per_slot() == plain.bytes_per_slot() + 8 * head
+
+
+@pytest.mark.parametrize(
+    "fmt, state, read, window",
+    [
+        (dict(hp_dtype="f32", lp_format="nvfp4"), torch.float32, torch.float4_e2m1fn_x2, 16),
+        (dict(hp_dtype=torch.float16, lp_format="fp8_e4m3"), torch.float16, torch.float8_e4m3fn, 16),
+        (dict(hp_dtype=None, lp_format="nvfp4", mode="shared"), torch.float4_e2m1fn_x2, None, 16),
+        (dict(hp_dtype=None, lp_format="bf16", mode="shared"), torch.bfloat16, None, 16),
+        (dict(hp_dtype="f32", lp_format="fp8_e4m3", mode="conventional"), torch.float8_e4m3fn, None, 1),
+        (dict(hp_dtype="bf16", mode="conventional"), torch.bfloat16, None, 1),
+    ],
+)
+def test_checkpoint_format_names_the_layout_dtypes(fmt, state, read, window):
+    layout = mamba2_layout(num_heads=8, headdim=64, dstate=128, ngroups=1,
+                           checkpoint_format=CheckpointFormat(**fmt))  # fmt: skip
+    assert (layout.state_dtype, layout.read_dtype, layout.window) == (state, read, window)
+
+
+@pytest.mark.parametrize(
+    "fmt, error, match",
+    [
+        (dict(hp_dtype="f32", lp_format="nvfp4", mode="shared"), ValueError, "^hp_dtype, lp_format: shared"),
+        (dict(hp_dtype=None, mode="shared"), ValueError, "^hp_dtype, lp_format: shared"),
+        (dict(hp_dtype="f32"), ValueError, "^lp_format: separate mode needs"),
+        (dict(hp_dtype=None, lp_format="nvfp4"), ValueError, "^hp_dtype: separate mode needs one"),
+        (dict(lp_format="fp4"), ValueError, "^lp_format: expected None or one of"),
+        (dict(lp_format="nvfp4", mode="both"), ValueError, "^mode: expected one of"),
+        (dict(hp_dtype="e4m3", lp_format="nvfp4"), TypeError, "^hp_dtype: expected one of"),
+    ],
+)
+def test_bad_checkpoint_format_is_refused(fmt, error, match):
+    with pytest.raises(error, match=match):
+        CheckpointFormat(**fmt)
+
+
+def test_checkpoint_format_replaces_the_dtypes():
+    fmt = CheckpointFormat(hp_dtype="f32", lp_format="nvfp4")
+    with pytest.raises(ValueError, match="^checkpoint_format: expected it in place of"):
+        mamba2_layout(num_heads=8, headdim=64, dstate=128, ngroups=1, checkpoint_format=fmt,
+                      read_dtype="e4m3")  # fmt: skip
+    with pytest.raises(TypeError, match="^checkpoint_format: expected a CheckpointFormat"):
+        mamba2_layout(num_heads=8, headdim=64, dstate=128, ngroups=1, checkpoint_format="nvfp4")
 
 
 def test_separate_mode_is_built_for_mamba2_only():

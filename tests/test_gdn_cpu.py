@@ -291,7 +291,7 @@ def test_cache_rejects_bad_slot_counts():
 )
 def test_cache_rejects_bad_dtypes(kwargs, match):
     names = (
-        r"\['bf16', 'e4m3', 'f16', 'f32'\]"
+        r"\['bf16', 'e4m3', 'f16', 'f32', 'nvfp4'\]"
         if match == "state_dtype"
         else r"\['bf16', 'f16', 'f32'\]"
     )

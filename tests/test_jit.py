@@ -365,11 +365,13 @@ def test_lane_layout_matches_the_python_mirror(tmp_path):
     shapes = [(64, 128), (80, 128), (128, 128), (64, 64), (24, 64)]  # [rows, cols] per head
     cases, lines = [], []
     for rows, cols in shapes:
-        for state, cpp in (("f32", "float"), ("bf16", "__nv_bfloat16")):
-            size = CHUNK_VALUES[state]
-            for tile, warps in rows_tilings(rows, cols, size):
-                narrow = lanes_per_row(tile // warps, cols, size)
-                wide = min(32, cols // (16 // size))
+        for state, cpp in (("f32", "float"), ("bf16", "__nv_bfloat16"), ("nvfp4", "nvfp4x2")):
+            values = CHUNK_VALUES[state]
+            if cols % values:
+                continue
+            for tile, warps in rows_tilings(rows, cols, values):
+                narrow = lanes_per_row(tile // warps, cols, values)
+                wide = min(32, cols // values)
                 cases.append((narrow, wide))
                 for flag in ("false", "true"):
                     lines.append(

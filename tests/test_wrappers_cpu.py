@@ -233,7 +233,7 @@ def test_graph_mode_writes_a_buffer_fixed_at_plan():
         (
             dict(state_dtype="bfloat16"),
             TypeError,
-            r"^state_dtype: expected one of \['bf16', 'e4m3', 'f16', 'f32'\]",
+            r"^state_dtype: expected one of \['bf16', 'e4m3', 'f16', 'f32', 'nvfp4'\]",
         ),
         (dict(state_dtype=torch.float64), TypeError, "^state_dtype: expected one of"),
         (dict(act_dtype="half"), TypeError, "^act_dtype: expected one of"),

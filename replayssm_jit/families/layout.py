@@ -34,6 +34,7 @@ from replayssm_jit.families.base import (
     TORCH_DTYPES,
     Family,
     HeadShape,
+    dtype_name,
 )
 
 CURSOR_WORDS = 4
@@ -203,6 +204,66 @@ class CacheLayout:
         }
 
 
+# lp_format names (the issue's vocabulary) and the checkpoint dtypes they store.
+LP_FORMATS = {"fp16": "f16", "bf16": "bf16", "fp8_e4m3": "e4m3", "nvfp4": "nvfp4"}
+CHECKPOINT_MODES = ("separate", "shared", "conventional")
+
+
+@dataclass(frozen=True)
+class CheckpointFormat:
+    """A checkpoint format by its precisions (docs/precision.md):
+
+    hp_dtype: the high-precision copy that carries the recurrence: float32, or float16 /
+        bfloat16 (with stochastic rounding, a plan option); torch dtype or short name.
+    lp_format: the low-precision copy: "fp16", "bf16", "fp8_e4m3", "nvfp4" or None.
+    mode: "separate" (HP carries the recurrence, non-flush steps read LP; both required),
+        "shared" (LP only: flushes read, fold and write LP; hp_dtype must be None) or
+        "conventional" (one state of lp_format, else hp_dtype, updated every step: window 1
+        and a wrapper of mode="conventional").
+
+    `state_dtype` and `read_dtype` are what the layout stores (family_layout(...,
+    checkpoint_format=...) takes this in their place).
+    """
+
+    hp_dtype: torch.dtype | str | None = torch.float32
+    lp_format: str | None = None
+    mode: str = "separate"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, str) or self.mode not in CHECKPOINT_MODES:
+            raise ValueError(f"mode: expected one of {CHECKPOINT_MODES}, got {self.mode!r}")
+        if self.lp_format is not None and self.lp_format not in LP_FORMATS:
+            raise ValueError(
+                f"lp_format: expected None or one of {sorted(LP_FORMATS)}, got {self.lp_format!r}"
+            )
+        if self.mode == "shared":
+            if self.hp_dtype is not None or self.lp_format is None:
+                raise ValueError(
+                    f"hp_dtype, lp_format: shared mode keeps only the LP copy: expected "
+                    f"hp_dtype=None and an lp_format, got {self.hp_dtype!r} and {self.lp_format!r}"
+                )
+            return
+        if self.hp_dtype is None:
+            raise ValueError(f"hp_dtype: {self.mode} mode needs one, got None")
+        hp = dtype_name(self.hp_dtype, "hp_dtype")
+        if self.mode == "separate" and self.lp_format is None:
+            raise ValueError(
+                f"lp_format: separate mode needs a low-precision read copy, got None (hp_dtype={hp!r})"
+            )
+
+    @property
+    def state_dtype(self) -> str:
+        if self.mode == "separate":
+            return dtype_name(self.hp_dtype, "hp_dtype")
+        if self.lp_format is not None:
+            return LP_FORMATS[self.lp_format]
+        return dtype_name(self.hp_dtype, "hp_dtype")
+
+    @property
+    def read_dtype(self) -> str | None:
+        return LP_FORMATS[self.lp_format] if self.mode == "separate" else None
+
+
 def family_layout(
     family: str,
     *,
@@ -211,11 +272,28 @@ def family_layout(
     state_dtype: torch.dtype | str = torch.float32,
     act_dtype: torch.dtype | str = torch.bfloat16,
     read_dtype: torch.dtype | str | None = None,
+    checkpoint_format: CheckpointFormat | None = None,
     **shape_args: int,
 ) -> CacheLayout:
-    """The checked layout of `family` for its head-shape arguments (Family.shape_args)."""
+    """The checked layout of `family` for its head-shape arguments (Family.shape_args).
+    checkpoint_format (a CheckpointFormat) replaces state_dtype and read_dtype (and, in
+    conventional mode, sets window 1)."""
     from replayssm_jit.spec import make_spec
 
+    if checkpoint_format is not None:
+        if not isinstance(checkpoint_format, CheckpointFormat):
+            raise TypeError(
+                f"checkpoint_format: expected a CheckpointFormat, got "
+                f"{type(checkpoint_format).__name__}"
+            )
+        if state_dtype is not torch.float32 or read_dtype is not None:
+            raise ValueError(
+                "checkpoint_format: expected it in place of state_dtype and read_dtype, got "
+                f"state_dtype={state_dtype!r} and read_dtype={read_dtype!r} too"
+            )
+        state_dtype, read_dtype = checkpoint_format.state_dtype, checkpoint_format.read_dtype
+        if checkpoint_format.mode == "conventional":
+            window = 1
     fam = get_family(family)
     shape = fam.head_shape(**shape_args)
     # Everything a plan() of this layout needs must hold now, not at the first plan().
