@@ -25,7 +25,7 @@ read_dtype and stochastic rounding; window 16, the rows' flushes staggered, repl
 per-item kernel; conventional SR gets a new seed every step). Metric: KL(p_ref || p_config)
 of the next-token distributions per step and row (float64; rounding noise below zero is
 clamped), averaged over the rows and over the --report-window steps ending at each N.
-Configurations whose formats are not built (NVFP4; GDN's separate mode) are listed as such,
+Configurations whose formats are not built (GDN's NVFP4 and separate mode) are listed as such,
 with the reason hf.patch gives.
 
 Writes accuracy-hf-kl-<model>.json, accuracy-hf-kl-<model>.png and accuracy-hf-kl.md into
@@ -145,7 +145,7 @@ def token_ids(seed: int, batch: int, length: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class Config:
     """A checkpoint configuration of issue 18: hf.patch's mode, state_dtype, read_dtype and
-    stochastic_rounding ("nvfp4" marks a format that is not built)."""
+    stochastic_rounding."""
 
     label: str
     mode: str
@@ -183,12 +183,10 @@ REFERENCE = "reference"
 
 
 def not_built(cfg: Config, model: torch.nn.Module, seed: int) -> str:
-    """Why hf.patch cannot run `cfg` on `model` ("" where it can): NVFP4 has no dtype to ask
-    for; anything else is what the patch refuses (a CPU plan only: nothing compiles)."""
+    """Why hf.patch cannot run `cfg` on `model` ("" where it can): what the patch refuses (a
+    CPU plan only: nothing compiles)."""
     from replayssm_jit.integrations import hf
 
-    if "nvfp4" in (cfg.state_dtype, cfg.read_dtype):
-        return "NVFP4 checkpoints are not built"
     try:
         hf.patch(model, window=WINDOW, seed=seed, **cfg.patch_options())
     except ValueError as exc:

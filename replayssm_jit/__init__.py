@@ -25,7 +25,6 @@ Public API:
 
 from replayssm_jit.families.layout import (
     CacheLayout,
-    CheckpointFormat,
     TensorLayout,
     gdn_layout,
     kda_layout,
@@ -58,7 +57,6 @@ from replayssm_jit.wrappers.mamba2 import Mamba2DecodeCache, Mamba2DecodeWrapper
 
 __all__ = [
     "CacheLayout",
-    "CheckpointFormat",
     "DecodePlan",
     "GDNDecodeCache",
     "GDNDecodeWrapper",

@@ -35,7 +35,10 @@ def test_short_cpu_run_writes_ordered_kl(tmp_path):
         assert "commit" in env
         assert res["family"] == family and res["points"] == [16, 32]
         configs = res["configs"]
-        assert configs["shared NVFP4+SR"]["not_built"] == "NVFP4 checkpoints are not built"
+        nvfp4 = configs["shared NVFP4+SR"]["not_built"]
+        assert (family == "gdn") == bool(nvfp4)
+        if nvfp4:
+            assert "NVFP4 checkpoints are built for ['mamba2'], not gdn" in nvfp4
         separate = configs["separate FP32 + FP8"]["not_built"]
         assert (family == "gdn") == bool(separate)
         if separate:
@@ -54,7 +57,7 @@ def test_short_cpu_run_writes_ordered_kl(tmp_path):
         assert (tmp_path / f"accuracy-hf-kl-{name}.png").stat().st_size > 0
     text = (tmp_path / "accuracy-hf-kl.md").read_text()
     assert "## nemotron_h (mamba2)" in text and "## qwen3_next (gdn)" in text
-    assert "| shared NVFP4+SR | NVFP4 checkpoints are not built | not built | not built |" in text
+    assert "| shared NVFP4+SR | hf.patch refuses it: state_dtype: NVFP4 checkpoints" in text
 
 
 @pytest.mark.parametrize(

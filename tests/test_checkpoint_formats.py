@@ -22,7 +22,6 @@ import pytest
 import torch
 
 from replayssm_jit import (
-    CheckpointFormat,
     GDNDecodeCache,
     GDNDecodeWrapper,
     KDADecodeCache,
@@ -30,7 +29,7 @@ from replayssm_jit import (
     Mamba2DecodeCache,
     Mamba2DecodeWrapper,
 )
-from replayssm_jit.families.layout import mamba2_layout
+from replayssm_jit.families.layout import CheckpointFormat, mamba2_layout
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops import cpu
 from replayssm_jit.reference import precision as P
@@ -98,7 +97,9 @@ def test_nvfp4_is_built_for_mamba2_with_whole_heads_per_cta():
     assert "_state-f32_read-nvfp4" in separate.uri
     assert {rows for rows, _ in separate.template_context()["tilings"]} == {64}
     for state, read, arg in (("nvfp4", None, "state_dtype"), ("f32", "nvfp4", "read_dtype")):
-        with pytest.raises(ValueError, match=f"^{arg}: NVFP4 checkpoints are built for ..mamba2.., not gdn"):
+        with pytest.raises(
+            ValueError, match=f"^{arg}: NVFP4 checkpoints are built for ..mamba2.., not gdn"
+        ):
             gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2,
                      state_dtype=state, read_dtype=read)  # fmt: skip
 
@@ -126,10 +127,20 @@ def test_nvfp4_layout_tensors_and_bytes():
     "fmt, state, read, window",
     [
         (dict(hp_dtype="f32", lp_format="nvfp4"), torch.float32, torch.float4_e2m1fn_x2, 16),
-        (dict(hp_dtype=torch.float16, lp_format="fp8_e4m3"), torch.float16, torch.float8_e4m3fn, 16),
+        (
+            dict(hp_dtype=torch.float16, lp_format="fp8_e4m3"),
+            torch.float16,
+            torch.float8_e4m3fn,
+            16,
+        ),
         (dict(hp_dtype=None, lp_format="nvfp4", mode="shared"), torch.float4_e2m1fn_x2, None, 16),
         (dict(hp_dtype=None, lp_format="bf16", mode="shared"), torch.bfloat16, None, 16),
-        (dict(hp_dtype="f32", lp_format="fp8_e4m3", mode="conventional"), torch.float8_e4m3fn, None, 1),
+        (
+            dict(hp_dtype="f32", lp_format="fp8_e4m3", mode="conventional"),
+            torch.float8_e4m3fn,
+            None,
+            1,
+        ),
         (dict(hp_dtype="bf16", mode="conventional"), torch.bfloat16, None, 1),
     ],
 )
@@ -142,7 +153,11 @@ def test_checkpoint_format_names_the_layout_dtypes(fmt, state, read, window):
 @pytest.mark.parametrize(
     "fmt, error, match",
     [
-        (dict(hp_dtype="f32", lp_format="nvfp4", mode="shared"), ValueError, "^hp_dtype, lp_format: shared"),
+        (
+            dict(hp_dtype="f32", lp_format="nvfp4", mode="shared"),
+            ValueError,
+            "^hp_dtype, lp_format: shared",
+        ),
         (dict(hp_dtype=None, mode="shared"), ValueError, "^hp_dtype, lp_format: shared"),
         (dict(hp_dtype="f32"), ValueError, "^lp_format: separate mode needs"),
         (dict(hp_dtype=None, lp_format="nvfp4"), ValueError, "^hp_dtype: separate mode needs one"),

@@ -453,7 +453,9 @@ def _nvfp4_test_heads() -> torch.Tensor:
     all-zero block, a zero head, a head below the head-scale floor, and exact grid values."""
     gen = torch.Generator().manual_seed(4)
     x = torch.randn(6, 4, 32, generator=gen)
-    x = x * 2.0 ** torch.randint(-12, 12, (6, 4, 2), generator=gen).float().repeat_interleave(16, -1)
+    x = x * 2.0 ** torch.randint(-12, 12, (6, 4, 2), generator=gen).float().repeat_interleave(
+        16, -1
+    )
     x[0, 1, :16] = 0.0
     x[1] = 0.0
     x[2] *= 1e-38
