@@ -116,6 +116,7 @@ class KernelSpec:
             "flags": set(self.flags),
             "tilings": spec_tilings(self),
             **fam.template_context(),
+            "split_kernel": fam.builds_split(self.read_dtype),
         }
 
 

@@ -29,7 +29,7 @@ from replayssm_jit import (
     Mamba2DecodeCache,
     Mamba2DecodeWrapper,
 )
-from replayssm_jit.families.layout import CheckpointFormat, mamba2_layout
+from replayssm_jit.families.layout import CheckpointFormat, gdn_layout, mamba2_layout
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops import cpu
 from replayssm_jit.reference import precision as P
@@ -180,11 +180,40 @@ def test_checkpoint_format_replaces_the_dtypes():
         mamba2_layout(num_heads=8, headdim=64, dstate=128, ngroups=1, checkpoint_format="nvfp4")
 
 
-def test_separate_mode_is_built_for_mamba2_only():
-    with pytest.raises(ValueError, match=r"^read_dtype: separate mode .* not gdn"):
-        gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, read_dtype="e4m3")
-    spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, state_dtype="e4m3")
-    assert spec.state_dtype == "e4m3"
+def test_separate_mode_is_built_for_mamba2_and_gdn():
+    from replayssm_jit.spec import kda_spec
+
+    dims = dict(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
+    with pytest.raises(ValueError, match=r"^read_dtype: separate mode .* not kda"):
+        kda_spec(**dims, read_dtype="e4m3")
+    spec = gdn_spec(**dims, read_dtype="e4m3")
+    assert spec.read_dtype == "e4m3" and "_read-e4m3" in spec.uri
+    # GDN's flush recomputes each held u from the carried copy: per item only, no split step.
+    assert spec.template_context()["split_kernel"] is False
+    assert gdn_spec(**dims).template_context()["split_kernel"] is True
+
+
+def test_gdn_separate_layout_records_v_and_beta():
+    """Separate mode's GDN rings add (v, beta) per record, the inputs a flush recomputes each
+    held u from; the other layouts have no such rings."""
+    args = dict(num_k_heads=1, num_v_heads=2, head_k_dim=128, head_v_dim=128, window=4)
+    plain, separate = gdn_layout(**args), gdn_layout(**args, read_dtype="e4m3")
+    assert plain.ring_names == ("rec_u", "rec_k", "rec_g")
+    assert separate.ring_names == ("rec_u", "rec_k", "rec_g", "rec_v", "rec_beta")
+    cap = separate.capacity
+    read_copy = 2 * 128 * (128 + 4)
+    extra_rings = 2 * cap * 128 * 2 + 2 * cap * 4  # rec_v (act bf16), rec_beta (f32)
+    assert separate.bytes_per_slot() == plain.bytes_per_slot() + read_copy + extra_rings
+
+
+def test_gdn_separate_mode_runs_per_item():
+    from replayssm_jit.launch.policy import choose_replay_kernel
+
+    spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, read_dtype="e4m3")
+    assert choose_replay_kernel(spec, 256, 64, 132, LaunchConfig()) == "per-item"
+    assert choose_replay_kernel(spec, 1, 64, 132, LaunchConfig()) == "per-item"
+    with pytest.raises(ValueError, match="^config.kernel: expected 'auto', 'per-item'"):
+        choose_replay_kernel(spec, 256, 64, 132, LaunchConfig(kernel="split"))
 
 
 def test_e4m3_rows_must_fill_16_byte_chunks():
@@ -524,6 +553,11 @@ FORMATS = [
     ("mamba2", "f16", "nvfp4", True),
     ("gdn", "e4m3", None, False),
     ("gdn", "e4m3", None, True),
+    ("gdn", "f32", "e4m3", False),
+    ("gdn", "f32", "e4m3", True),
+    ("gdn", "f16", "e4m3", True),
+    ("gdn", "bf16", "e4m3", True),
+    ("gdn", "f32", "bf16", False),
     ("kda", "e4m3", None, False),
     ("kda", "e4m3", None, True),
 ]
@@ -620,17 +654,20 @@ def test_conventional_e4m3_matches_the_emulation(name, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kernel", ["per-item", "split"])
+@pytest.mark.parametrize(
+    "name,kernel", [("mamba2", "per-item"), ("mamba2", "split"), ("gdn", "per-item")]
+)
 @pytest.mark.parametrize("state", ["f32", "f16"])
-def test_separate_carried_copy_is_the_single_copy_run(state, kernel, device):
+def test_separate_carried_copy_is_the_single_copy_run(state, name, kernel, device):
     """Separate mode never lets the read copy's error reach the carried copy: after three
     flushes the carried copy is bit for bit that of a one-copy run of the same format with the
-    same inputs (same kernel and row tile); drive() holds each run's non-flush outputs to its
-    own read copy."""
+    same inputs (same kernel and row tile; GDN's flush recomputes each held u from the carried
+    copy as the one-copy run's non-flush steps computed it); drive() holds each run's
+    non-flush outputs to its own read copy."""
     config = LaunchConfig(kernel=kernel, rows_per_cta=64)
     runs = {}
     for read in (None, "e4m3"):
-        cache, _ = drive("mamba2", device, state, read, state != "f32", window=4, steps=12,
+        cache, _ = drive(name, device, state, read, state != "f32", window=4, steps=12,
                          config=config)  # fmt: skip
         runs[read] = cache
     a, b = runs[None].state.cpu(), runs["e4m3"].state.cpu()
@@ -732,7 +769,7 @@ def expected_refusal(family, state, read, window, drafts, key_dim) -> str | None
     if r is not None:
         if CHECKPOINT_FORMS[read] >= CHECKPOINT_FORMS[state] or s == "e4m3":
             return "read_dtype"
-        if family != "mamba2" or window < 2:
+        if family not in ("mamba2", "gdn") or window < 2:
             return "read_dtype"
     if drafts != 1 and (s == "e4m3" or r is not None):
         return "drafts"

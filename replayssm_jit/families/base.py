@@ -88,13 +88,15 @@ class RingLayout:
     """One record ring: [slots, heads, CAP, width] (or [slots, heads, CAP] for a scalar).
 
     heads: "key" or "value"; width: "key_dim", "value_dim" or None; dtype: "act" (the
-    activation dtype, records stored exactly as given) or "f32".
+    activation dtype, records stored exactly as given) or "f32". read_copy_only: the ring
+    exists only in separate mode (a layout with a read copy).
     """
 
     name: str
     heads: str
     width: str | None
     dtype: str
+    read_copy_only: bool = False
 
     def per_slot_shape(self, shape: HeadShape, capacity: int) -> tuple[int, ...]:
         heads = shape.key_heads if self.heads == "key" else shape.value_heads
@@ -112,7 +114,8 @@ class Family:
     shape_args: the user-facing names of (key_heads, value_heads, key_dim, value_dim).
     spec_dims: the spec's (URI key, HeadShape field or "heads_per_key", user-facing name), in
         URI order.
-    rings: the record rings in the order the module's replay_step binding takes them.
+    rings: the record rings in the order the module's replay_step binding takes them (a
+        layout holds those it needs: RingLayout.read_copy_only).
     default_flags: the compile-time features a spec has by default (Family.flags: all it may name).
     records_warps: the warp counts the split step's records kernel is compiled for.
     capped_state_registers: the split state kernel has a variant capped at 96 registers.
@@ -122,8 +125,9 @@ class Family:
     decay_per_channel: the decay is a vector over key_dim (KDA), not a scalar per head.
     split_kernel: the module compiles the split step (else the policy never picks it).
     speculative_kernels: the module compiles verify and commit (else drafts must be 1).
-    read_copy: the module compiles separate mode's read copy (a flush that needs nothing
-        recomputed from the carried copy: Mamba-2; GDN/KDA must recompute each held u).
+    read_copy: the module compiles separate mode's read copy (Mamba-2; GDN, whose flush
+        recomputes each held u from the carried copy, per item only: split_read_copy).
+    split_read_copy: the split step is built for separate mode too.
     nvfp4: the module compiles NVFP4 checkpoints (whole heads per CTA, for the head scale).
     verify_split_min_pairs_per_sm: from this many (batch row, head) pairs per SM the split
         verify beats the per-item one (docs/tuning.md).
@@ -144,6 +148,7 @@ class Family:
     split_kernel: bool = True
     speculative_kernels: bool = True
     read_copy: bool = False
+    split_read_copy: bool = True
     nvfp4: bool = False
     verify_split_min_pairs_per_sm: float = 8.0
 
@@ -196,6 +201,10 @@ class Family:
         return next(k for k, r, _ in self.spec_dims if r == role)
 
     # --- what a spec of this family compiles -------------------------------------------------
+    def builds_split(self, read_dtype: str | None) -> bool:
+        """Whether a spec with this read copy (None: none) compiles the split step."""
+        return self.split_kernel and (read_dtype is None or self.split_read_copy)
+
     def records_heads(self, dims: Mapping[str, int]) -> int:
         """Value heads one records CTA of the split step serves (those of one key head)."""
         return dims[self.role_key("heads_per_key")]

@@ -1,6 +1,7 @@
 """Delta-rule families: Gated DeltaNet (a scalar decay per head) and Kimi Delta Attention (KDA,
 a decay per key channel), one set of templates (templates/gdn) for both. State [HV, V, K] per
-slot, records (g, u, k); KDA's g records hold K channels."""
+slot, records (g, u, k); KDA's g records hold K channels. Separate mode (GDN) also records
+(v, beta): a flush recomputes each held u from the carried copy."""
 
 from __future__ import annotations
 
@@ -52,6 +53,12 @@ class DeltaFamily(Family):
         return {"scale": float(scale)}
 
 
+# Separate mode's flush recomputes each held u = beta (v - alpha S k) from the carried copy.
+SEPARATE_MODE_RINGS = (
+    RingLayout("rec_v", heads="value", width="value_dim", dtype="act", read_copy_only=True),
+    RingLayout("rec_beta", heads="value", width=None, dtype="f32", read_copy_only=True),
+)
+
 GDN = DeltaFamily(
     name="gdn",
     template="gdn/decode.cu.jinja",
@@ -66,6 +73,7 @@ GDN = DeltaFamily(
         RingLayout("rec_u", heads="value", width="value_dim", dtype="f32"),
         RingLayout("rec_k", heads="key", width="key_dim", dtype="act"),
         RingLayout("rec_g", heads="value", width=None, dtype="f32"),
+        *SEPARATE_MODE_RINGS,
     ),
     default_flags=("gates_in_kernel", "qk_l2norm"),
     plan_options={
@@ -87,6 +95,8 @@ GDN = DeltaFamily(
     },
     # One records CTA serves a key head's value heads: the split pays off at fewer rows.
     verify_split_min_pairs_per_sm=1.5,
+    read_copy=True,
+    split_read_copy=False,
 )
 
 
@@ -124,6 +134,7 @@ KDA = KimiDeltaFamily(
         RingLayout("rec_k", heads="key", width="key_dim", dtype="act"),
         # A log-decay per key channel: K floats per record where GDN keeps one.
         RingLayout("rec_g", heads="value", width="key_dim", dtype="f32"),
+        *SEPARATE_MODE_RINGS,
     ),
     default_flags=GDN.default_flags,
     plan_options=GDN.plan_options,

@@ -101,7 +101,7 @@ class CacheLayout:
                 # Scalar rings are read one element at a time.
                 alignment=16 if r.width else r.torch_dtype(self.act_dtype).itemsize,
             )
-            for r in self.family.rings
+            for r in self.rings
         )
         return (
             *self._checkpoint_tensors,
@@ -182,8 +182,13 @@ class CacheLayout:
         return num_slots
 
     @cached_property
+    def rings(self) -> tuple:
+        """The family's record rings this layout holds (separate mode's only with a read copy)."""
+        return tuple(r for r in self.family.rings if self.read_dtype or not r.read_copy_only)
+
+    @cached_property
     def ring_names(self) -> tuple[str, ...]:
-        return tuple(r.name for r in self.family.rings)
+        return tuple(r.name for r in self.rings)
 
     def bytes_per_slot(self) -> int:
         return sum(math.prod(t.per_slot_shape) * t.dtype.itemsize for t in self.tensors())

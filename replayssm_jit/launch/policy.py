@@ -82,7 +82,7 @@ def can_split(spec: KernelSpec) -> bool:
     """Whether `spec`'s split step fits: at most SPLIT_RECORDS_THREADS heads per key head, and
     their records within one CTA's shared memory."""
     fam = get_family(spec.family)
-    if not fam.split_kernel:
+    if not fam.builds_split(spec.read_dtype):
         return False
     heads = fam.records_heads(dict(spec.dims))
     return heads <= SPLIT_RECORDS_THREADS and fam.records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
@@ -98,10 +98,11 @@ def choose_replay_kernel(
     are rounded once per L tokens, and so does a read copy, which only non-flush steps read)."""
     if config.kernel == "split" and not can_split(spec):
         fam = get_family(spec.family)
-        if not fam.split_kernel:
+        if not fam.builds_split(spec.read_dtype):
+            what = "with a read copy " if fam.split_kernel else ""
             raise ValueError(
                 f"config.kernel: expected 'auto', 'per-item' or 'flush-every-step' for "
-                f"{fam.name} (its split step is not built), got 'split'"
+                f"{fam.name} {what}(its split step is not built), got 'split'"
             )
         raise ValueError(
             f"config.kernel: 'split' needs at most {SPLIT_RECORDS_THREADS} heads per key head and "
@@ -114,7 +115,7 @@ def choose_replay_kernel(
     if batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms:
         if can_split(spec):
             return "split"
-        if not get_family(spec.family).split_kernel:
+        if not get_family(spec.family).builds_split(spec.read_dtype):
             return "per-item"
     wide = spec.state_dtype == "f32" and spec.read_dtype is None
     return "flush-every-step" if wide else "per-item"

@@ -575,7 +575,7 @@ def mamba2_step(
 # Gated DeltaNet
 # ---------------------------------------------------------------------------------------------
 
-_GDN_FLAGS = {"qk_l2norm", "gates_in_kernel", "sr", "device_seed"}
+_GDN_FLAGS = {"qk_l2norm", "gates_in_kernel", "sr", "read_rn", "device_seed"}
 
 
 def gdn_step(
@@ -589,6 +589,8 @@ def gdn_step(
     rec_k: torch.Tensor | None,
     rec_g: torch.Tensor | None,
     cursors: torch.Tensor | None,
+    rec_v: torch.Tensor | None = None,
+    rec_beta: torch.Tensor | None = None,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -612,13 +614,18 @@ def gdn_step(
         u_j = beta (v - (tot S_c k^_j + sum_{i<j} dec_i (k^_i . k^_j) u_i))
         flush:  S <- tot S_c + sum_i dec_i u_i k^_i^T, o = S q^
         else:   o = tot S_c q^ + sum_{i<=j} dec_i (k^_i . q^) u_i
-    A non-flush step appends (u_j, raw k_j, g_j) at ring row n.
+    A non-flush step appends (u_j, raw k_j, g_j) at ring row n. Separate mode (read_state, its
+    read_scale for e4m3, rec_v [slots, HV, CAP, V] act, rec_beta [slots, HV, CAP] f32): non-flush
+    steps read S_c from the read copy and append (v_j, beta_j) too; a flush recomputes each held
+    u_i from state by the formula above (record i's own step, from state), folds, and stores
+    both copies.
     """
     return _delta_step(
         setup, "GDN", lambda rows: _gdn_gates(gate_a[rows], gate_b[rows], A_log, dt_bias,
                                               "gates_in_kernel" in setup.flags),
         state=state, state_scale=state_scale, read_copy=(read_state, read_scale), rec_u=rec_u,
-        rec_k=rec_k, rec_g=rec_g, cursors=cursors, q=q, k=k, v=v, scale=scale, out=out,
+        rec_k=rec_k, rec_g=rec_g, rec_v=rec_v, rec_beta=rec_beta, cursors=cursors, q=q, k=k, v=v,
+        scale=scale, out=out,
         slot_indices=slot_indices,
     )  # fmt: skip
 
@@ -651,6 +658,8 @@ def kda_step(
     rec_k: torch.Tensor | None,
     rec_g: torch.Tensor | None,
     cursors: torch.Tensor | None,
+    rec_v: torch.Tensor | None = None,
+    rec_beta: torch.Tensor | None = None,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -677,19 +686,22 @@ def kda_step(
         setup, "KDA", lambda rows: _kda_gates(gate_a[rows], gate_b[rows], A_log, dt_bias,
                                               lower_bound, "gates_in_kernel" in setup.flags),
         state=state, state_scale=state_scale, read_copy=(read_state, read_scale), rec_u=rec_u,
-        rec_k=rec_k, rec_g=rec_g, cursors=cursors, q=q, k=k, v=v, scale=scale, out=out,
+        rec_k=rec_k, rec_g=rec_g, rec_v=rec_v, rec_beta=rec_beta, cursors=cursors, q=q, k=k, v=v,
+        scale=scale, out=out,
         slot_indices=slot_indices,
     )  # fmt: skip
 
 
 def _delta_step(setup: StepSetup, family: str, gates, *, state, state_scale, read_copy, rec_u,
-                rec_k, rec_g, cursors, q, k, v, scale: float, out, slot_indices) -> None:  # fmt: skip
+                rec_k, rec_g, rec_v, rec_beta, cursors, q, k, v, scale: float, out,
+                slot_indices) -> None:  # fmt: skip
     """The delta-rule step of gdn_step and kda_step: `gates(rows)` gives (g, beta), g a log-decay
     per value head ([b, HV], GDN) or per key channel ([b, HV, K], KDA); a per-head one is the
     per-channel step with the same decay on every channel. state_scale: row scales of an e4m3
-    state; read_copy must be (None, None) (no separate mode for these families yet)."""
-    if any(t is not None for t in read_copy):
-        raise ValueError(f"read_state: {family} has no read copy (separate mode), got one")
+    state. read_copy: separate mode's (read_state, read_scale), or (None, None): non-flush steps
+    read it and append (v, beta) to rec_v, rec_beta too; a flush recomputes each held u from
+    state, in record order, as the non-flush steps of a one-copy run of state's dtype did."""
+    read_state, read_scale = read_copy
     flags, seed = setup.flags, setup.seed
     sr = _check_flags(flags, _GDN_FLAGS, family)
     k_heads, v_heads = q.shape[1], v.shape[1]
@@ -703,29 +715,17 @@ def _delta_step(setup: StepSetup, family: str, gates, *, state, state_scale, rea
         g_j, beta = gates(rows)
         ks = _with_current(rec_k, slots, held, k_j)  # [b, H, j, K]
         gs = _with_current(rec_g, slots, held, g_j)  # [b, HV, j] or [b, HV, j, K]
-        if gs.dim() == 3:
-            gs = gs[..., None].expand(*gs.shape, k_j.shape[-1])
-        decay, total = _suffix_decays(gs.transpose(-1, -2))  # [b, HV, K, j], [b, HV, K]
-        keys = ks.repeat_interleave(per_key, dim=1)  # [b, HV, j, K] raw
-        decayed = keys * decay.transpose(-1, -2)  # k_i * a(i+1:j)
         query = q_j.repeat_interleave(per_key, dim=1)  # [b, HV, K] raw
-        kk = (decayed @ keys[:, :, held, :, None]).squeeze(-1)  # [b, HV, j]
-        kq = (decayed @ query[..., None]).squeeze(-1)
-        rk = _key_norms(ks, l2norm, per_key)  # [b, HV, j]
         rq = _query_scale(q_j, l2norm, per_key, scale)  # [b, HV]
+        reads = read_state is not None and not flush
+        s = _load_state(*((read_state, read_scale) if reads else (state, state_scale)), slots)
+        us = rec_u[slots, :, :held].to(_F32) if held else None  # [b, HV, n, V]
+        if read_state is not None and flush and held:  # each held u again, from state
+            vs, betas = rec_v[slots, :, :held].to(_F32), rec_beta[slots, :, :held].to(_F32)
+            us = recompute_held_u(s, ks[:, :, :held], gs[:, :, :held], vs, betas, l2norm, per_key)
+        predicted, total, decayed, kq, rk = _delta_replay(s, ks, gs, us, query, l2norm, per_key)
         rk_j = rk[..., held]
-        s = _load_state(state, state_scale, slots)  # [b, HV, V, K]
-        sk = (s @ (total * keys[:, :, held])[..., None]).squeeze(-1) * rk_j[..., None]
-        sq = (s @ (total * query)[..., None]).squeeze(-1) * rq[..., None]
-        pred = torch.zeros_like(sk)
-        osum = torch.zeros_like(sq)
-        if held:
-            us = rec_u[slots, :, :held].to(_F32)  # [b, HV, n, V]
-            base = kk[..., :held] * rk[..., :held] * rk_j[..., None]
-            pred = (base[..., None] * us).sum(dim=2)
-            coef = kq[..., :held] * rk[..., :held] * rq[..., None]
-            osum = (coef[..., None] * us).sum(dim=2)
-        u_j = beta[..., None] * (v_j - (sk + pred))  # [b, HV, V]
+        u_j = beta[..., None] * (v_j - predicted)  # [b, HV, V]
         if flush:  # weights of the decayed raw keys: rk_i u_i, and rk_j u_j for this token
             vals = (rk_j[..., None] * u_j)[:, :, None]
             if held:
@@ -733,13 +733,22 @@ def _delta_step(setup: StepSetup, family: str, gates, *, state, state_scale, rea
             s = s * total[..., None, :] + vals.transpose(-1, -2) @ decayed
             o = (s @ query[..., None]).squeeze(-1) * rq[..., None]
             _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs, state_scale=state_scale)
+            if read_state is not None:
+                _store_state(read_state, slots, s, sr=sr and "read_rn" not in flags, seed=seed,
+                             epochs=epochs, state_scale=read_scale, read_copy=True)  # fmt: skip
         else:
-            o = sq + osum + (kq[..., held] * rk_j * rq)[..., None] * u_j  # dec_j = 1
+            o = (s @ (total * query)[..., None]).squeeze(-1) * rq[..., None]
+            if held:
+                o = o + ((kq[..., :held] * rk[..., :held] * rq[..., None])[..., None] * us).sum(2)
+            o = o + (kq[..., held] * rk_j * rq)[..., None] * u_j  # dec_j = 1
         out[rows] = o.to(out.dtype)
         if not flush:  # this token's record at ring row `held` (u, g in FP32; raw k exact)
             rec_u[slots, :, held] = u_j.to(rec_u.dtype)
             rec_g[slots, :, held] = g_j.to(rec_g.dtype)
             rec_k[slots, :, held] = k[rows].to(rec_k.dtype)
+            if read_state is not None:
+                rec_v[slots, :, held] = v[rows].to(rec_v.dtype)
+                rec_beta[slots, :, held] = beta.to(rec_beta.dtype)
 
     _run_rows(setup, sr=sr, cursors=cursors, out=out, slot_indices=slot_indices, compute=compute)
 
@@ -988,6 +997,40 @@ def _query_scale(q: torch.Tensor, l2norm: bool, per_key: int, scale: float) -> t
     if not l2norm:
         return torch.full((q.shape[0], q.shape[1] * per_key), scale, dtype=_F32, device=q.device)
     return torch.rsqrt((q * q).sum(-1) + NORM_EPS).repeat_interleave(per_key, dim=1) * scale
+
+
+def _delta_replay(s, ks, gs, us, query, l2norm: bool, per_key: int):
+    """The last of j records' terms from checkpoint values s [b, HV, V, K] and the held u's us
+    [b, HV, j - 1, V] (None for none): total S_c k^_j + pred (alpha_j S_{j-1} k^_j), and the
+    total decay, the decayed raw keys, their dots with `query` and the key norms."""
+    held = ks.shape[2] - 1
+    if gs.dim() == 3:
+        gs = gs[..., None].expand(*gs.shape, ks.shape[-1])
+    decay, total = _suffix_decays(gs.transpose(-1, -2))  # [b, HV, K, j], [b, HV, K]
+    keys = ks.repeat_interleave(per_key, dim=1)  # [b, HV, j, K] raw
+    decayed = keys * decay.transpose(-1, -2)  # k_i * a(i+1:j)
+    kk = (decayed @ keys[:, :, held, :, None]).squeeze(-1)  # [b, HV, j]
+    rk = _key_norms(ks, l2norm, per_key)  # [b, HV, j]
+    rk_j = rk[..., held]
+    predicted = (s @ (total * keys[:, :, held])[..., None]).squeeze(-1) * rk_j[..., None]
+    if held:
+        base = kk[..., :held] * rk[..., :held] * rk_j[..., None]
+        predicted = predicted + (base[..., None] * us).sum(dim=2)
+    kq = (decayed @ query[..., None]).squeeze(-1)
+    return predicted, total, decayed, kq, rk
+
+
+def recompute_held_u(s, ks, gs, vs, betas, l2norm: bool, per_key: int) -> torch.Tensor:
+    """Separate mode: the n held corrections u_i = beta_i (v_i - alpha_i S_{i-1} k^_i) from
+    checkpoint values s [b, HV, V, K], in record order (ks [b, H, n, K] raw, gs [b, HV, n]
+    (or [b, HV, n, K]), vs [b, HV, n, V], betas [b, HV, n]); returns [b, HV, n, V] FP32."""
+    us = torch.empty_like(vs)
+    for i in range(vs.shape[2]):
+        predicted = _delta_replay(s, ks[:, :, : i + 1], gs[:, :, : i + 1], us[:, :, :i],
+                                  ks[:, :, i].repeat_interleave(per_key, dim=1), l2norm,
+                                  per_key)[0]  # fmt: skip
+        us[:, :, i] = betas[:, :, i, None] * (vs[:, :, i] - predicted)
+    return us
 
 
 def delta_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:

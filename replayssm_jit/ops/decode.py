@@ -119,10 +119,12 @@ def run_step(
                        written={"out": out, "workspace": scratch})  # fmt: skip
     seed_value, seed_tensor = resolve_seed(plan, seed)
     workspace = resolve_workspace(plan, workspace)
-    rings = [tensors[name] for name in plan.layout.ring_names]
+    # Every ring the binding takes, None where the layout has none (separate mode's own).
+    names = [r.name for r in plan.family.rings]
+    rings = [tensors.get(name) if plan.replay else None for name in names]
     if plan.backend == "cpu":
         setup = cpu_setup(plan, seed_value, seed_tensor)
-        ring_args = dict(zip(plan.layout.ring_names, rings if plan.replay else [None] * len(rings)))
+        ring_args = dict(zip(names, rings))
         cursors = tensors.get("cursors") if plan.replay else None
         copies = {k: tensors.get(k) for k in plan.layout.checkpoint_names}
         cpu_step(setup, **copies, **ring_args, cursors=cursors, **inputs, out=out,

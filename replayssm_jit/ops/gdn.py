@@ -6,6 +6,10 @@ K head_k_dim, V head_v_dim; CAP = L + T ring rows):
     rec_u        [slots, HV, CAP, V] float32 (computed corrections u)  } ReplaySSM records
     rec_k        [slots, H, CAP, K] act dtype (raw k)                  } (families.layout.
     rec_g        [slots, HV, CAP]   float32 (log-decay g)              }  gdn_layout)
+    rec_v        [slots, HV, CAP, V] act dtype (raw v)   } separate mode only: a flush
+    rec_beta     [slots, HV, CAP]   float32 (beta)       } recomputes each held u from state
+    read_state   [slots, HV, V, K]  separate mode's read copy (layout.read_dtype: bf16, f16 or
+                                    e4m3, with read_scale [slots, HV, V] float32 for e4m3)
     cursors      [slots, 4]         int32
     q, k         [batch, H, K]      act dtype, unit stride in K, 16-byte aligned rows
     v            [batch, HV, V]     act dtype, unit stride in V, 16-byte aligned rows
@@ -105,6 +109,8 @@ def gdn_decode(
     v: torch.Tensor,
     slot_indices: torch.Tensor,
     state_scale: torch.Tensor | None = None,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
     a: torch.Tensor | None = None,
     b: torch.Tensor | None = None,
     A_log: torch.Tensor | None = None,
@@ -114,6 +120,8 @@ def gdn_decode(
     rec_u: torch.Tensor | None = None,
     rec_k: torch.Tensor | None = None,
     rec_g: torch.Tensor | None = None,
+    rec_v: torch.Tensor | None = None,
+    rec_beta: torch.Tensor | None = None,
     cursors: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
@@ -123,12 +131,16 @@ def gdn_decode(
 
     Gates: a, b with A_log, dt_bias where the plan has gates_in_kernel=True, else g, beta. The
     rings and cursors are required in replay mode; state_scale where the layout's state is e4m3
-    (float8_e4m3fn codes with a float32 scale per row, [slots, HV, V]). workspace (scratch the step overwrites) and
-    seed as in mamba2_decode.
+    (float8_e4m3fn codes with a float32 scale per row, [slots, HV, V]). Separate mode (a layout
+    with read_dtype): read_state (and read_scale), rec_v and rec_beta too; non-flush steps read
+    the read copy, a flush recomputes the held u from state, folds in FP32 and stores both
+    copies. workspace (scratch the step overwrites) and seed as in mamba2_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
-    tensors = {**checkpoint_tensors(state, state_scale, None, None), "rec_u": rec_u,
+    tensors = {**checkpoint_tensors(state, state_scale, read_state, read_scale), "rec_u": rec_u,
                "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}  # fmt: skip
+    # Separate mode's rings, named only where given (other layouts have none).
+    tensors.update({k: t for k, t in (("rec_v", rec_v), ("rec_beta", rec_beta)) if t is not None})
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
     return delta_decode(plan, GDN, cpu.gdn_step, tensors, q, k, v, gates, slot_indices, out,
                         workspace, seed)  # fmt: skip

@@ -198,6 +198,8 @@ _GDN_SLOTS = ("state!", "rec_u!", "rec_k!", "rec_g!", "cursors!")
 _M2_CHECKPOINT = ("state_scale!?", "read_state!?", "read_scale!?", "state_block_scale!?",
                   "read_block_scale!?")  # fmt: skip
 _GDN_CHECKPOINT = ("state_scale!?",)
+# GDN's separate mode: the read copy and the rings a flush recomputes u from.
+_GDN_SEPARATE = ("read_state!?", "read_scale!?", "rec_v!?", "rec_beta!?")
 
 
 def _optional(args: Sequence[str]) -> tuple[str, ...]:
@@ -241,6 +243,7 @@ OPS = {
             "workspace!?",
             *_SEED,
             *_GDN_CHECKPOINT,
+            *_GDN_SEPARATE,
         ),
         _step(gdn_decode),
     ),

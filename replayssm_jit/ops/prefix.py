@@ -45,9 +45,13 @@ def _fold_delta(plan: DecodePlan, tensors, slot: int, held: int, params) -> torc
     if held == 0:
         return state
     shape = plan.layout.shape
-    rings = [tensors[n][slot : slot + 1, :, :held].to(_F32) for n in plan.layout.ring_names]
-    l2norm = "qk_l2norm" in plan.spec.flags
-    return cpu.delta_fold(state, *rings, l2norm, shape.value_heads // shape.key_heads)
+    ring = {n: tensors[n][slot : slot + 1, :, :held].to(_F32) for n in plan.layout.ring_names}
+    l2norm, per_key = "qk_l2norm" in plan.spec.flags, shape.value_heads // shape.key_heads
+    us = ring["rec_u"]
+    if plan.layout.read_dtype is not None:  # the held u's of the carried copy, not the read copy's
+        us = cpu.recompute_held_u(state, ring["rec_k"], ring["rec_g"], ring["rec_v"],
+                                  ring["rec_beta"], l2norm, per_key)  # fmt: skip
+    return cpu.delta_fold(state, us, ring["rec_k"], ring["rec_g"], l2norm, per_key)
 
 
 # Per family: the model parameters its fold needs besides the records, their check, the fold.
