@@ -108,7 +108,7 @@ FULL_STEPS = (
     2 * WINDOW + 4
 )  # every schedule's cases reached (a speculative one's ring rows rewritten)
 # (checkpoint format, stochastic rounding): every format the preset builds; "f32+e4m3" is
-# separate mode (an FP32 carried copy, an e4m3 read copy; Mamba-2 only, no drafts), e4m3 and
+# separate mode (an FP32 carried copy, an e4m3 read copy; Mamba-2 and GDN, no drafts), e4m3 and
 # nvfp4 (Mamba-2 only) no drafts
 STATES = (("f32", False), ("bf16", False), ("bf16", True), ("f16", False), ("e4m3", False),
           ("e4m3", True), ("f32+e4m3", False), ("f32+e4m3", True), ("nvfp4", False),
@@ -120,7 +120,10 @@ def format_supported(family: str, state: str, drafts: int) -> bool:
     """Whether the preset builds `family` with checkpoint format `state` and `drafts`."""
     if drafts > 1 and state not in ("f32", "bf16", "f16"):
         return False
-    return ("+" not in state and "nvfp4" not in state) or family == "mamba2"
+    fam = get_family(family)
+    if "nvfp4" in state:
+        return fam.nvfp4
+    return "+" not in state or fam.read_copy
 
 
 REPLAY_KERNELS = ("per-item", "flush-every-step", "split")
@@ -337,13 +340,14 @@ class Config:
         return " ".join(parts)
 
 
-def launch_variants(fam: Family, mode: str) -> list[dict]:
+def launch_variants(fam: Family, mode: str, read_dtype: str | None = None) -> list[dict]:
     """(kernel, speculative, records_warps, capped) of every launch of `mode` the family
-    compiles (its registry entry says which records widths and state-kernel forms)."""
+    compiles with this read copy (its registry entry says which records widths and state-kernel
+    forms)."""
     if mode == "conventional":
         return [dict(kernel="conventional")]
     variants = []
-    for kernel in REPLAY_KERNELS if fam.split_kernel else REPLAY_KERNELS[:-1]:
+    for kernel in REPLAY_KERNELS if fam.builds_split(read_dtype) else REPLAY_KERNELS[:-1]:
         for speculative in (True, False):
             if kernel != "split":
                 variants.append(dict(kernel=kernel, speculative=speculative))
@@ -384,12 +388,12 @@ def family_configs(family: str, quick: bool) -> list[list[Config]]:
             spec = plan_decode(
                 layout, BATCH, device="cpu", mode=mode, **plan_options(family, sr)
             ).spec
-            if mode == "replay" and fam.split_kernel and not can_split(spec):
+            if mode == "replay" and fam.builds_split(spec.read_dtype) and not can_split(spec):
                 raise SystemExit(f"sanitize_kernels: {spec.uri} cannot split; pick smaller heads")
             rows = [r for r, _ in spec_tilings(spec)]
             if quick:
                 rows = sorted({rows[0], rows[-1]}, reverse=True)
-            for variant in launch_variants(fam, mode):
+            for variant in launch_variants(fam, mode, spec.read_dtype):
                 for ti, r in enumerate(rows):
                     cfg = Config(family, rows_per_cta=r, state=state, sr=sr, spec=spec, **variant)
                     launch = choose_launch(

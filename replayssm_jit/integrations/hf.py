@@ -7,7 +7,7 @@
     hf.unpatch(model)                           # the model's own forwards again
 
 Checkpoint formats (docs/precision.md) are patch options: state_dtype (float32, bfloat16,
-float16, float8_e4m3fn), read_dtype (separate mode's read copy, Mamba-2 only), and
+float16, float8_e4m3fn), read_dtype (separate mode's read copy: Mamba-2 and GDN), and
 stochastic_rounding with its seed.
 
 Each SSM mixer (NemotronHMamba2Mixer; Qwen3NextGatedDeltaNet, Qwen3_5GatedDeltaNet,
@@ -341,7 +341,7 @@ class HFPatch:
 
 
 def _layout_of(mixer, family: str, window: int, state_dtype, read_dtype=None) -> CacheLayout:
-    """The mixer's layout (the spec checks the formats: e.g. a GDN read_dtype raises)."""
+    """The mixer's layout (the spec checks the formats: e.g. a KDA read_dtype raises)."""
     act_dtype = mixer.out_proj.weight.dtype
     common = dict(window=window, state_dtype=state_dtype, act_dtype=act_dtype,
                   read_dtype=read_dtype)  # fmt: skip
@@ -415,8 +415,8 @@ def patch(
         FP32 scale per state row and needs heads that a kernel row tile fits (a key dim that
         is a multiple of 16; not 16 x 16). The activation dtype is the model's.
     read_dtype: separate mode's narrower read copy, which non-flush steps read ("e4m3",
-        "bf16", "f16"; None: one copy). Mamba-2 (NemotronH) and mode="replay" only, with heads
-        that one row tile fits for both copies (e.g. headdim 32, dstate 64).
+        "bf16", "f16"; None: one copy). Mamba-2 (NemotronH) and GDN (Qwen3-Next), mode="replay"
+        only, with heads that one row tile fits for both copies (e.g. headdim 32, dstate 64).
     stochastic_rounding: round the stored checkpoint (and the read copy) stochastically; needs
         a 16-bit or e4m3 state_dtype, or a read copy.
     seed: its seed (an int; every layer gets the same one, as from an engine). Replay keys the

@@ -131,8 +131,9 @@ def _preset_sanitizer() -> list[KernelSpec]:
     every input path's flags (Mamba-2 z too), conventional (L = 1) and L = 4 replay, BF16
     activations, FP32 / BF16 / BF16 with stochastic rounding / FP16 checkpoints; and the same
     at L = 4 with T = 2 and 4 drafts (the verify, commit and snapshot kernels) for the families
-    that compile them; e4m3 checkpoints (with and without stochastic rounding, no drafts) and, for
-    Mamba-2, nvfp4 ones and FP32 with an e4m3 or nvfp4 read copy at L = 4."""
+    that compile them; e4m3 checkpoints (with and without stochastic rounding, no drafts), FP32
+    with an e4m3 read copy at L = 4 (Mamba-2 and GDN) and, for Mamba-2, nvfp4 ones and FP32 with
+    an nvfp4 read copy."""
     shapes = {
         "mamba2": dict(headdim=64, dstate=64, heads_per_group=2),
         "gdn": dict(head_k_dim=128, head_v_dim=64, value_heads_per_key_head=2),
@@ -160,11 +161,12 @@ def _preset_sanitizer() -> list[KernelSpec]:
             for window in (1, 4):
                 specs.append(family_spec(family, window=window, act_dtype="bf16", state_dtype="e4m3",
                                          flags=(*flags[family], *sr), **dims))  # fmt: skip
-            if family == "mamba2":
-                for read in ("e4m3", "nvfp4"):
+            for read in ("e4m3", "nvfp4"):
+                if get_family(family).read_copy and (read == "e4m3" or get_family(family).nvfp4):
                     specs.append(family_spec(family, window=4, act_dtype="bf16", state_dtype="f32",
                                              read_dtype=read, flags=(*flags[family], *sr),
                                              **dims))  # fmt: skip
+            if family == "mamba2":
                 for window in (1, 4):
                     specs.append(family_spec(family, window=window, act_dtype="bf16",
                                              state_dtype="nvfp4", flags=(*flags[family], *sr),
@@ -200,9 +202,9 @@ def _preset_kda_tests() -> list[KernelSpec]:
 
 def _preset_checkpoint_formats() -> list[KernelSpec]:
     """FP8 checkpoints at every model shape (L = 16 and conventional, BF16 activations, with and
-    without stochastic rounding) and, for the Mamba-2 models whose heads one row tile serves for
-    both copies (not nano4b's headdim 80), separate mode's FP32, FP16 + SR and BF16 + SR carried copies
-    with an e4m3 read copy."""
+    without stochastic rounding) and, for the Mamba-2 and GDN models whose heads one row tile
+    serves for both copies (not nano4b's headdim 80), separate mode's FP32, FP16 + SR and BF16 +
+    SR carried copies with an e4m3 read copy."""
     specs = []
     for model in MODELS.values():
         flags = get_family(model.family).default_flags
@@ -210,7 +212,8 @@ def _preset_checkpoint_formats() -> list[KernelSpec]:
             for sr in ((), ("sr",)):
                 specs.append(model_spec(model, window=window, act_dtype="bf16",
                                         state_dtype="e4m3", flags=(*flags, *sr)))  # fmt: skip
-        if model.family == "mamba2" and checkpoint_tilings(model.d_v, model.d_k, ("f32", "e4m3")):
+        separate = get_family(model.family).read_copy
+        if separate and checkpoint_tilings(model.d_v, model.d_k, ("f32", "e4m3")):
             for state, sr in (("f32", ()), ("f32", ("sr",)), ("f16", ("sr",)), ("bf16", ("sr",))):
                 specs.append(model_spec(model, window=16, act_dtype="bf16", state_dtype=state,
                                         read_dtype="e4m3", flags=(*flags, *sr)))  # fmt: skip

@@ -13,6 +13,11 @@
 // (g_j, u_j, k_j) and write no state. Conventional (REPLAY=false) is the flush with n = 0.
 // k records are stored raw and L2-normalised again on replay, so they stay exact inputs.
 //
+// Separate mode (read_t not void, scalar decay): non-flush steps read the read copy and also
+// append (v_j, beta_j); a flush reads the carried copy, first recomputes each held u_i from it
+// with record i's own step arithmetic (its decays, dots and sums in the same order, so the
+// carried copy is bit for bit that of a one-copy run), then folds and stores both copies.
+//
 // PER_CHANNEL (Kimi Delta Attention): g is a log-decay per key channel, dec_i and total are
 // vectors over K, and S_{j-1} Diag(alpha_j) k_j = S_c (total * k_j) + sum_{i<n} ((dec_i * k_i) . k_j) u_i,
 // o_j = S_c (total * q_j) + sum_{i<=n} ((dec_i * k_i) . q_j) u_i; the flush folds
@@ -31,6 +36,11 @@ struct Params {
   state_t* state;           // [slots, HV, V, K]
   int64_t state_slot_stride;
   float* state_scale;       // [slots, HV, V] FP32 row scales where the state is e4m3, else null
+  void* read_state;         // separate mode's read copy [slots, HV, V, K] (read_t), else null
+  int64_t read_slot_stride;
+  float* read_scale;        // its row scales where it is e4m3
+  act_t* rec_v;             // separate mode: [slots, HV, CAP, V] raw v
+  float* rec_beta;          // separate mode: [slots, HV, CAP] beta
   float* rec_u;             // [slots, HV, CAP, V]
   act_t* rec_k;             // [slots, H, CAP, K] raw k
   float* rec_g;             // [slots, HV, CAP] log-decay ([slots, HV, CAP, K] per channel)
@@ -134,12 +144,30 @@ struct DecaySmem<true, RECORDS, K> {
   alignas(16) float k_decayed[K];
 };
 
+// Separate mode's flush: each held record's decays, total and key dots as its own step formed
+// them, and the held (v, beta) records (empty where there is no read copy).
+template <bool SEPARATE, int RECORDS, int ROWS>
+struct RecomputeSmem {
+  alignas(16) float v[RECORDS][ROWS];
+  float predicted[RECORDS][ROWS];  // S_c k^_i, this CTA's rows
+  float decay[RECORDS][RECORDS];   // [i][m]: a(m+1:i) as record i's step formed it
+  float kk[RECORDS][RECORDS];      // [i][m]: k_m . k_i, raw
+  float total[RECORDS], beta[RECORDS];
+};
+template <int RECORDS, int ROWS>
+struct RecomputeSmem<false, RECORDS, ROWS> {};
+
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
-          bool REPLAY, bool L2NORM, bool GATES_IN_KERNEL, bool SR, bool PER_CHANNEL = false>
+          bool REPLAY, bool L2NORM, bool GATES_IN_KERNEL, bool SR, bool PER_CHANNEL = false,
+          typename read_t = void, bool READ_SR = SR>
 struct Kernel {
   using Params = gdn::Params<act_t, state_t>;
+  static constexpr bool kSeparate = !std::is_void_v<read_t>;
+  static_assert(!(kSeparate && PER_CHANNEL), "separate mode is built for a scalar decay");
+  using Read = std::conditional_t<kSeparate, read_t, state_t>;
   // Conventional: wide rows (fewest values per lane, for the bandwidth-bound step).
   using Tile = RowTiling<state_t, K, ROWS, WARPS, !REPLAY>;
+  template <class T> using Copy = TileCheckpoint<RowTiling<T, K, ROWS, WARPS, !REPLAY>, T, V>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = V / ROWS;
   static constexpr int kRecords = REPLAY ? CAP : 1;
@@ -155,6 +183,7 @@ struct Kernel {
     alignas(16) float pred[ROWS];  // sum_{i<n} dec_i (k^_i . k^_j) u_i
     alignas(16) float osum[ROWS];  // sum_{i<n} dec_i (k^_i . q^_j) u_i
     float total_decay, beta, q2, coef_q_cur;
+    RecomputeSmem<kSeparate && REPLAY, kRecords, ROWS> held;
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
@@ -169,8 +198,8 @@ struct Kernel {
   // u_j. All in shared memory; q, k and v FP32 or as stored. Shared with the split kernel.
   // PER_CHANNEL: sc.total is 1, the S_c dots read `decays`' q_decayed and k_decayed, the fold
   // scales S by its total per column, and the held k rows (m < held) are already decayed.
-  template <typename IN, typename REC, typename DECAYS = DecaySmem<PER_CHANNEL, kRecords, K>>
-  static __device__ __forceinline__ void finish_rows(const Params& p, const TileCheckpoint<Tile, state_t, V>& ck,
+  template <class RT, typename T, typename IN, typename REC, typename DECAYS = DecaySmem<PER_CHANNEL, kRecords, K>>
+  static __device__ __forceinline__ void finish_rows(const Params& p, const TileCheckpoint<RT, T, V>& ck,
                                                      act_t* out, bool flush, int held, const RowScalars& sc, int slot,
                                                      uint64_t seed, uint64_t epoch, int vhead, int row0, const IN* q,
                                                      const IN* v, const float* pred, const float* osum, const float* u,
@@ -179,23 +208,23 @@ struct Kernel {
     const REC* k_j = k + held * K;
     const float total = sc.total, beta = sc.beta, rk_j = sc.rk_j, rq = sc.rq, coef_q_cur = sc.coef_q_cur;
     const int records = held + 1;
-    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    float u_j[Tile::kPasses], o[Tile::kPasses];
+    float s[RT::kPasses][RT::kChunksPerLane][RT::kVec];
+    float u_j[RT::kPasses], o[RT::kPasses];
     {
-      float q_reg[Tile::kChunksPerLane][Tile::kVec], k_reg[Tile::kChunksPerLane][Tile::kVec];
+      float q_reg[RT::kChunksPerLane][RT::kVec], k_reg[RT::kChunksPerLane][RT::kVec];
       if constexpr (PER_CHANNEL) {
-        Tile::slice(decays->q_decayed, q_reg);
-        Tile::slice(decays->k_decayed, k_reg);
+        RT::slice(decays->q_decayed, q_reg);
+        RT::slice(decays->k_decayed, k_reg);
       } else {
-        Tile::slice(q, q_reg);
-        Tile::slice(k_j, k_reg);
+        RT::slice(q, q_reg);
+        RT::slice(k_j, k_reg);
       }
       // The rows' record sums, read a few rows at a time where a lane has few rows.
-      constexpr bool kFewRows = Tile::kPasses <= 4;
-      float pred_r[kFewRows ? Tile::kPasses : 1], osum_r[kFewRows ? Tile::kPasses : 1];
+      constexpr bool kFewRows = RT::kPasses <= 4;
+      float pred_r[kFewRows ? RT::kPasses : 1], osum_r[kFewRows ? RT::kPasses : 1];
       if constexpr (kFewRows) {
-        Tile::row_values(pred, pred_r);
-        Tile::row_values(osum, osum_r);
+        RT::row_values(pred, pred_r);
+        RT::row_values(osum, osum_r);
       }
       const auto row_sum = [&](const float* in_regs, const float* in_shared, int i, int r) {
         if constexpr (kFewRows) {
@@ -205,19 +234,19 @@ struct Kernel {
         }
       };
       #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i) {
-        const int r = Tile::row(i);
+      for (int i = 0; i < RT::kPasses; ++i) {
+        const int r = RT::row(i);
         float sk = 0.f, sq = 0.f;
         ck.values(i, 1.f, s[i]);
         #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+        for (int c = 0; c < RT::kChunksPerLane; ++c)
           #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) {
+          for (int e = 0; e < RT::kVec; ++e) {
             sk = fmaf(s[i][c][e], k_reg[c][e], sk);
             sq = fmaf(s[i][c][e], q_reg[c][e], sq);
           }
-        sk = group_sum<Tile::kLanesPerRow>(sk) * rk_j;
-        sq = group_sum<Tile::kLanesPerRow>(sq) * rq;
+        sk = group_sum<RT::kLanesPerRow>(sk) * rk_j;
+        sq = group_sum<RT::kLanesPerRow>(sq) * rq;
         u_j[i] = beta * (to_float(v[r]) - (total * sk + row_sum(pred_r, pred, i, r)));
         o[i] = total * sq + row_sum(osum_r, osum, i, r) + coef_q_cur * u_j[i];
       }
@@ -225,64 +254,68 @@ struct Kernel {
     if (flush) {  // S <- a(1:j) S + sum_i dec_i u_i k^_i^T: exact FP32 FMAs
       if constexpr (PER_CHANNEL) {
         #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c) {
-          float total_c[Tile::kVec];
-          Tile::chunk(decays->total, c, total_c);
+        for (int c = 0; c < RT::kChunksPerLane; ++c) {
+          float total_c[RT::kVec];
+          RT::chunk(decays->total, c, total_c);
           #pragma unroll
-          for (int i = 0; i < Tile::kPasses; ++i)
+          for (int i = 0; i < RT::kPasses; ++i)
             #pragma unroll
-            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= total_c[e];
+            for (int e = 0; e < RT::kVec; ++e) s[i][c][e] *= total_c[e];
         }
       } else {
         #pragma unroll
-        for (int i = 0; i < Tile::kPasses; ++i)
+        for (int i = 0; i < RT::kPasses; ++i)
           #pragma unroll
-          for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          for (int c = 0; c < RT::kChunksPerLane; ++c)
             #pragma unroll
-            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= total;
+            for (int e = 0; e < RT::kVec; ++e) s[i][c][e] *= total;
       }
       for (int m = 0; m < records; ++m) {
         // A record's weights for this lane's rows: held in registers only when the lane has few rows.
-        constexpr bool kHoldWeights = Tile::kPasses <= 4;
-        float w[kHoldWeights ? Tile::kPasses : 1];
+        constexpr bool kHoldWeights = RT::kPasses <= 4;
+        float w[kHoldWeights ? RT::kPasses : 1];
         if constexpr (kHoldWeights) {
           if (m == held) {
             #pragma unroll
-            for (int i = 0; i < Tile::kPasses; ++i) w[i] = rk_j * u_j[i];
+            for (int i = 0; i < RT::kPasses; ++i) w[i] = rk_j * u_j[i];
           } else {
-            Tile::row_values(u + m * ROWS, w);
+            RT::row_values(u + m * ROWS, w);
           }
         }
         #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c) {  // one chunk of k_m live at a time
-          float k_c[Tile::kVec];
-          Tile::chunk(k + m * K, c, k_c);
+        for (int c = 0; c < RT::kChunksPerLane; ++c) {  // one chunk of k_m live at a time
+          float k_c[RT::kVec];
+          RT::chunk(k + m * K, c, k_c);
           #pragma unroll
-          for (int i = 0; i < Tile::kPasses; ++i) {
+          for (int i = 0; i < RT::kPasses; ++i) {
             const float w_i = kHoldWeights ? w[kHoldWeights ? i : 0]
-                                           : (m == held ? rk_j * u_j[i] : u[m * ROWS + Tile::row(i)]);
+                                           : (m == held ? rk_j * u_j[i] : u[m * ROWS + RT::row(i)]);
             #pragma unroll
-            for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(w_i, k_c[e], s[i][c][e]);
+            for (int e = 0; e < RT::kVec; ++e) s[i][c][e] = fmaf(w_i, k_c[e], s[i][c][e]);
           }
         }
       }
-      float q_reg[Tile::kChunksPerLane][Tile::kVec];
-      Tile::slice(q, q_reg);
+      float q_reg[RT::kChunksPerLane][RT::kVec];
+      RT::slice(q, q_reg);
       const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
+      const uint64_t read_key = kSeparate ? read_copy_rounding_key<READ_SR>(seed, slot, epoch) : 0;
+      const auto read_at = CopyRows<Read, V, K>::of(read_view(p), slot, p.num_v_heads, vhead, row0);
       #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i) {
-        const int r = Tile::row(i);
-        const float acc = Tile::dot(s[i], q_reg);
-        store_row<Tile, state_t, SR>(ck.at, r, s[i], sr_key, (uint64_t(vhead) * V + row0 + r) * K);
-        o[i] = group_sum<Tile::kLanesPerRow>(acc) * rq;
+      for (int i = 0; i < RT::kPasses; ++i) {
+        const int r = RT::row(i);
+        const float acc = RT::dot(s[i], q_reg);
+        const uint64_t element = (uint64_t(vhead) * V + row0 + r) * K;
+        store_row<RT, T, SR>(ck.at, r, s[i], sr_key, element);
+        if constexpr (kSeparate) store_row<RT, Read, READ_SR>(read_at, r, s[i], read_key, element);
+        o[i] = group_sum<RT::kLanesPerRow>(acc) * rq;
       }
     }
     float* u_out = p.rec_u + ((int64_t(slot) * p.num_v_heads + vhead) * CAP + held) * V + row0;
     #pragma unroll
-    for (int i = 0; i < Tile::kPasses; ++i) {
-      if (Tile::row_leader()) {
-        out[Tile::row(i)] = from_float<act_t>(o[i]);
-        if (REPLAY && !flush) u_out[Tile::row(i)] = u_j[i];
+    for (int i = 0; i < RT::kPasses; ++i) {
+      if (RT::row_leader()) {
+        out[RT::row(i)] = from_float<act_t>(o[i]);
+        if (REPLAY && !flush) u_out[RT::row(i)] = u_j[i];
       }
     }
   }
@@ -290,6 +323,70 @@ struct Kernel {
   static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
     return {p.state, p.state_slot_stride, p.state_scale, nullptr};
   }
+  static __device__ __forceinline__ CheckpointView<Read> read_view(const Params& p) {
+    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, nullptr};
+    else return state_view(p);
+  }
+
+  // Separate mode's flush, before the rows' sums: each held u_i (into sm.u[i]) again from the
+  // carried copy `ck`, as record i's non-flush step of a one-copy run formed it (its suffix
+  // decays over records 0..i, the raw dots k_m . k_i, S_c k_i from the same tile and lanes):
+  //   u_i = beta_i (v_i - (total_i S_c k^_i + sum_{m<i} dec_m (k^_m . k^_i) u_m))
+  // row by row in record order. Needs sm.k, sm.k2 and sm.dec.g of every record (step 3).
+  static __device__ __forceinline__ void recompute_held_u(const Params& p, Smem& sm, const Copy<state_t>& ck,
+                                                          int slot, int vhead, int row0, int held) {
+    auto& h = sm.held;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t ring = (int64_t(slot) * p.num_v_heads + vhead) * CAP;
+    for (int e = threadIdx.x; e < held * ROWS; e += kThreads)
+      h.v[e / ROWS][e % ROWS] = to_float(p.rec_v[(ring + e / ROWS) * V + row0 + e % ROWS]);
+    for (int i = threadIdx.x; i < held; i += kThreads) h.beta[i] = p.rec_beta[ring + i];
+    if (warp == 0) {
+      for (int i = 0; i < held; ++i) {
+        const float total = suffix_decays(sm.dec.g, h.decay[i], i + 1);
+        if (lane == 0) h.total[i] = total;
+      }
+    }
+    for (int pair = warp; pair < held * held; pair += WARPS) {  // (i, m), m < i: step i's k_m . k_i
+      const int i = pair / held, m = pair % held;
+      if (m >= i) continue;
+      float kk = 0.f;
+      for (int c = lane; c < K; c += 32) kk = fmaf(sm.k[m][c], sm.k[i][c], kk);
+      kk = group_sum<32>(kk);
+      if (lane == 0) h.kk[i][m] = kk;
+    }
+    #pragma unroll
+    for (int pass = 0; pass < Tile::kPasses; ++pass) {  // S_c k^_i for this lane's rows
+      float s[Tile::kChunksPerLane][Tile::kVec];
+      ck.values(pass, 1.f, s);
+      for (int i = 0; i < held; ++i) {
+        float k_reg[Tile::kChunksPerLane][Tile::kVec];
+        Tile::slice(sm.k[i], k_reg);
+        float sk = 0.f;
+        #pragma unroll
+        for (int c = 0; c < Tile::kChunksPerLane; ++c)
+          #pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) sk = fmaf(s[c][e], k_reg[c][e], sk);
+        const float rk_i = L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f;
+        sk = group_sum<Tile::kLanesPerRow>(sk) * rk_i;
+        if (Tile::row_leader()) h.predicted[i][Tile::row(pass)] = sk;
+      }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < ROWS; r += kThreads) {
+      for (int i = 0; i < held; ++i) {
+        const float rk_i = L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f;
+        float pred = 0.f;
+        for (int m = 0; m < i; ++m) {
+          const float rk_m = L2NORM ? rsqrtf(sm.k2[m] + kNormEps) : 1.f;
+          pred = fmaf(h.decay[i][m] * h.kk[i][m] * rk_m * rk_i, sm.u[m][r], pred);
+        }
+        sm.u[i][r] = h.beta[i] * (h.v[i][r] - (h.total[i] * h.predicted[i][r] + pred));
+      }
+    }
+    __syncthreads();
+  }
+
 
   // A held record's decay in the replay sums: dec_i for a scalar decay; 1 per channel, where the
   // decays are inside the dots (and the fold's decayed k rows).
@@ -353,9 +450,9 @@ struct Kernel {
     act_t* out = p.out + (int64_t(row) * p.num_v_heads + vhead) * V + row0;
     if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
-    // 1. State reads first.
-    TileCheckpoint<Tile, state_t, V> ck;
-    ck.load(state_view(p), slot, p.num_v_heads, vhead, row0);
+    // 1. State reads first (the read copy's, in separate mode).
+    Copy<Read> read;
+    read.load(read_view(p), slot, p.num_v_heads, vhead, row0);
 
     // 2. Records (held ones from the rings, RecordStager) and this token's q, k, v.
     const act_t* q = p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h;
@@ -454,27 +551,49 @@ struct Kernel {
     // 4. Normalised coefficients, then per-row record sums (once per row, not per lane).
     const float rk_j = L2NORM ? rsqrtf(sm.k2[held] + kNormEps) : 1.f;
     const float rq = (L2NORM ? rsqrtf(sm.q2 + kNormEps) : 1.f) * p.scale;
-    for (int r = threadIdx.x; r < ROWS; r += kThreads) {
-      float pred = 0.f, osum = 0.f;
-      for (int i = 0; i < held; ++i) {
-        const float rk_i = L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f;
-        const float u = sm.u[i][r];
-        const float dec = record_decay(sm, i);
-        pred = fmaf(dec * sm.kk[i] * rk_i * rk_j, u, pred);
-        osum = fmaf(dec * sm.kq[i] * rk_i * rq, u, osum);
-        if (flush) sm.u[i][r] = dec * rk_i * u;  // fold weight of raw k_i
+    const auto row_sums = [&] {
+      for (int r = threadIdx.x; r < ROWS; r += kThreads) {
+        float pred = 0.f, osum = 0.f;
+        for (int i = 0; i < held; ++i) {
+          const float rk_i = L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f;
+          const float u = sm.u[i][r];
+          const float dec = record_decay(sm, i);
+          pred = fmaf(dec * sm.kk[i] * rk_i * rk_j, u, pred);
+          osum = fmaf(dec * sm.kq[i] * rk_i * rq, u, osum);
+          if (flush) sm.u[i][r] = dec * rk_i * u;  // fold weight of raw k_i
+        }
+        sm.pred[r] = pred;
+        sm.osum[r] = osum;
       }
-      sm.pred[r] = pred;
-      sm.osum[r] = osum;
-    }
-    __syncthreads();
+      __syncthreads();
+    };
 
-    // 5. Rows.
-    finish_rows(p, ck, out, flush, held,
-                RowScalars{PER_CHANNEL ? 1.f : sm.total_decay, sm.beta, rk_j, rq, sm.kq[held] * rk_j * rq},  // dec_j = 1
-                slot, seed, epoch, vhead, row0, sm.q[0], sm.v[0], sm.pred, sm.osum, &sm.u[0][0], &sm.k[0][0], &sm.dec);
+    // 5. Rows (a separate-mode flush from the carried copy, loaded now, its held u's recomputed).
+    const auto finish = [&](const auto& ck) {
+      finish_rows(p, ck, out, flush, held,
+                  RowScalars{PER_CHANNEL ? 1.f : sm.total_decay, sm.beta, rk_j, rq, sm.kq[held] * rk_j * rq},  // dec_j = 1
+                  slot, seed, epoch, vhead, row0, sm.q[0], sm.v[0], sm.pred, sm.osum, &sm.u[0][0], &sm.k[0][0],
+                  &sm.dec);
+    };
+    if (kSeparate && flush) {
+      Copy<state_t> carried;
+      carried.load(state_view(p), slot, p.num_v_heads, vhead, row0);
+      if constexpr (kSeparate && REPLAY) recompute_held_u(p, sm, carried, slot, vhead, row0, held);
+      row_sums();
+      finish(carried);
+    } else {
+      row_sums();
+      finish(read);
+    }
 
     if constexpr (REPLAY) {
+      if constexpr (kSeparate) {  // separate mode: v_j (this CTA's rows) and beta_j too
+        if (!flush) {
+          const int64_t at = (int64_t(slot) * p.num_v_heads + vhead) * CAP + held;
+          for (int r = threadIdx.x; r < ROWS; r += kThreads) p.rec_v[at * V + row0 + r] = from_float<act_t>(sm.v[0][r]);
+          if (split == 0 && threadIdx.x == 0) p.rec_beta[at] = sm.beta;
+        }
+      }
       if (!flush && split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`
         if constexpr (!PER_CHANNEL)  // (per channel: appended in channel_decays_and_dots)
           if (threadIdx.x == 0) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead) * CAP + held] = sm.dec.g[held];
