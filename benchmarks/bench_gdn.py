@@ -65,10 +65,14 @@ def parse_shape(shape: str):
     return model, family or model.family
 
 
-def bytes_per_step(H, HV, K, V, batch, window, state_size, act_size=2, gate_width=1):
-    state = batch * HV * V * K * state_size
+def bytes_per_step(H, HV, K, V, batch, window, fmt, act_size=2, gate_width=1):
+    carried, read = (
+        batch * HV * V * checkpoint_bytes(d, K) for d in (fmt.state, fmt.read or fmt.state)
+    )
     record = batch * (HV * V * 4 + H * K * act_size + HV * gate_width * 4)  # u (fp32), k, g
-    return replay_traffic(state, record, window)
+    if fmt.read:  # separate mode also records v and beta
+        record += batch * (HV * V * act_size + HV * 4)
+    return replay_traffic(carried, record, window, read=read if fmt.read else None)
 
 
 def fla_timing(family, inputs, HV, K, V, batch, nsets, gen, args):
@@ -147,9 +151,11 @@ def bench_config(
 
     wrappers = plan_wrappers(wrapper_type, cache, batch, args, config, check_slot_values,
                              stochastic_rounding=fmt.sr)  # fmt: skip
+    if fmt.read:  # separate mode has no conventional step
+        kernels = tuple(k for k in kernels if k != "conventional")
     res = decode_timings(cache, window, step, *wrappers, sets, args, kernels)
     assert torch.isfinite(out.float()).all(), "non-finite output"
-    traffic = bytes_per_step(H, HV, K, V, batch, window, row_bytes / K, gate_width=gate_width)
+    traffic = bytes_per_step(H, HV, K, V, batch, window, fmt, gate_width=gate_width)
     if (
         state_name == "f32"
         and "fla" in kernels

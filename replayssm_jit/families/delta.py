@@ -80,6 +80,7 @@ GDN = DeltaFamily(
         "use_qk_l2norm": ("qk_l2norm", True),
         "gates_in_kernel": ("gates_in_kernel", True),
         "stochastic_rounding": ("sr", False),
+        "read_copy_round_to_nearest": ("read_rn", False),
         "device_seed": ("device_seed", False),
     },
     records_warps=(8, 4),
