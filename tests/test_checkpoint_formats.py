@@ -188,9 +188,7 @@ def test_separate_mode_is_built_for_mamba2_and_gdn():
         kda_spec(**dims, read_dtype="e4m3")
     spec = gdn_spec(**dims, read_dtype="e4m3")
     assert spec.read_dtype == "e4m3" and "_read-e4m3" in spec.uri
-    # GDN's flush recomputes each held u from the carried copy: per item only, no split step.
-    assert spec.template_context()["split_kernel"] is False
-    assert gdn_spec(**dims).template_context()["split_kernel"] is True
+    assert spec.template_context()["split_kernel"] is True
 
 
 def test_gdn_separate_layout_records_v_and_beta():
@@ -206,14 +204,12 @@ def test_gdn_separate_layout_records_v_and_beta():
     assert separate.bytes_per_slot() == plain.bytes_per_slot() + read_copy + extra_rings
 
 
-def test_gdn_separate_mode_runs_per_item():
+def test_gdn_separate_mode_keeps_the_window():
     from replayssm_jit.launch.policy import choose_replay_kernel
 
     spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, read_dtype="e4m3")
-    assert choose_replay_kernel(spec, 256, 64, 132, LaunchConfig()) == "per-item"
+    assert choose_replay_kernel(spec, 256, 64, 132, LaunchConfig()) == "split"
     assert choose_replay_kernel(spec, 1, 64, 132, LaunchConfig()) == "per-item"
-    with pytest.raises(ValueError, match="^config.kernel: expected 'auto', 'per-item'"):
-        choose_replay_kernel(spec, 256, 64, 132, LaunchConfig(kernel="split"))
 
 
 def test_e4m3_rows_must_fill_16_byte_chunks():
@@ -614,7 +610,7 @@ def test_read_copy_rounding_option_needs_sr_and_a_read_copy():
                     flags=("sr", "read_rn"))  # fmt: skip
 
 
-SPLIT_FORMATS = [c for c in FORMATS if c[0] == "mamba2" and c[2] in ("e4m3", "nvfp4")] + [
+SPLIT_FORMATS = [c for c in FORMATS if c[0] in ("mamba2", "gdn") and c[2] in ("e4m3", "nvfp4")] + [
     FORMATS[0],
     ("mamba2", "nvfp4", None, True),
 ]
@@ -655,7 +651,7 @@ def test_conventional_e4m3_matches_the_emulation(name, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "name,kernel", [("mamba2", "per-item"), ("mamba2", "split"), ("gdn", "per-item")]
+    "name,kernel", [("mamba2", "per-item"), ("mamba2", "split"), ("gdn", "per-item"), ("gdn", "split")]
 )
 @pytest.mark.parametrize("state", ["f32", "f16"])
 def test_separate_carried_copy_is_the_single_copy_run(state, name, kernel, device):

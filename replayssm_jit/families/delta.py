@@ -97,7 +97,6 @@ GDN = DeltaFamily(
     # One records CTA serves a key head's value heads: the split pays off at fewer rows.
     verify_split_min_pairs_per_sm=1.5,
     read_copy=True,
-    split_read_copy=False,
 )
 
 

@@ -152,7 +152,7 @@ struct RecomputeSmem {
   float predicted[RECORDS][ROWS];  // S_c k^_i, this CTA's rows
   float decay[RECORDS][RECORDS];   // [i][m]: a(m+1:i) as record i's step formed it
   float kk[RECORDS][RECORDS];      // [i][m]: k_m . k_i, raw
-  float total[RECORDS], beta[RECORDS];
+  float total[RECORDS], beta[RECORDS], rk[RECORDS];
 };
 template <int RECORDS, int ROWS>
 struct RecomputeSmem<false, RECORDS, ROWS> {};
@@ -328,14 +328,17 @@ struct Kernel {
     else return state_view(p);
   }
 
-  // Separate mode's flush, before the rows' sums: each held u_i (into sm.u[i]) again from the
-  // carried copy `ck`, as record i's non-flush step of a one-copy run formed it (its suffix
-  // decays over records 0..i, the raw dots k_m . k_i, S_c k_i from the same tile and lanes):
+  // Separate mode's flush: each held u_i (into u[i][ROWS]) again from the carried copy `ck`, as
+  // record i's non-flush step of a one-copy run formed it (its suffix decays over the log-decays
+  // g[0..i], the raw dots k_m . k_i and norms, S_c k_i from the same tile and lanes):
   //   u_i = beta_i (v_i - (total_i S_c k^_i + sum_{m<i} dec_m (k^_m . k^_i) u_m))
-  // row by row in record order. Needs sm.k, sm.k2 and sm.dec.g of every record (step 3).
-  static __device__ __forceinline__ void recompute_held_u(const Params& p, Smem& sm, const Copy<state_t>& ck,
-                                                          int slot, int vhead, int row0, int held) {
-    auto& h = sm.held;
+  // row by row in record order. k: the held raw k rows (FP32 or as stored), in shared memory.
+  // Shared with the split state kernel, so both kernels' carried copies match a one-copy run's.
+  template <typename REC>
+  static __device__ __forceinline__ void recompute_held_u(const Params& p, const Copy<state_t>& ck, const REC* k,
+                                                          const float* g, float* u,
+                                                          RecomputeSmem<true, kRecords, ROWS>& h, int slot, int vhead,
+                                                          int row0, int held) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t ring = (int64_t(slot) * p.num_v_heads + vhead) * CAP;
     for (int e = threadIdx.x; e < held * ROWS; e += kThreads)
@@ -343,50 +346,52 @@ struct Kernel {
     for (int i = threadIdx.x; i < held; i += kThreads) h.beta[i] = p.rec_beta[ring + i];
     if (warp == 0) {
       for (int i = 0; i < held; ++i) {
-        const float total = suffix_decays(sm.dec.g, h.decay[i], i + 1);
+        const float total = suffix_decays(g, h.decay[i], i + 1);
         if (lane == 0) h.total[i] = total;
       }
     }
-    for (int pair = warp; pair < held * held; pair += WARPS) {  // (i, m), m < i: step i's k_m . k_i
+    // (i, m), m <= i: step i's k_m . k_i, and |k_i|^2 where m == i
+    for (int pair = warp; pair < held * held; pair += WARPS) {
       const int i = pair / held, m = pair % held;
-      if (m >= i) continue;
+      if (m > i) continue;
       float kk = 0.f;
-      for (int c = lane; c < K; c += 32) kk = fmaf(sm.k[m][c], sm.k[i][c], kk);
+      for (int c = lane; c < K; c += 32) kk = fmaf(to_float(k[m * K + c]), to_float(k[i * K + c]), kk);
       kk = group_sum<32>(kk);
-      if (lane == 0) h.kk[i][m] = kk;
+      if (lane == 0) {
+        if (m == i) {
+          h.rk[i] = L2NORM ? rsqrtf(kk + kNormEps) : 1.f;
+        } else {
+          h.kk[i][m] = kk;
+        }
+      }
     }
+    __syncthreads();
     #pragma unroll
     for (int pass = 0; pass < Tile::kPasses; ++pass) {  // S_c k^_i for this lane's rows
       float s[Tile::kChunksPerLane][Tile::kVec];
       ck.values(pass, 1.f, s);
       for (int i = 0; i < held; ++i) {
         float k_reg[Tile::kChunksPerLane][Tile::kVec];
-        Tile::slice(sm.k[i], k_reg);
+        Tile::slice(k + i * K, k_reg);
         float sk = 0.f;
         #pragma unroll
         for (int c = 0; c < Tile::kChunksPerLane; ++c)
           #pragma unroll
           for (int e = 0; e < Tile::kVec; ++e) sk = fmaf(s[c][e], k_reg[c][e], sk);
-        const float rk_i = L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f;
-        sk = group_sum<Tile::kLanesPerRow>(sk) * rk_i;
+        sk = group_sum<Tile::kLanesPerRow>(sk) * h.rk[i];
         if (Tile::row_leader()) h.predicted[i][Tile::row(pass)] = sk;
       }
     }
     __syncthreads();
     for (int r = threadIdx.x; r < ROWS; r += kThreads) {
       for (int i = 0; i < held; ++i) {
-        const float rk_i = L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f;
         float pred = 0.f;
-        for (int m = 0; m < i; ++m) {
-          const float rk_m = L2NORM ? rsqrtf(sm.k2[m] + kNormEps) : 1.f;
-          pred = fmaf(h.decay[i][m] * h.kk[i][m] * rk_m * rk_i, sm.u[m][r], pred);
-        }
-        sm.u[i][r] = h.beta[i] * (h.v[i][r] - (h.total[i] * h.predicted[i][r] + pred));
+        for (int m = 0; m < i; ++m) pred = fmaf(h.decay[i][m] * h.kk[i][m] * h.rk[m] * h.rk[i], u[m * ROWS + r], pred);
+        u[i * ROWS + r] = h.beta[i] * (h.v[i][r] - (h.total[i] * h.predicted[i][r] + pred));
       }
     }
     __syncthreads();
   }
-
 
   // A held record's decay in the replay sums: dec_i for a scalar decay; 1 per channel, where the
   // decays are inside the dots (and the fold's decayed k rows).
@@ -578,7 +583,8 @@ struct Kernel {
     if (kSeparate && flush) {
       Copy<state_t> carried;
       carried.load(state_view(p), slot, p.num_v_heads, vhead, row0);
-      if constexpr (kSeparate && REPLAY) recompute_held_u(p, sm, carried, slot, vhead, row0, held);
+      if constexpr (kSeparate && REPLAY)
+        recompute_held_u(p, carried, &sm.k[0][0], sm.dec.g, &sm.u[0][0], sm.held, slot, vhead, row0, held);
       row_sums();
       finish(carried);
     } else {

@@ -19,15 +19,19 @@ namespace replayssm::gdn {
 
 // Per (batch row, value head): extra = [pred | osum] (2 V), per channel then [total * q_j |
 // total * k_j | total] (3 K) and a flush's decayed held k rows ((CAP - 1) K); scalars =
-// RowScalars, coef [CAP].
-template <int K, int V, int CAP, bool PER_CHANNEL>
+// RowScalars, coef [CAP]. Separate mode adds a flush's pred weights [CAP] to extra.
+template <int K, int V, int CAP, bool PER_CHANNEL, bool SEPARATE>
 struct WorkspaceLayout {
   static constexpr int kChannels = 2 * V;                // offset of total * q_j in extra
   static constexpr int kDecayedRows = kChannels + 3 * K;  // offset of the decayed held k rows
-  static constexpr int kExtra = PER_CHANNEL ? kDecayedRows + (CAP > 1 ? CAP - 1 : 1) * K : 2 * V;
+  // Separate mode (scalar decay): a flush's weights of the held u_i in this token's pred, after
+  // the two row sums (which a separate-mode flush does not use: its u_i come from the carried copy).
+  static constexpr int kPredWeights = 2 * V;
+  static constexpr int kExtra =
+      PER_CHANNEL ? kDecayedRows + (CAP > 1 ? CAP - 1 : 1) * K : kPredWeights + (SEPARATE ? CAP : 0);
 };
-template <int K, int V, int CAP, bool PER_CHANNEL = false>
-using Workspace = SplitWorkspace<WorkspaceLayout<K, V, CAP, PER_CHANNEL>::kExtra, 5, CAP>;
+template <int K, int V, int CAP, bool PER_CHANNEL = false, bool SEPARATE = false>
+using Workspace = SplitWorkspace<WorkspaceLayout<K, V, CAP, PER_CHANNEL, SEPARATE>::kExtra, 5, CAP>;
 
 // The state kernel's per-channel vectors, named as decode_kernel.cuh's DecaySmem for finish_rows.
 template <int K>
@@ -39,12 +43,15 @@ struct ChannelDecays {
 
 // WARPS: 8, or 4 where the grid covers the chip many times over (ops/tiling.py): a warp's fixed
 // work (index math, copies' set-up, barriers) then counts for less against the per-row work.
+// SEPARATE (separate mode, scalar decay): a non-flush step appends beta_j too; a flush leaves the
+// row sums (from the read copy's u) and writes each held u_i's weight in this token's pred.
 template <int K, int V, int VPH, int L, int CAP, typename act_t, typename state_t, bool L2NORM, bool GATES_IN_KERNEL,
-          int WARPS = 8, bool PER_CHANNEL = false>
+          int WARPS = 8, bool PER_CHANNEL = false, bool SEPARATE = false>
 struct Records {
+  static_assert(!(SEPARATE && PER_CHANNEL), "separate mode is built for a scalar decay");
   using Params = gdn::Params<act_t, state_t>;
-  using Workspace = gdn::Workspace<K, V, CAP, PER_CHANNEL>;
-  using Offsets = WorkspaceLayout<K, V, CAP, PER_CHANNEL>;
+  using Workspace = gdn::Workspace<K, V, CAP, PER_CHANNEL, SEPARATE>;
+  using Offsets = WorkspaceLayout<K, V, CAP, PER_CHANNEL, SEPARATE>;
   static constexpr int kChannelHeads = PER_CHANNEL ? VPH : 1, kChannelRows = PER_CHANNEL ? CAP : 1,
                        kChannels = PER_CHANNEL ? K : 1;
   static constexpr int kWarps = WARPS, kThreads = kWarps * 32;
@@ -179,7 +186,12 @@ struct Records {
       }
     }
     __syncthreads();
-    row_sums(p, sm, ws, row, slot, vhead0, held);
+    if (SEPARATE && flush) {
+      for (int e = threadIdx.x; e < VPH * held; e += kThreads)
+        ws.extra(row, vhead0 + e / held)[Offsets::kPredWeights + e % held] = sm.s.w_pred[e / held][e % held];
+    } else {
+      row_sums(p, sm, ws, row, slot, vhead0, held);
+    }
 
     if (threadIdx.x < VPH) {
       float* sc = ws.scalars(row, vhead0 + threadIdx.x);
@@ -199,7 +211,9 @@ struct Records {
         for (int e = threadIdx.x; e < VPH * K; e += kThreads)
           p.rec_g[((int64_t(slot) * p.num_v_heads + vhead0 + e / K) * CAP + held) * K + e % K] = sm.channel_g_cur[e / K][e % K];
       } else if (threadIdx.x < VPH) {
-        p.rec_g[(int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held] = sm.s.g_cur[threadIdx.x];
+        const int64_t at = (int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held;
+        p.rec_g[at] = sm.s.g_cur[threadIdx.x];
+        if constexpr (SEPARATE) p.rec_beta[at] = sm.s.beta[threadIdx.x];
       }
       store_rows<act_t, K, 1, kThreads>(p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K, 0, sm.k_cur, 0);
     }
@@ -317,14 +331,20 @@ constexpr bool capped_registers_tile() {
   return WARPS == 4 && ROWS * K / (WARPS * 32) == 64;
 }
 
+// Separate mode (read_t not void): non-flush rows read the read copy and append v_j; a flush
+// loads the carried copy, recomputes the held u_i from it (the per-item kernel's
+// recompute_held_u), forms this token's pred from them and folds as a one-copy flush does.
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
-          bool GATES_IN_KERNEL, bool SR, bool CAPPED_REGISTERS = false, bool PER_CHANNEL = false>
+          bool GATES_IN_KERNEL, bool SR, bool CAPPED_REGISTERS = false, bool PER_CHANNEL = false,
+          typename read_t = void, bool READ_SR = SR>
 struct State {
-  using Base = Kernel<K, V, VPH, L, CAP, ROWS, WARPS, act_t, state_t, true, L2NORM, GATES_IN_KERNEL, SR, PER_CHANNEL>;
+  using Base = Kernel<K, V, VPH, L, CAP, ROWS, WARPS, act_t, state_t, true, L2NORM, GATES_IN_KERNEL, SR, PER_CHANNEL,
+                      read_t, READ_SR>;
+  static constexpr bool kSeparate = Base::kSeparate;
   using Params = typename Base::Params;
   using Tile = typename Base::Tile;
-  using Workspace = gdn::Workspace<K, V, CAP, PER_CHANNEL>;
-  using Offsets = WorkspaceLayout<K, V, CAP, PER_CHANNEL>;
+  using Workspace = gdn::Workspace<K, V, CAP, PER_CHANNEL, kSeparate>;
+  using Offsets = WorkspaceLayout<K, V, CAP, PER_CHANNEL, kSeparate>;
   static constexpr int kThreads = Base::kThreads, kSplits = Base::kSplits;
   static constexpr int kCappedRegisters = 96;
   static constexpr int kMinBlocks = CAPPED_REGISTERS ? kRegistersPerSm / (kThreads * kCappedRegisters) : 0;
@@ -352,6 +372,8 @@ struct State {
     alignas(16) float k_f32[kConvertK ? CAP : 1][K];
     alignas(16) float q_f32[kConvertK ? K : 1];
     alignas(16) float v_f32[kConvertK ? ROWS : 1];
+    float held_g[kSeparate ? CAP : 1];  // separate mode's flush: the held records' log-decays
+    RecomputeSmem<kSeparate, CAP, ROWS> held;
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
@@ -365,8 +387,9 @@ struct State {
     if (skip_unusable_row<ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out)) return;  // nothing else to do
 
     // Checkpoint rows and this token's q, k and v first: none of them waits for the records kernel.
-    TileCheckpoint<Tile, state_t, V> ck;
-    ck.load(Base::state_view(p), slot, p.num_v_heads, vhead, row0);
+    // The copy non-flush steps read (separate mode: the read copy; a flush loads the carried one below).
+    typename Base::template Copy<typename Base::Read> read;
+    read.load(Base::read_view(p), slot, p.num_v_heads, vhead, row0);
     const act_t* k_cur = p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h;
     copy_rows_async<act_t, K, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0,
                                         0, 1, 1);
@@ -407,13 +430,31 @@ struct State {
       if constexpr (!PER_CHANNEL)
         copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
                                             0, K, 1, held);
-      copy_rows_async<float, ROWS, kThreads>(&sm.u[0][0], 0, ROWS,
-                                             p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * CAP * V + row0, 0, V, 1,
-                                             held);
+      if constexpr (kSeparate) {  // the held u_i come from the carried copy: their log-decays instead
+        copy_rows_async<float, 1, kThreads>(sm.held_g, 0, 1, p.rec_g + (int64_t(slot) * p.num_v_heads + vhead) * CAP, 0, 1,
+                                            1, held);
+      } else {
+        copy_rows_async<float, ROWS, kThreads>(&sm.u[0][0], 0, ROWS,
+                                               p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * CAP * V + row0, 0, V,
+                                               1, held);
+      }
       copy_rows_async<float, 1, kThreads>(sm.coef, 0, 1, ws.coef(row, vhead), 0, 1, 1, held);
     }
     pipe::wait_copies();
     __syncthreads();
+    typename Base::template Copy<state_t> carried;
+    if constexpr (kSeparate) {
+      if (flush) {  // the held u_i from the carried copy, then this token's pred from them
+        carried.load(Base::state_view(p), slot, p.num_v_heads, vhead, row0);
+        Base::recompute_held_u(p, carried, &sm.k[0][0], sm.held_g, &sm.u[0][0], sm.held, slot, vhead, row0, held);
+        const float* weights = extra + Offsets::kPredWeights;
+        for (int r = threadIdx.x; r < ROWS; r += kThreads) {
+          float pred = 0.f;
+          for (int i = 0; i < held; ++i) pred = fmaf(weights[i], sm.u[i][r], pred);
+          sm.pred[r] = pred;
+        }
+      }
+    }
     if (flush) {  // u_i scaled by dec_i / |k_i|, as the per-item kernel does
       for (int e = threadIdx.x; e < held * ROWS; e += kThreads) sm.u[e / ROWS][e % ROWS] *= sm.coef[e / ROWS];
       if constexpr (kConvertK) {
@@ -429,14 +470,27 @@ struct State {
     // so that both kernels contract the same products into the same FMAs.
     const typename Base::RowScalars sc{PER_CHANNEL ? 1.f : sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3],
                                        sm.scalars[4]};
-    const auto finish = [&](bool fold, const auto* q, const auto* v, const auto* k) {
+    const auto finish = [&](const auto& ck, bool fold, const auto* q, const auto* v, const auto* k) {
       Base::finish_rows(p, ck, out, fold, held, sc, slot, seed, epoch, vhead, row0, q, v, sm.pred, sm.osum,
                         &sm.u[0][0], k, &sm.channels);
     };
-    if (kConvertK && flush) {
-      finish(true, sm.q_f32, sm.v_f32, &sm.k_f32[0][0]);
+    const auto finish_from = [&](const auto& ck) {
+      if (kConvertK && flush) {
+        finish(ck, true, sm.q_f32, sm.v_f32, &sm.k_f32[0][0]);
+      } else {
+        finish(ck, flush, sm.q, sm.v, &sm.k[0][0]);
+      }
+    };
+    if (kSeparate && flush) {
+      finish_from(carried);
     } else {
-      finish(flush, sm.q, sm.v, &sm.k[0][0]);
+      finish_from(read);
+    }
+    if constexpr (kSeparate) {  // separate mode's v_j at ring row `held`, this CTA's rows
+      if (!flush) {
+        act_t* v_out = p.rec_v + ((int64_t(slot) * p.num_v_heads + vhead) * CAP + held) * V + row0;
+        for (int r = threadIdx.x; r < ROWS; r += kThreads) v_out[r] = sm.v[r];
+      }
     }
   }
 };
