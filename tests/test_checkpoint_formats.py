@@ -651,7 +651,8 @@ def test_conventional_e4m3_matches_the_emulation(name, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "name,kernel", [("mamba2", "per-item"), ("mamba2", "split"), ("gdn", "per-item"), ("gdn", "split")]
+    "name,kernel",
+    [("mamba2", "per-item"), ("mamba2", "split"), ("gdn", "per-item"), ("gdn", "split")],
 )
 @pytest.mark.parametrize("state", ["f32", "f16"])
 def test_separate_carried_copy_is_the_single_copy_run(state, name, kernel, device):
