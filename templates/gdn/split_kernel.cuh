@@ -27,8 +27,10 @@ struct WorkspaceLayout {
   // Separate mode (scalar decay): a flush's weights of the held u_i in this token's pred, after
   // the two row sums (which a separate-mode flush does not use: its u_i come from the carried copy).
   static constexpr int kPredWeights = 2 * V;
+  // (rounded to 4 floats: the state kernel copies each row's sums as 16-byte chunks)
   static constexpr int kExtra =
-      PER_CHANNEL ? kDecayedRows + (CAP > 1 ? CAP - 1 : 1) * K : kPredWeights + (SEPARATE ? CAP : 0);
+      PER_CHANNEL ? kDecayedRows + (CAP > 1 ? CAP - 1 : 1) * K : kPredWeights + (SEPARATE ? (CAP + 3) / 4 * 4 : 0);
+  static_assert(kExtra % 4 == 0, "each (row, head)'s extra must start 16-byte aligned");
 };
 template <int K, int V, int CAP, bool PER_CHANNEL = false, bool SEPARATE = false>
 using Workspace = SplitWorkspace<WorkspaceLayout<K, V, CAP, PER_CHANNEL, SEPARATE>::kExtra, 5, CAP>;
