@@ -455,6 +455,7 @@ struct State {
           for (int i = 0; i < held; ++i) pred = fmaf(weights[i], sm.u[i][r], pred);
           sm.pred[r] = pred;
         }
+        __syncthreads();  // before the u rows are scaled below, by other threads
       }
     }
     if (flush) {  // u_i scaled by dec_i / |k_i|, as the per-item kernel does
