@@ -370,16 +370,27 @@ struct Kernel {
     for (int pass = 0; pass < Tile::kPasses; ++pass) {  // S_c k^_i for this lane's rows
       float s[Tile::kChunksPerLane][Tile::kVec];
       ck.values(pass, 1.f, s);
-      for (int i = 0; i < held; ++i) {
-        float k_reg[Tile::kChunksPerLane][Tile::kVec];
-        Tile::slice(k + i * K, k_reg);
-        float sk = 0.f;
+      // kBatch records' lane reductions at once: their shuffle chains overlap.
+      constexpr int kBatch = 8;
+      for (int i0 = 0; i0 < held; i0 += kBatch) {
+        float sk[kBatch];
         #pragma unroll
-        for (int c = 0; c < Tile::kChunksPerLane; ++c)
-          #pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) sk = fmaf(s[c][e], k_reg[c][e], sk);
-        sk = group_sum<Tile::kLanesPerRow>(sk) * h.rk[i];
-        if (Tile::row_leader()) h.predicted[i][Tile::row(pass)] = sk;
+        for (int b = 0; b < kBatch; ++b) {
+          sk[b] = 0.f;
+          if (i0 + b < held) {
+            float k_reg[Tile::kChunksPerLane][Tile::kVec];
+            Tile::slice(k + (i0 + b) * K, k_reg);
+            #pragma unroll
+            for (int c = 0; c < Tile::kChunksPerLane; ++c)
+              #pragma unroll
+              for (int e = 0; e < Tile::kVec; ++e) sk[b] = fmaf(s[c][e], k_reg[c][e], sk[b]);
+          }
+        }
+        #pragma unroll
+        for (int b = 0; b < kBatch; ++b) sk[b] = group_sum<Tile::kLanesPerRow>(sk[b]);
+        #pragma unroll
+        for (int b = 0; b < kBatch; ++b)
+          if (i0 + b < held && Tile::row_leader()) h.predicted[i0 + b][Tile::row(pass)] = sk[b] * h.rk[i0 + b];
       }
     }
     __syncthreads();
