@@ -53,17 +53,16 @@ def checkpoint_bytes(fmt: str | None, heads: int, rows: int, cols: int) -> float
 
 
 def record_bytes(model, capacity: int, two_precision: bool) -> float:
-    """The record rings of one sequence: the family's rings (BF16 activations), plus v and beta
-    per token for a two-precision delta-rule family."""
+    """The record rings of one sequence: the family's rings (BF16 activations), with separate
+    mode's own (a delta-rule family's v and beta per token) where `two_precision`."""
     family = get_family(model.family)
     shape = HeadShape(model.key_heads, model.value_heads, model.d_k, model.d_v)
     total = sum(
         torch.Size(ring.per_slot_shape(shape, capacity)).numel()
         * ring.torch_dtype(torch.bfloat16).itemsize
         for ring in family.rings
+        if two_precision or not ring.read_copy_only
     )
-    if two_precision and model.family in ("gdn", "kda"):
-        total += capacity * model.value_heads * (model.d_v * 2 + 4)
     return float(total)
 
 

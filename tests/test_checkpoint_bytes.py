@@ -34,7 +34,8 @@ def test_table_rows(capsys):
 
 def test_built_formats_match_the_layouts():
     """Where a format is built, the analytic bytes are the layout's (cursors aside): shared FP8
-    at every model shape and separate FP32 + FP8 at the Mamba-2 ones."""
+    at every model shape, separate FP32 + FP8 at the Mamba-2 and GDN ones (GDN's records then
+    keep v and beta too), and NVFP4 (shared and separate) at the Mamba-2 ones."""
     from replayssm_jit.families import get_family
     from replayssm_jit.families.layout import family_layout
     from replayssm_jit.models import MODELS
@@ -45,12 +46,17 @@ def test_built_formats_match_the_layouts():
                         (model.key_heads, model.value_heads, model.d_k, model.d_v)))  # fmt: skip
         dims = (model.value_heads, model.d_v, model.d_k)
         cursors = 16
+        fam = get_family(model.family)
         configs = [("e4m3", None, cb.checkpoint_bytes("fp8", *dims))]
-        if model.family == "mamba2" and checkpoint_tilings(model.d_v, model.d_k, ("f32", "e4m3")):
-            both = cb.checkpoint_bytes("fp32", *dims) + cb.checkpoint_bytes("fp8", *dims)
-            configs.append(("f32", "e4m3", both))
+        for read, name in (("e4m3", "fp8"), ("nvfp4", "nvfp4")):
+            built = fam.read_copy and (read == "e4m3" or fam.nvfp4)
+            if built and checkpoint_tilings(model.d_v, model.d_k, ("f32", read)):
+                both = cb.checkpoint_bytes("fp32", *dims) + cb.checkpoint_bytes(name, *dims)
+                configs.append(("f32", read, both))
+        if fam.nvfp4:
+            configs.append(("nvfp4", None, cb.checkpoint_bytes("nvfp4", *dims)))
         for state, read, ckpt in configs:
             layout = family_layout(model.family, window=16, state_dtype=state, read_dtype=read,
                                    **args)  # fmt: skip
-            rings = cb.record_bytes(model, layout.capacity, two_precision=False)
+            rings = cb.record_bytes(model, layout.capacity, two_precision=read is not None)
             assert layout.bytes_per_slot() == ckpt + rings + cursors, (model, state, read)
