@@ -532,7 +532,7 @@ def test_stochastic_rounding_seeds(monkeypatch):
 @pytest.mark.parametrize(
     ("name", "options", "error", "match"),
     [
-        ("qwen3_next", dict(read_dtype="e4m3"), ValueError, r"^read_dtype: separate mode .* gdn"),
+        ("qwen3_next", dict(read_dtype="nvfp4"), ValueError, r"^read_dtype: NVFP4 .* not gdn"),
         ("nemotron_h", dict(mode="conventional", read_dtype="e4m3"), ValueError,
          "^mode: expected 'replay' for a layout with a read copy"),
         ("nemotron_h", dict(stochastic_rounding=True), ValueError, "^flags: 'sr'"),

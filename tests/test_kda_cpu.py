@@ -60,7 +60,7 @@ def test_preset_kda_specs_render(preset):
         assert "constexpr bool kPerChannel = true;" in text
         assert text.count("double lower_bound, TensorView out") == (2 if spec.drafts == 1 else 4)
         assert '#include "gdn/split_kernel.cuh"' in text
-        assert "WARPS, kPerChannel>" in text and "kPerChannel>;" in text
+        assert "WARPS, kPerChannel," in text and "kPerChannel, read_t, kReadSR>;" in text
 
 
 def test_kda_launches_as_gdn_and_verifies_per_item():
