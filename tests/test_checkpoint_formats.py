@@ -315,6 +315,36 @@ def test_lifecycle_encodes_and_materializes():
     assert torch.equal(got, want)
 
 
+def test_gdn_separate_materializes_the_carried_state():
+    """A GDN separate-mode slot holding records materializes to the carried copy's state: its
+    held u recomputed from the carried copy, as a one-copy FP32 run of the same inputs holds
+    them (not the read copy's u in the ring), and to the float64 decode of the inputs."""
+    gen = torch.Generator().manual_seed(8)
+    fam = DeltaFamily("cpu", gen, per_channel=False)
+    init = 0.5 * torch.randn(2, *fam.state_shape, generator=gen)
+    tokens = [fam.tokens(2) for _ in range(6)]  # window 4: a flush at step 4, then two held
+    rows = torch.tensor([0, 1], dtype=torch.int32)
+    states, rings = {}, {}
+    for read in (None, "e4m3"):
+        cache = GDNDecodeCache(2, **fam.dims, window=4, read_dtype=read, act_dtype=F32,
+                               device="cpu")  # fmt: skip
+        wrapper = GDNDecodeWrapper(cache)
+        wrapper.plan(2, **fam.options)
+        cache.reset([0, 1], init)
+        for tok in tokens:
+            fam.run(wrapper, tok, rows)
+        assert cache.cursors[:, 0].tolist() == [2, 2]
+        states[read] = wrapper.materialize([0, 1])
+        rings[read] = cache.tensors["rec_u"][:, :, :2].clone()
+    assert torch.allclose(states["e4m3"], states[None], rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(rings["e4m3"], rings[None], rtol=1e-4, atol=1e-5)  # LP-derived u
+    want = init.to(F64)
+    for tok in tokens:
+        fam.reference(want, rows, tok)  # (advances `want` in place)
+    err = (states["e4m3"].to(F64) - want).norm() / want.norm()
+    assert err < 1e-5, err
+
+
 # ---------------------------------------------------------------------------------------------
 # Decode steps against float64 emulations
 # ---------------------------------------------------------------------------------------------
