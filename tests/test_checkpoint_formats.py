@@ -702,6 +702,35 @@ def test_separate_carried_copy_is_the_single_copy_run(state, name, kernel, devic
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["per-item", "split"])
+def test_gdn_separate_with_bf16_activations(kernel):
+    """BF16 activations (the split state kernel then recomputes from FP32 copies of the held k
+    rows): the carried copy is bit for bit a one-copy FP32 run's, and within FMA order of the
+    CPU twin's, after three flushes."""
+    gen = torch.Generator().manual_seed(9)
+    fam = DeltaFamily("cpu", gen, per_channel=False)
+    init = 0.5 * torch.randn(4, *fam.state_shape, generator=gen)
+    tokens = []
+    for _ in range(12):
+        tok = fam.tokens(3)
+        tokens.append({k: (v.to(torch.bfloat16) if k in "qkv" else v) for k, v in tok.items()})
+    rows = torch.tensor([2, 0, 3], dtype=torch.int32)
+    ends = {}
+    for device, read in (("cuda", None), ("cuda", "e4m3"), ("cpu", "e4m3")):
+        cache = GDNDecodeCache(4, **fam.dims, window=4, read_dtype=read,
+                               act_dtype=torch.bfloat16, device=device)  # fmt: skip
+        wrapper = GDNDecodeWrapper(cache)
+        wrapper.plan(3, config=LaunchConfig(kernel=kernel, rows_per_cta=64), **fam.options)
+        cache.reset([0, 1, 2, 3], init)
+        for tok in tokens:
+            fam.run(wrapper, {k: v.to(device) for k, v in tok.items()}, rows.to(device))
+        ends[device, read] = cache.state.cpu()
+    assert torch.equal(ends["cuda", "e4m3"], ends["cuda", None])
+    assert torch.allclose(ends["cuda", "e4m3"], ends["cpu", "e4m3"], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(ends["cuda", "e4m3"], init), "no flush reached the state"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("case", [c for c in FORMATS if c[3]], ids=_fid)
 def test_gpu_rounding_is_the_cpu_twin(case):
     """The kernels' rounding bits are the CPU twin's: the same sequence on both devices ends in

@@ -448,7 +448,14 @@ struct State {
     if constexpr (kSeparate) {
       if (flush) {  // the held u_i from the carried copy, then this token's pred from them
         carried.load(Base::state_view(p), slot, p.num_v_heads, vhead, row0);
-        Base::recompute_held_u(p, carried, &sm.k[0][0], sm.held_g, &sm.u[0][0], sm.held, slot, vhead, row0, held);
+        if constexpr (kConvertK) {  // the held k rows as FP32 first: the recomputation reads each many times
+          for (int e = threadIdx.x; e < held * K; e += kThreads) (&sm.k_f32[0][0])[e] = to_float((&sm.k[0][0])[e]);
+          __syncthreads();
+          Base::recompute_held_u(p, carried, &sm.k_f32[0][0], sm.held_g, &sm.u[0][0], sm.held, slot, vhead, row0,
+                                 held);
+        } else {
+          Base::recompute_held_u(p, carried, &sm.k[0][0], sm.held_g, &sm.u[0][0], sm.held, slot, vhead, row0, held);
+        }
         const float* weights = extra + Offsets::kPredWeights;
         for (int r = threadIdx.x; r < ROWS; r += kThreads) {
           float pred = 0.f;
