@@ -719,10 +719,12 @@ def _delta_step(setup: StepSetup, family: str, gates, *, state, state_scale, rea
         rq = _query_scale(q_j, l2norm, per_key, scale)  # [b, HV]
         reads = read_state is not None and not flush
         s = _load_state(*((read_state, read_scale) if reads else (state, state_scale)), slots)
-        us = rec_u[slots, :, :held].to(_F32) if held else None  # [b, HV, n, V]
-        if read_state is not None and flush and held:  # each held u again, from state
+        us = None  # the held u [b, HV, n, V]: a separate-mode flush's again from state
+        if held and read_state is not None and flush:
             vs, betas = rec_v[slots, :, :held].to(_F32), rec_beta[slots, :, :held].to(_F32)
             us = recompute_held_u(s, ks[:, :, :held], gs[:, :, :held], vs, betas, l2norm, per_key)
+        elif held:
+            us = rec_u[slots, :, :held].to(_F32)
         predicted, total, decayed, kq, rk = _delta_replay(s, ks, gs, us, query, l2norm, per_key)
         rk_j = rk[..., held]
         u_j = beta[..., None] * (v_j - predicted)  # [b, HV, V]

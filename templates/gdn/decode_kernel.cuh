@@ -380,10 +380,7 @@ struct Kernel {
           if (i0 + b < held) {
             float k_reg[Tile::kChunksPerLane][Tile::kVec];
             Tile::slice(k + (i0 + b) * K, k_reg);
-            #pragma unroll
-            for (int c = 0; c < Tile::kChunksPerLane; ++c)
-              #pragma unroll
-              for (int e = 0; e < Tile::kVec; ++e) sk[b] = fmaf(s[c][e], k_reg[c][e], sk[b]);
+            sk[b] = Tile::dot(s, k_reg);
           }
         }
         #pragma unroll
