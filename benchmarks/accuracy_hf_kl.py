@@ -25,7 +25,7 @@ read_dtype and stochastic rounding; window 16, the rows' flushes staggered, repl
 per-item kernel; conventional SR gets a new seed every step). Metric: KL(p_ref || p_config)
 of the next-token distributions per step and row (float64; rounding noise below zero is
 clamped), averaged over the rows and over the --report-window steps ending at each N.
-Configurations whose formats are not built (GDN's NVFP4) are listed as such,
+Configurations whose formats are not built (none today) are listed as such,
 with the reason hf.patch gives.
 
 Writes accuracy-hf-kl-<model>.json, accuracy-hf-kl-<model>.png and accuracy-hf-kl.md into

@@ -13,7 +13,7 @@ match the emulation's. Activations are float32: the output is then rounded only 
 comparison is about the checkpoint (BF16 outputs alone would be ~2e-3 off). D x is left out of
 the kernels (has_D=False), so y is the SSM part and the metric is the study's
 ||y - y_ref|| / ||y_ref - D x||, over the --report-window steps ending at each N in --steps, from
-one run to the largest N. Configurations whose formats are not built (GDN's NVFP4) are listed
+one run to the largest N. Configurations whose formats are not built (none today) are listed
 as such. The kernels key conventional SR by (seed, slot, element) alone, so each
 conventional step gets a seed of its own here (--fixed-conv-seed keeps the plan's one seed).
 Writes accuracy-kernels-<family>.json, .md and .png into --out (default benchmarks/scratch/),
@@ -166,7 +166,8 @@ class KernelConfig:
 def kernel_config(cfg: study.Config, family) -> KernelConfig:
     formats = [cfg.carry, *([cfg.read] if cfg.read else [])]
     if any(f.name == "nvfp4" for f in formats) and not family.wrapper_type.family.nvfp4:
-        return KernelConfig(cfg, not_built="NVFP4 checkpoints are built for Mamba-2 only")
+        name = family.wrapper_type.family.name
+        return KernelConfig(cfg, not_built=f"NVFP4 checkpoints are not built for {name}")
     if cfg.read is not None and not family.wrapper_type.family.read_copy:
         name = family.wrapper_type.family.name
         return KernelConfig(cfg, not_built=f"separate mode (a read copy) is not built for {name}")

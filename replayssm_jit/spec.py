@@ -208,7 +208,13 @@ def checkpoint_tilings(rows: int, cols: int, dtypes) -> list[tuple[int, int]]:
     for other in present[1:]:
         also = set(rows_tilings(rows, cols, CHUNK_VALUES[other], whole_heads=whole))
         tilings = [t for t in tilings if t in also]
-    return tilings
+    if tilings or len(present) == 1:
+        return tilings
+    # The copies' preferred warp counts differ: per rows_per_cta the first that tiles both.
+    every = [rows_tilings(rows, cols, CHUNK_VALUES[d], whole_heads=whole, every_warps=True)
+             for d in present]  # fmt: skip
+    common = [t for t in every[0] if all(t in other for other in every[1:])]
+    return [t for i, t in enumerate(common) if t[0] not in {r for r, _ in common[:i]}]
 
 
 def make_spec(

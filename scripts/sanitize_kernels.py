@@ -109,7 +109,7 @@ FULL_STEPS = (
 )  # every schedule's cases reached (a speculative one's ring rows rewritten)
 # (checkpoint format, stochastic rounding): every format the preset builds; "f32+e4m3" is
 # separate mode (an FP32 carried copy, an e4m3 read copy; Mamba-2 and GDN, no drafts), e4m3 and
-# nvfp4 (Mamba-2 only) no drafts
+# nvfp4 no drafts
 STATES = (("f32", False), ("bf16", False), ("bf16", True), ("f16", False), ("e4m3", False),
           ("e4m3", True), ("f32+e4m3", False), ("f32+e4m3", True), ("nvfp4", False),
           ("nvfp4", True), ("f32+nvfp4", False), ("f32+nvfp4", True))  # fmt: skip
@@ -121,9 +121,9 @@ def format_supported(family: str, state: str, drafts: int) -> bool:
     if drafts > 1 and state not in ("f32", "bf16", "f16"):
         return False
     fam = get_family(family)
-    if "nvfp4" in state:
-        return fam.nvfp4
-    return "+" not in state or fam.read_copy
+    if "+" in state and not fam.read_copy:
+        return False
+    return fam.nvfp4 or "nvfp4" not in state
 
 
 REPLAY_KERNELS = ("per-item", "flush-every-step", "split")

@@ -43,11 +43,12 @@ def test_short_cpu_run_writes_ordered_errors(tmp_path):
     assert (tmp_path / "accuracy-kernels-mamba2.png").stat().st_size > 0
 
 
-def test_gdn_runs_separate_mode_and_lists_nvfp4_as_not_built():
+def test_gdn_runs_separate_mode_and_nvfp4():
     configs = {c.label: kernels.kernel_config(c, kernels.GDNInputs) for c in study.CONFIGS}
     assert not configs["separate FP32 + FP8"].not_built
     assert configs["separate FP32 + FP8"].read_dtype == torch.float8_e4m3fn
-    assert "built for Mamba-2 only" in configs["shared NVFP4+SR"].not_built
+    assert not configs["shared NVFP4+SR"].not_built
+    assert configs["separate FP32 + NVFP4"].read_dtype == torch.float4_e2m1fn_x2
     assert configs["shared FP8+SR"].state_dtype == torch.float8_e4m3fn
     assert configs["conv FP8+SR"].mode == "conventional" and configs["conv FP8+SR"].sr
 

@@ -29,6 +29,7 @@ from replayssm_jit import (
     Mamba2DecodeCache,
     Mamba2DecodeWrapper,
 )
+from replayssm_jit.families import HeadShape
 from replayssm_jit.families.layout import CheckpointFormat, gdn_layout, mamba2_layout
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops import cpu
@@ -36,7 +37,7 @@ from replayssm_jit.reference import precision as P
 from replayssm_jit.reference.gdn import gdn_step_pool
 from replayssm_jit.reference.kda import kda_step_pool
 from replayssm_jit.reference.mamba2 import mamba2_step_pool
-from replayssm_jit.spec import gdn_spec, mamba2_spec
+from replayssm_jit.spec import gdn_spec, make_spec, mamba2_spec
 
 F32, F64 = torch.float32, torch.float64
 SEED = 77
@@ -87,21 +88,24 @@ def test_bad_checkpoint_formats_are_refused(kwargs, error, match):
         mamba2_spec(**{"headdim": 64, "dstate": 128, "heads_per_group": 8, **kwargs})
 
 
-def test_nvfp4_is_built_for_mamba2_with_whole_heads_per_cta():
+def test_nvfp4_tiles_hold_whole_heads_per_cta():
     """NVFP4's head scale is reduced over the head at a flush: a CTA holds whole heads (no row
-    splits), and the delta-rule families refuse it by name."""
+    splits), with at most 64 values per lane (GDN's 128-row heads: 8 warps); KDA, which has no
+    separate mode, refuses an NVFP4 read copy by name."""
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, state_dtype="nvfp4")
     assert "_state-nvfp4" in spec.uri and spec.template_context()["state_t"] == "replayssm::nvfp4x2"
     assert {rows for rows, _ in spec.template_context()["tilings"]} == {64}
     separate = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, read_dtype="nvfp4")
     assert "_state-f32_read-nvfp4" in separate.uri
     assert {rows for rows, _ in separate.template_context()["tilings"]} == {64}
-    for state, read, arg in (("nvfp4", None, "state_dtype"), ("f32", "nvfp4", "read_dtype")):
-        with pytest.raises(
-            ValueError, match=f"^{arg}: NVFP4 checkpoints are built for ..mamba2.., not gdn"
-        ):
-            gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2,
-                     state_dtype=state, read_dtype=read)  # fmt: skip
+    for state, read in (("nvfp4", None), ("f32", "nvfp4"), ("bf16", "nvfp4")):
+        spec = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2,
+                        state_dtype=state, read_dtype=read)  # fmt: skip
+        assert spec.template_context()["tilings"] == [(128, 8)]
+    kda = make_spec("kda", HeadShape(2, 4, 128, 128), state_dtype="nvfp4")
+    assert kda.template_context()["tilings"] == [(128, 8)]
+    with pytest.raises(ValueError, match="^read_dtype: separate mode .* not kda"):
+        make_spec("kda", HeadShape(2, 4, 128, 128), read_dtype="nvfp4")
 
 
 def test_nvfp4_layout_tensors_and_bytes():
@@ -584,8 +588,15 @@ FORMATS = [
     ("gdn", "f16", "e4m3", True),
     ("gdn", "bf16", "e4m3", True),
     ("gdn", "f32", "bf16", False),
+    ("gdn", "nvfp4", None, False),
+    ("gdn", "nvfp4", None, True),
+    ("gdn", "f32", "nvfp4", False),
+    ("gdn", "f32", "nvfp4", True),
+    ("gdn", "f16", "nvfp4", True),
     ("kda", "e4m3", None, False),
     ("kda", "e4m3", None, True),
+    ("kda", "nvfp4", None, False),
+    ("kda", "nvfp4", None, True),
 ]
 
 
@@ -643,6 +654,8 @@ def test_read_copy_rounding_option_needs_sr_and_a_read_copy():
 SPLIT_FORMATS = [c for c in FORMATS if c[0] in ("mamba2", "gdn") and c[2] in ("e4m3", "nvfp4")] + [
     FORMATS[0],
     ("mamba2", "nvfp4", None, True),
+    ("gdn", "nvfp4", None, True),
+    ("kda", "nvfp4", None, False),
 ]
 
 
@@ -685,19 +698,22 @@ def test_conventional_e4m3_matches_the_emulation(name, device):
     [("mamba2", "per-item"), ("mamba2", "split"), ("gdn", "per-item"), ("gdn", "split")],
 )
 @pytest.mark.parametrize("state", ["f32", "f16"])
-def test_separate_carried_copy_is_the_single_copy_run(state, name, kernel, device):
+@pytest.mark.parametrize("read_dtype", ["e4m3", "nvfp4"])
+def test_separate_carried_copy_is_the_single_copy_run(read_dtype, state, name, kernel, device):
     """Separate mode never lets the read copy's error reach the carried copy: after three
     flushes the carried copy is bit for bit that of a one-copy run of the same format with the
-    same inputs (same kernel and row tile; GDN's flush recomputes each held u from the carried
-    copy as the one-copy run's non-flush steps computed it); drive() holds each run's
-    non-flush outputs to its own read copy."""
-    config = LaunchConfig(kernel=kernel, rows_per_cta=64)
+    same inputs (same kernel and row tile, whole heads for NVFP4; GDN's flush recomputes each
+    held u from the carried copy as the one-copy run's non-flush steps computed it); drive()
+    holds each run's non-flush outputs to its own read copy."""
+    whole_head = FAMILIES[name]("cpu", torch.Generator()).state_shape[1]
+    rows = whole_head if read_dtype == "nvfp4" else 64
+    config = LaunchConfig(kernel=kernel, rows_per_cta=rows)
     runs = {}
-    for read in (None, "e4m3"):
+    for read in (None, read_dtype):
         cache, _ = drive(name, device, state, read, state != "f32", window=4, steps=12,
                          config=config)  # fmt: skip
         runs[read] = cache
-    a, b = runs[None].state.cpu(), runs["e4m3"].state.cpu()
+    a, b = runs[None].state.cpu(), runs[read_dtype].state.cpu()
     assert torch.equal(cpu.raw_bits(a).view(torch.uint8), cpu.raw_bits(b).view(torch.uint8))
 
 

@@ -419,8 +419,8 @@ def nemotron_h_formats(dtype=F32, seed=0):
 
 
 def qwen3_next_formats(dtype=F32, seed=0):
-    """Qwen3-Next with K = 32, V = 16 heads (an e4m3 row tile fits; K = V = 16 has none)."""
-    return qwen3_next(dtype, seed, key_dim=32)
+    """Qwen3-Next with K = V = 32 heads (e4m3 and NVFP4 row tiles fit; K = V = 16 has none)."""
+    return qwen3_next(dtype, seed, key_dim=32, value_dim=32)
 
 
 FORMAT_MODELS = {"nemotron_h": nemotron_h_formats, "qwen3_next": qwen3_next_formats}
@@ -472,8 +472,20 @@ FORMAT_CASES = [
     ("nemotron_h", dict(mode="conventional", state_dtype=torch.bfloat16,
                         stochastic_rounding=True), 0.2),
     ("qwen3_next", dict(state_dtype=E4M3), 0.2),
+    ("nemotron_h", dict(read_dtype="nvfp4"), 0.4),
+    ("qwen3_next", dict(state_dtype="nvfp4"), 0.4),
+    ("qwen3_next", dict(read_dtype="nvfp4"), 0.4),
     ("qwen3_next", dict(mode="conventional", state_dtype=E4M3, stochastic_rounding=True), 0.4),
 ]  # fmt: skip
+
+
+def scale_names(prefix: str, dtype: torch.dtype) -> set[str]:
+    """A copy's scale tensors besides its codes: row scales (e4m3), head and block scales (nvfp4)."""
+    if dtype == E4M3:
+        return {f"{prefix}_scale"}
+    if dtype == torch.float4_e2m1fn_x2:
+        return {f"{prefix}_scale", f"{prefix}_block_scale"}
+    return set()
 
 
 @pytest.mark.parametrize(("name", "options", "bound"), FORMAT_CASES)
@@ -490,14 +502,14 @@ def test_checkpoint_formats_follow_hf_decode(name, options, bound):
     error = logits_error(logits, expected)
     assert 10 * fp32_error < error < bound, (error, fp32_error)
     for pool, layout in zip(pools, layouts):
-        names = {"state"} | ({"state_scale"} if layout.state_dtype == E4M3 else set())
+        names = {"state"} | scale_names("state", layout.state_dtype)
         if layout.read_dtype is not None:
-            names |= {"read_state"} | ({"read_scale"} if layout.read_dtype == E4M3 else set())
+            names |= {"read_state"} | scale_names("read", layout.read_dtype)
         assert set(layout.checkpoint_names) == names
         dtypes = {t.name: t.dtype for t in layout.tensors()}
         for checkpoint in names:
             assert pool[checkpoint].dtype == dtypes[checkpoint]
-            assert pool[checkpoint].float().abs().sum() > 0, checkpoint  # decoding wrote it
+            assert pool[checkpoint].view(torch.uint8).any(), checkpoint  # decoding wrote it
 
 
 def test_stochastic_rounding_seeds(monkeypatch):
@@ -532,7 +544,8 @@ def test_stochastic_rounding_seeds(monkeypatch):
 @pytest.mark.parametrize(
     ("name", "options", "error", "match"),
     [
-        ("qwen3_next", dict(read_dtype="nvfp4"), ValueError, r"^read_dtype: NVFP4 .* not gdn"),
+        ("qwen3_next", dict(state_dtype="nvfp4", read_dtype="e4m3"), ValueError,
+         "^read_dtype: a read copy needs a wider carried state"),
         ("nemotron_h", dict(mode="conventional", read_dtype="e4m3"), ValueError,
          "^mode: expected 'replay' for a layout with a read copy"),
         ("nemotron_h", dict(stochastic_rounding=True), ValueError, "^flags: 'sr'"),

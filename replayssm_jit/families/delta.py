@@ -97,6 +97,7 @@ GDN = DeltaFamily(
     # One records CTA serves a key head's value heads: the split pays off at fewer rows.
     verify_split_min_pairs_per_sm=1.5,
     read_copy=True,
+    nvfp4=True,
 )
 
 
@@ -143,4 +144,5 @@ KDA = KimiDeltaFamily(
     flush_every_step_kernel=False,
     tile_targets=GDN.tile_targets,
     decay_per_channel=True,
+    nvfp4=True,
 )

@@ -132,8 +132,8 @@ def _preset_sanitizer() -> list[KernelSpec]:
     activations, FP32 / BF16 / BF16 with stochastic rounding / FP16 checkpoints; and the same
     at L = 4 with T = 2 and 4 drafts (the verify, commit and snapshot kernels) for the families
     that compile them; e4m3 checkpoints (with and without stochastic rounding, no drafts), FP32
-    with an e4m3 read copy at L = 4 (Mamba-2 and GDN) and, for Mamba-2, nvfp4 ones and FP32 with
-    an nvfp4 read copy."""
+    with an e4m3 read copy at L = 4 (Mamba-2 and GDN); nvfp4 ones, and FP32 with an nvfp4 read
+    copy where the family has separate mode."""
     shapes = {
         "mamba2": dict(headdim=64, dstate=64, heads_per_group=2),
         "gdn": dict(head_k_dim=128, head_v_dim=64, value_heads_per_key_head=2),
@@ -166,7 +166,7 @@ def _preset_sanitizer() -> list[KernelSpec]:
                     specs.append(family_spec(family, window=4, act_dtype="bf16", state_dtype="f32",
                                              read_dtype=read, flags=(*flags[family], *sr),
                                              **dims))  # fmt: skip
-            if family == "mamba2":
+            if get_family(family).nvfp4:
                 for window in (1, 4):
                     specs.append(family_spec(family, window=window, act_dtype="bf16",
                                              state_dtype="nvfp4", flags=(*flags[family], *sr),

@@ -48,7 +48,7 @@ FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD = 2
 FEW_RECORDS_THREADS = 4 * 32  # one thread per value head for its scalars
 # Capping the split state kernel's registers fits one more CTA per SM; it pays once the
 # grid is many times over the chip (sooner for 16-bit checkpoints).
-CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = {"f32": 64, "bf16": 12, "f16": 12, "e4m3": 12}
+CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = {"f32": 64, "bf16": 12, "f16": 12, "e4m3": 12, "nvfp4": 12}
 
 # Where no GPU is visible (CPU tests of the policy), plan for an H200.
 DEFAULT_SM_COUNT = 132

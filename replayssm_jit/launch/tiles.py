@@ -14,6 +14,8 @@ SPLIT_RECORDS_THREADS = 256
 SPLIT_RECORDS_FULL_SM_CTAS = MAX_THREADS_PER_SM // SPLIT_RECORDS_THREADS
 # Enough CTAs to cover every SM twice before a head's rows are split further.
 TARGET_CTAS_PER_SM = 2
+# FP32 values per lane of a whole-head (NVFP4) tile: more would spill at a flush.
+WHOLE_HEAD_LANE_VALUES = 64
 
 
 def lanes_per_row(rows_per_warp: int, cols: int, chunk_values: int) -> int:
@@ -35,13 +37,17 @@ def rows_tilings(
     warp_options: tuple[int, ...] = (4, 8, 2, 1),
     max_chunks: int = 16,
     whole_heads: bool = False,
+    every_warps: bool = False,
 ) -> list[tuple[int, int]]:
-    """(rows_per_cta, warps) pairs for a [rows, cols] state per head, largest first.
+    """(rows_per_cta, warps) pairs for a [rows, cols] state per head, largest first: the first
+    of `warp_options` that tiles each rows_per_cta, or (`every_warps`) each that does.
 
     A lane holds 16-byte chunks (`chunk_values` values each) of a state row, so a warp covers
     32 / lanes_per_row rows per pass; splitting the rows across CTAs buys parallelism at small
     batch, unless `whole_heads` (a CTA must hold its head's rows: NVFP4's head scale).
-    `max_chunks` bounds the state registers per lane (chunks x 16 bytes).
+    `max_chunks` bounds the state registers per lane (chunks x 16 bytes); a whole head's tile
+    prefers warp counts that give a lane at most WHOLE_HEAD_LANE_VALUES values (a flush holds
+    them in FP32).
     """
     vec = chunk_values
     tilings = []
@@ -49,7 +55,10 @@ def rows_tilings(
         if rows % split:
             continue
         per_cta = rows // split
-        for warps in warp_options:
+        options = warp_options
+        if whole_heads:
+            options = sorted(options, key=lambda w: lane_values(per_cta, w, cols) > WHOLE_HEAD_LANE_VALUES)
+        for warps in options:
             per_warp = per_cta // warps if per_cta % warps == 0 else 0
             if not per_warp:
                 continue
@@ -57,7 +66,8 @@ def rows_tilings(
             chunks = per_warp * cols // (32 * vec)
             if per_warp % rows_per_pass == 0 and chunks <= max_chunks:
                 tilings.append((per_cta, warps))
-                break
+                if not every_warps:
+                    break
     return tilings
 
 

@@ -585,6 +585,8 @@ def gdn_step(
     state_scale: torch.Tensor | None = None,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    state_block_scale: torch.Tensor | None = None,
+    read_block_scale: torch.Tensor | None = None,
     rec_u: torch.Tensor | None,
     rec_k: torch.Tensor | None,
     rec_g: torch.Tensor | None,
@@ -623,7 +625,8 @@ def gdn_step(
     return _delta_step(
         setup, "GDN", lambda rows: _gdn_gates(gate_a[rows], gate_b[rows], A_log, dt_bias,
                                               "gates_in_kernel" in setup.flags),
-        state=state, state_scale=state_scale, read_copy=(read_state, read_scale), rec_u=rec_u,
+        copies=(state, state_scale, state_block_scale),
+        read_copy=(read_state, read_scale, read_block_scale), rec_u=rec_u,
         rec_k=rec_k, rec_g=rec_g, rec_v=rec_v, rec_beta=rec_beta, cursors=cursors, q=q, k=k, v=v,
         scale=scale, out=out,
         slot_indices=slot_indices,
@@ -654,6 +657,8 @@ def kda_step(
     state_scale: torch.Tensor | None = None,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    state_block_scale: torch.Tensor | None = None,
+    read_block_scale: torch.Tensor | None = None,
     rec_u: torch.Tensor | None,
     rec_k: torch.Tensor | None,
     rec_g: torch.Tensor | None,
@@ -685,23 +690,26 @@ def kda_step(
     return _delta_step(
         setup, "KDA", lambda rows: _kda_gates(gate_a[rows], gate_b[rows], A_log, dt_bias,
                                               lower_bound, "gates_in_kernel" in setup.flags),
-        state=state, state_scale=state_scale, read_copy=(read_state, read_scale), rec_u=rec_u,
+        copies=(state, state_scale, state_block_scale),
+        read_copy=(read_state, read_scale, read_block_scale), rec_u=rec_u,
         rec_k=rec_k, rec_g=rec_g, rec_v=rec_v, rec_beta=rec_beta, cursors=cursors, q=q, k=k, v=v,
         scale=scale, out=out,
         slot_indices=slot_indices,
     )  # fmt: skip
 
 
-def _delta_step(setup: StepSetup, family: str, gates, *, state, state_scale, read_copy, rec_u,
+def _delta_step(setup: StepSetup, family: str, gates, *, copies, read_copy, rec_u,
                 rec_k, rec_g, rec_v, rec_beta, cursors, q, k, v, scale: float, out,
                 slot_indices) -> None:  # fmt: skip
     """The delta-rule step of gdn_step and kda_step: `gates(rows)` gives (g, beta), g a log-decay
     per value head ([b, HV], GDN) or per key channel ([b, HV, K], KDA); a per-head one is the
-    per-channel step with the same decay on every channel. state_scale: row scales of an e4m3
-    state. read_copy: separate mode's (read_state, read_scale), or (None, None): non-flush steps
+    per-channel step with the same decay on every channel. copies: (state, state_scale,
+    state_block_scale), the scales where its format has them. read_copy: separate mode's
+    (read_state, read_scale, read_block_scale), or Nones: non-flush steps
     read it and append (v, beta) to rec_v, rec_beta too; a flush recomputes each held u from
     state, in record order, as the non-flush steps of a one-copy run of state's dtype did."""
-    read_state, read_scale = read_copy
+    state, state_scale, state_block_scale = copies
+    read_state, read_scale, read_block_scale = read_copy
     flags, seed = setup.flags, setup.seed
     sr = _check_flags(flags, _GDN_FLAGS, family)
     k_heads, v_heads = q.shape[1], v.shape[1]
@@ -718,7 +726,8 @@ def _delta_step(setup: StepSetup, family: str, gates, *, state, state_scale, rea
         query = q_j.repeat_interleave(per_key, dim=1)  # [b, HV, K] raw
         rq = _query_scale(q_j, l2norm, per_key, scale)  # [b, HV]
         reads = read_state is not None and not flush
-        s = _load_state(*((read_state, read_scale) if reads else (state, state_scale)), slots)
+        source = read_copy if reads else copies  # (codes, scales, block scales)
+        s = _load_state(source[0], source[1], slots, source[2])
         us = None  # the held u [b, HV, n, V]: a separate-mode flush's again from state
         if held and read_state is not None and flush:
             vs, betas = rec_v[slots, :, :held].to(_F32), rec_beta[slots, :, :held].to(_F32)
@@ -734,10 +743,12 @@ def _delta_step(setup: StepSetup, family: str, gates, *, state, state_scale, rea
                 vals = torch.cat([rk[..., :held, None] * us, vals], 2)
             s = s * total[..., None, :] + vals.transpose(-1, -2) @ decayed
             o = (s @ query[..., None]).squeeze(-1) * rq[..., None]
-            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs, state_scale=state_scale)
+            _store_state(state, slots, s, sr=sr, seed=seed, epochs=epochs, state_scale=state_scale,
+                         block_scale=state_block_scale)  # fmt: skip
             if read_state is not None:
                 _store_state(read_state, slots, s, sr=sr and "read_rn" not in flags, seed=seed,
-                             epochs=epochs, state_scale=read_scale, read_copy=True)  # fmt: skip
+                             epochs=epochs, state_scale=read_scale, read_copy=True,
+                             block_scale=read_block_scale)  # fmt: skip
         else:
             o = (s @ (total * query)[..., None]).squeeze(-1) * rq[..., None]
             if held:

@@ -2,14 +2,19 @@
 
 Shapes (H key heads, HV value heads, HV % H == 0, value head hv reads key head hv // (HV // H);
 K head_k_dim, V head_v_dim; CAP = L + T ring rows):
-    state        [slots, HV, V, K]  checkpoint dtype, each slot's block contiguous
+    state        [slots, HV, V, K]  checkpoint dtype, each slot's block contiguous ([slots, HV,
+                                    V, K / 2] float4_e2m1fn_x2 for nvfp4)
+    state_scale  [slots, HV, V]     float32 row scales where state is e4m3
+                 [slots, HV]        float32 head scales where state is nvfp4
+    state_block_scale [slots, HV, V, K / 16]  float8_e4m3fn block scales where state is nvfp4
     rec_u        [slots, HV, CAP, V] float32 (computed corrections u)  } ReplaySSM records
     rec_k        [slots, H, CAP, K] act dtype (raw k)                  } (families.layout.
     rec_g        [slots, HV, CAP]   float32 (log-decay g)              }  gdn_layout)
     rec_v        [slots, HV, CAP, V] act dtype (raw v)   } separate mode only: a flush
     rec_beta     [slots, HV, CAP]   float32 (beta)       } recomputes each held u from state
-    read_state   [slots, HV, V, K]  separate mode's read copy (layout.read_dtype: bf16, f16 or
-                                    e4m3, with read_scale [slots, HV, V] float32 for e4m3)
+    read_state   [slots, HV, V, K]  separate mode's read copy (layout.read_dtype: bf16, f16,
+                                    e4m3 or nvfp4), with read_scale and read_block_scale as
+                                    state's
     cursors      [slots, 4]         int32
     q, k         [batch, H, K]      act dtype, unit stride in K, 16-byte aligned rows
     v            [batch, HV, V]     act dtype, unit stride in V, 16-byte aligned rows
@@ -111,6 +116,8 @@ def gdn_decode(
     state_scale: torch.Tensor | None = None,
     read_state: torch.Tensor | None = None,
     read_scale: torch.Tensor | None = None,
+    state_block_scale: torch.Tensor | None = None,
+    read_block_scale: torch.Tensor | None = None,
     a: torch.Tensor | None = None,
     b: torch.Tensor | None = None,
     A_log: torch.Tensor | None = None,
@@ -131,13 +138,15 @@ def gdn_decode(
 
     Gates: a, b with A_log, dt_bias where the plan has gates_in_kernel=True, else g, beta. The
     rings and cursors are required in replay mode; state_scale where the layout's state is e4m3
-    (float8_e4m3fn codes with a float32 scale per row, [slots, HV, V]). Separate mode (a layout
-    with read_dtype): read_state (and read_scale), rec_v and rec_beta too; non-flush steps read
+    or nvfp4, state_block_scale where it is nvfp4 (shapes above). Separate mode (a layout
+    with read_dtype): read_state (and read_scale, read_block_scale), rec_v and rec_beta too; non-flush steps read
     the read copy, a flush recomputes the held u from state, folds in FP32 and stores both
     copies. workspace (scratch the step overwrites) and seed as in mamba2_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
-    tensors = {**checkpoint_tensors(state, state_scale, read_state, read_scale), "rec_u": rec_u,
+    tensors = {**checkpoint_tensors(state, state_scale, read_state, read_scale,
+                                    state_block_scale, read_block_scale),
+               "rec_u": rec_u,
                "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}  # fmt: skip
     # Separate mode's rings, named only where given (other layouts have none).
     tensors.update({k: t for k, t in (("rec_v", rec_v), ("rec_beta", rec_beta)) if t is not None})

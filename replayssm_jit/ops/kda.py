@@ -44,6 +44,7 @@ def kda_decode(
     v: torch.Tensor,
     slot_indices: torch.Tensor,
     state_scale: torch.Tensor | None = None,
+    state_block_scale: torch.Tensor | None = None,
     a: torch.Tensor | None = None,
     b: torch.Tensor | None = None,
     A_log: torch.Tensor | None = None,
@@ -61,11 +62,11 @@ def kda_decode(
     """One KDA decode step; returns out [batch, HV, V] (allocated when None).
 
     Gates: a, b with A_log, dt_bias where the plan has gates_in_kernel=True, else g, beta. The
-    rings and cursors are required in replay mode; state_scale, workspace and seed as in
-    gdn_decode.
+    rings and cursors are required in replay mode; state_scale, state_block_scale, workspace and
+    seed as in gdn_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
-    tensors = {**checkpoint_tensors(state, state_scale, None, None), "rec_u": rec_u,
+    tensors = {**checkpoint_tensors(state, state_scale, None, None, state_block_scale), "rec_u": rec_u,
                "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}  # fmt: skip
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
     return delta_decode(plan, KDA, cpu.kda_step, tensors, q, k, v, gates, slot_indices, out,

@@ -197,9 +197,9 @@ _GDN_SLOTS = ("state!", "rec_u!", "rec_k!", "rec_g!", "cursors!")
 # scales; Mamba-2's separate-mode read copy).
 _M2_CHECKPOINT = ("state_scale!?", "read_state!?", "read_scale!?", "state_block_scale!?",
                   "read_block_scale!?")  # fmt: skip
-_GDN_CHECKPOINT = ("state_scale!?",)
+_GDN_CHECKPOINT = ("state_scale!?", "state_block_scale!?")
 # GDN's separate mode: the read copy and the rings a flush recomputes u from.
-_GDN_SEPARATE = ("read_state!?", "read_scale!?", "rec_v!?", "rec_beta!?")
+_GDN_SEPARATE = ("read_state!?", "read_scale!?", "read_block_scale!?", "rec_v!?", "rec_beta!?")
 
 
 def _optional(args: Sequence[str]) -> tuple[str, ...]:

@@ -35,10 +35,12 @@ template <typename act_t, typename state_t>
 struct Params {
   state_t* state;           // [slots, HV, V, K]
   int64_t state_slot_stride;
-  float* state_scale;       // [slots, HV, V] FP32 row scales where the state is e4m3, else null
+  float* state_scale;       // e4m3: [slots, HV, V] FP32 row scales; nvfp4: [slots, HV] head scales; else null
+  uint8_t* state_blocks;    // nvfp4: [slots, HV, V, K / 16] e4m3 block scales, else null
   void* read_state;         // separate mode's read copy [slots, HV, V, K] (read_t), else null
   int64_t read_slot_stride;
-  float* read_scale;        // its row scales where it is e4m3
+  float* read_scale;        // its scales, as state_scale's
+  uint8_t* read_blocks;     // its block scales, as state_blocks'
   act_t* rec_v;             // separate mode: [slots, HV, CAP, V] raw v
   float* rec_beta;          // separate mode: [slots, HV, CAP] beta
   float* rec_u;             // [slots, HV, CAP, V]
@@ -300,13 +302,15 @@ struct Kernel {
       const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
       const uint64_t read_key = kSeparate ? read_copy_rounding_key<READ_SR>(seed, slot, epoch) : 0;
       const auto read_at = CopyRows<Read, V, K>::of(read_view(p), slot, p.num_v_heads, vhead, row0);
+      const float head_scale = prepare_store<RT>(ck.at, s);  // NVFP4 copies' (whole-CTA reductions)
+      const float read_head_scale = kSeparate ? prepare_store<RT>(read_at, s) : 0.f;
       #pragma unroll
       for (int i = 0; i < RT::kPasses; ++i) {
         const int r = RT::row(i);
         const float acc = RT::dot(s[i], q_reg);
         const uint64_t element = (uint64_t(vhead) * V + row0 + r) * K;
-        store_row<RT, T, SR>(ck.at, r, s[i], sr_key, element);
-        if constexpr (kSeparate) store_row<RT, Read, READ_SR>(read_at, r, s[i], read_key, element);
+        store_row<RT, T, SR>(ck.at, r, s[i], sr_key, element, head_scale);
+        if constexpr (kSeparate) store_row<RT, Read, READ_SR>(read_at, r, s[i], read_key, element, read_head_scale);
         o[i] = group_sum<RT::kLanesPerRow>(acc) * rq;
       }
     }
@@ -321,10 +325,10 @@ struct Kernel {
   }
 
   static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
-    return {p.state, p.state_slot_stride, p.state_scale, nullptr};
+    return {p.state, p.state_slot_stride, p.state_scale, p.state_blocks};
   }
   static __device__ __forceinline__ CheckpointView<Read> read_view(const Params& p) {
-    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, nullptr};
+    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, p.read_blocks};
     else return state_view(p);
   }
 
