@@ -57,7 +57,9 @@ def rows_tilings(
         per_cta = rows // split
         options = warp_options
         if whole_heads:
-            options = sorted(options, key=lambda w: lane_values(per_cta, w, cols) > WHOLE_HEAD_LANE_VALUES)
+            options = sorted(
+                options, key=lambda w: lane_values(per_cta, w, cols) > WHOLE_HEAD_LANE_VALUES
+            )
         for warps in options:
             per_warp = per_cta // warps if per_cta % warps == 0 else 0
             if not per_warp:
