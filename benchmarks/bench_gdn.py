@@ -134,7 +134,7 @@ def bench_config(
         device="cuda",
     )
     slots = torch.arange(cache.num_slots, device="cuda")
-    cache.reset(slots, torch.randn(cache.state.shape, generator=gen, device="cuda"))
+    cache.reset(slots, torch.randn(cache.num_slots, HV, V, K, generator=gen, device="cuda"))
     sets = slot_sets(nsets, batch, gen)
     q = torch.randn(batch, H, K, generator=gen, device="cuda").to(ACT)
     k = torch.randn(batch, H, K, generator=gen, device="cuda").to(ACT)

@@ -129,8 +129,17 @@ def test_every_op_is_registered_with_its_written_tensors_declared():
         # a decode step also writes the checkpoint's scales and separate mode's read copy
         "mamba2_decode": m2_step
         | {"state_scale", "read_state", "read_scale", "state_block_scale", "read_block_scale"},
-        "gdn_decode": delta_step | {"state_scale", "read_state", "read_scale", "rec_v", "rec_beta"},
-        "kda_decode": delta_step | {"state_scale"},
+        "gdn_decode": delta_step
+        | {
+            "state_scale",
+            "read_state",
+            "read_scale",
+            "state_block_scale",
+            "read_block_scale",
+            "rec_v",
+            "rec_beta",
+        },
+        "kda_decode": delta_step | {"state_scale", "state_block_scale"},
         "mamba2_verify": m2_step,
         "gdn_verify": delta_step,
         "kda_verify": delta_step,
