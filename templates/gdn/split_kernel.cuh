@@ -349,7 +349,12 @@ struct State {
   using Offsets = WorkspaceLayout<K, V, CAP, PER_CHANNEL, kSeparate>;
   static constexpr int kThreads = Base::kThreads, kSplits = Base::kSplits;
   static constexpr int kCappedRegisters = 96;
-  static constexpr int kMinBlocks = CAPPED_REGISTERS ? kRegistersPerSm / (kThreads * kCappedRegisters) : 0;
+  // An NVFP4 copy's stochastic flush store would otherwise take the non-flush rows to one
+  // 8-warp CTA per SM: two CTAs (128 registers) keep them memory-bound.
+  static constexpr bool kTwoBlockScaledCtas =
+      (kBlockScaled<state_t> || kBlockScaled<typename Base::Read>) && kThreads == 256;
+  static constexpr int kMinBlocks =
+      CAPPED_REGISTERS ? kRegistersPerSm / (kThreads * kCappedRegisters) : (kTwoBlockScaledCtas ? 2 : 0);
 
   // FP32 checkpoints only: with BF16 ones the registers it frees are chosen by batch instead
   // (CAPPED_REGISTERS). Per channel the fold's held rows are FP32 (decayed) anyway.
