@@ -138,16 +138,15 @@ def gdn_decode(
 
     Gates: a, b with A_log, dt_bias where the plan has gates_in_kernel=True, else g, beta. The
     rings and cursors are required in replay mode; state_scale where the layout's state is e4m3
-    or nvfp4, state_block_scale where it is nvfp4 (shapes above). Separate mode (a layout
-    with read_dtype): read_state (and read_scale, read_block_scale), rec_v and rec_beta too; non-flush steps read
-    the read copy, a flush recomputes the held u from state, folds in FP32 and stores both
-    copies. workspace (scratch the step overwrites) and seed as in mamba2_decode.
+    or nvfp4, state_block_scale where it is nvfp4 (shapes above). Separate mode (a layout with
+    read_dtype): read_state (and read_scale, read_block_scale), rec_v and rec_beta too;
+    non-flush steps read the read copy, a flush recomputes the held u from state, folds in FP32
+    and stores both copies. workspace (scratch the step overwrites) and seed as in mamba2_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
-    tensors = {**checkpoint_tensors(state, state_scale, read_state, read_scale,
-                                    state_block_scale, read_block_scale),
-               "rec_u": rec_u,
-               "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}  # fmt: skip
+    copies = checkpoint_tensors(state, state_scale, read_state, read_scale, state_block_scale,
+                                read_block_scale)  # fmt: skip
+    tensors = {**copies, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     # Separate mode's rings, named only where given (other layouts have none).
     tensors.update({k: t for k, t in (("rec_v", rec_v), ("rec_beta", rec_beta)) if t is not None})
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}

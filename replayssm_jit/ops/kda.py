@@ -66,8 +66,8 @@ def kda_decode(
     seed as in gdn_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
-    tensors = {**checkpoint_tensors(state, state_scale, None, None, state_block_scale), "rec_u": rec_u,
-               "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}  # fmt: skip
+    copies = checkpoint_tensors(state, state_scale, None, None, state_block_scale)
+    tensors = {**copies, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
     return delta_decode(plan, KDA, cpu.kda_step, tensors, q, k, v, gates, slot_indices, out,
                         workspace, seed)  # fmt: skip
