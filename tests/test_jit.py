@@ -573,3 +573,27 @@ def test_fp8_header_matches_the_reference_encoder_and_decoder(tmp_path):
     ref = P.fp8_encode(rows)
     assert torch.equal(rest[:, 0].to(torch.int32).view(torch.float32), ref.scale.flatten())
     assert torch.equal(rest[:, 1:], ref.codes.to(torch.int64))
+
+
+@pytest.mark.nvcc
+def test_nvfp4_state_kernel_asks_for_two_ctas_per_sm(tmp_path):
+    """The split GDN/KDA state kernel of a whole-head (8-warp) tile asks the register allocator
+    for two CTAs per SM where a copy is NVFP4 (its SR flush store would otherwise take the
+    non-flush rows to one CTA), and leaves the others to it."""
+    state = "gdn::State<128, 128, 4, 16, 17, 128, 8, __nv_bfloat16"
+    tail = "true, true, true, false"  # L2NORM, GATES_IN_KERNEL, SR, CAPPED_REGISTERS
+    kernels = [
+        f"{state}, nvfp4x2, {tail}>",
+        f"{state}, float, {tail}, false, nvfp4x2>",
+        f"{state}, nvfp4x2, {tail}, true>",  # KDA
+        f"{state}, float, {tail}>",
+        f"{state}, float, {tail}, false, e4m3>",
+    ]
+    lines = [f'  std::printf("%d\\n", {k}::kMinBlocks);' for k in kernels]
+    got = _run_nvcc_program(
+        tmp_path,
+        "min_blocks",
+        '#include <cstdio>\n#include "gdn/split_kernel.cuh"\nusing namespace replayssm;\n'
+        "int main() {\n" + "\n".join(lines) + "\n}\n",
+    )
+    assert got == [2, 2, 2, 0, 0]
