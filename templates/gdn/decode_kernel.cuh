@@ -303,7 +303,8 @@ struct Kernel {
       const uint64_t read_key = kSeparate ? read_copy_rounding_key<READ_SR>(seed, slot, epoch) : 0;
       const auto read_at = CopyRows<Read, V, K>::of(read_view(p), slot, p.num_v_heads, vhead, row0);
       const float head_scale = prepare_store<RT>(ck.at, s);  // NVFP4 copies' (whole-CTA reductions)
-      const float read_head_scale = kSeparate ? prepare_store<RT>(read_at, s) : 0.f;
+      float read_head_scale = 0.f;
+      if constexpr (kSeparate) read_head_scale = prepare_store<RT>(read_at, s);
       #pragma unroll
       for (int i = 0; i < RT::kPasses; ++i) {
         const int r = RT::row(i);
