@@ -110,7 +110,7 @@ def build_model(name: str, seed: int, device: torch.device) -> torch.nn.Module:
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for mixer in model.modules():
-            if type(mixer).__name__ in hf._MIXER_FAMILIES:
+            if type(mixer).__name__ in hf.MIXERS:
                 _long_memory(mixer, gen)
         head = model.get_output_embeddings().weight
         hidden = head.shape[1]

@@ -43,6 +43,9 @@ def one_thread():
 def _long_memory(mixer, gen) -> None:
     """Decays near 1 and a visible state: small |A| and step (decay per token ~ 0.997), D near
     zero, and input projections scaled up so that the state's readout dominates the output."""
+    if hasattr(mixer, "forget_gate"):  # KDA: its gate holds A_log and dt_bias (per channel)
+        _long_memory_kda(mixer, gen)
+        return
     heads = mixer.A_log.shape[0]
     with torch.no_grad():
         mixer.A_log.copy_(torch.log(0.02 + 0.08 * torch.rand(heads, generator=gen)))
@@ -52,6 +55,18 @@ def _long_memory(mixer, gen) -> None:
         for name, proj in mixer.named_children():
             if name.startswith("in_proj"):
                 proj.weight.mul_(8.0)
+
+
+def _long_memory_kda(mixer, gen) -> None:
+    """KDA's per-channel decays near 1 (softplus(dt_bias + f) exp(A_log) ~ 3e-3 a token) and
+    q, k, v projections scaled up."""
+    gate = mixer.forget_gate
+    with torch.no_grad():
+        gate.A_log.copy_(torch.log(0.02 + 0.08 * torch.rand(gate.A_log.shape, generator=gen)))
+        gate.dt_bias.copy_(-3.0 + 0.5 * torch.rand(gate.dt_bias.shape, generator=gen))
+        gate.f_b_proj.weight.mul_(0.1)
+        for proj in (mixer.q_proj, mixer.k_proj, mixer.v_proj):
+            proj.weight.mul_(8.0)
 
 
 def nemotron_h(dtype=F32, seed=0, *, headdim=16, dstate=16):
@@ -95,7 +110,23 @@ def qwen3_5(dtype=F32, seed=0):
     return _build(modeling.Qwen3_5ForCausalLM, config, dtype, seed)
 
 
-MODELS = {"nemotron_h": nemotron_h, "qwen3_next": qwen3_next, "qwen3_5": qwen3_5}
+def kimi_linear(dtype=F32, seed=0, *, head_dim=16):
+    modeling = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
+    from transformers.models.kimi_linear.configuration_kimi_linear import KimiLinearConfig
+
+    config = KimiLinearConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        mlp_layer_types=["dense"] * 3, num_attention_heads=2, num_key_value_heads=2,
+        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=16, qk_nope_head_dim=16,
+        v_head_dim=16, linear_attn_config={"head_dim": head_dim, "num_heads": 4},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    return _build(modeling.KimiLinearForCausalLM, config, dtype, seed)
+
+
+MODELS = {"nemotron_h": nemotron_h, "qwen3_next": qwen3_next, "qwen3_5": qwen3_5,
+          "kimi_linear": kimi_linear}  # fmt: skip
 
 
 def _build(model_class, config, dtype, seed):
@@ -103,7 +134,7 @@ def _build(model_class, config, dtype, seed):
     model = model_class(config).eval()
     gen = torch.Generator().manual_seed(seed + 1)
     for mixer in model.modules():
-        if type(mixer).__name__ in hf._MIXER_FAMILIES:
+        if type(mixer).__name__ in hf.MIXERS:
             _long_memory(mixer, gen)
     return model.to(dtype)
 
@@ -244,7 +275,7 @@ def _recurrent_states(model, cache):
     return [
         cache.get_recurrent_state(m.layer_idx)
         for m in model.modules()
-        if type(m).__name__ in hf._MIXER_FAMILIES
+        if type(m).__name__ in hf.MIXERS
     ]
 
 
@@ -294,7 +325,9 @@ BREAKS = {"skip_fold": ("_store_state", _skip_fold), "drop_record": ("_with_curr
 # default init instead of _long_memory the 1e-4 comparison would pass all four (measured:
 # NemotronH 8.9e-6 skip_fold, 1.9e-6 drop_record; Qwen3-Next 6.2e-5, 3.9e-5; tokens equal).
 @pytest.mark.parametrize(("name", "broken"), [("nemotron_h", "skip_fold"),
-                                              ("qwen3_next", "drop_record")])  # fmt: skip
+                                              ("qwen3_next", "drop_record"),
+                                              ("kimi_linear", "skip_fold"),
+                                              ("kimi_linear", "drop_record")])  # fmt: skip
 def test_broken_fold_fails_the_comparison(name, broken, monkeypatch):
     from replayssm_jit.ops import cpu
 
@@ -360,7 +393,7 @@ def test_hf_reads_exact_states_between_decode_steps_gpu(name):
 
 def test_unpatch_restores_the_model():
     model, (hf_tokens, hf_logits, _) = hf_reference("nemotron_h")
-    mixers = [m for m in model.modules() if type(m).__name__ in hf._MIXER_FAMILIES]
+    mixers = [m for m in model.modules() if type(m).__name__ in hf.MIXERS]
     handle = hf.patch(model, window=WINDOW)
     assert [layer.mixer for layer in handle.layers] == mixers
     assert all(m.forward == layer.forward for m, layer in zip(mixers, handle.layers))
@@ -379,7 +412,7 @@ def test_unpatch_restores_the_model():
 
 def test_unpatch_keeps_an_instance_forward_set_before_the_patch():
     model, _ = hf_reference("qwen3_next")
-    mixer = next(m for m in model.modules() if type(m).__name__ in hf._MIXER_FAMILIES)
+    mixer = next(m for m in model.modules() if type(m).__name__ in hf.MIXERS)
     hooked = mixer.forward  # a bound method, as accelerate's hooks leave one
     mixer.forward = hooked
     try:
@@ -516,13 +549,15 @@ def test_stochastic_rounding_seeds(monkeypatch):
     """Replay SR keeps the plan's seed (its noise is keyed by the flush epoch); conventional SR
     gets a new seed every step. The same seed gives the same logits, another seed others."""
     seeds = []
-    decode = hf.mamba2_decode
+    from replayssm_jit.integrations.hf import mixers
+
+    decode = mixers.mamba2_decode
 
     def recording(plan, **kwargs):
         seeds.append((plan.seed, kwargs.get("seed")))
         return decode(plan, **kwargs)
 
-    monkeypatch.setattr(hf, "mamba2_decode", recording)
+    monkeypatch.setattr(mixers, "mamba2_decode", recording)
     run_format("nemotron_h", state_dtype=torch.bfloat16, stochastic_rounding=True, seed=9)
     assert set(seeds) == {(9, None)}
     seeds.clear()
