@@ -242,11 +242,11 @@ def run_task(task: Task) -> dict:
         try:
             cache = DynamicCache(config=model.config)
             with torch.no_grad():
-                model(input_ids=ids[:, : task.prompt], cache=cache, use_cache=True)
+                model(input_ids=ids[:, : task.prompt], past_key_values=cache, use_cache=True)
                 decode_started = time.perf_counter()
                 for t in range(task.tokens):
                     step = ids[:, task.prompt + t : task.prompt + t + 1]
-                    out = model(input_ids=step, cache=cache, use_cache=True)
+                    out = model(input_ids=step, past_key_values=cache, use_cache=True)
                     logits[t] = out.logits[:, -1]
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

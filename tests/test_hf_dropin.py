@@ -222,8 +222,8 @@ def check_matches_hf(name, device, mode="replay", kernel="per-item"):
     assert torch.equal(tokens, hf_tokens)
     assert logits_error(logits, hf_logits) < 1e-4
     # The final SSM states, written back into HF's cache, are HF's own.
-    for ours, expected in zip(_recurrent_states(model, out.cache),
-                              _recurrent_states(model, hf_out.cache)):  # fmt: skip
+    for ours, expected in zip(_recurrent_states(model, out.past_key_values),
+                              _recurrent_states(model, hf_out.past_key_values)):  # fmt: skip
         assert float((ours - expected).norm() / expected.norm()) < 1e-4
 
 
@@ -250,7 +250,7 @@ def check_bf16(name, device):
     near-ties. HF's Mamba-2 readout rounds the state to bf16 where ours reads it in FP32, so
     where HF's top two logits are closer than that noise either token is right."""
     model, (hf_tokens, _, hf_out) = hf_reference(name, torch.bfloat16, device)
-    assert all(t.dtype == F32 for t in _recurrent_states(model, hf_out.cache))
+    assert all(t.dtype == F32 for t in _recurrent_states(model, hf_out.past_key_values))
     ids, mask = prompts(device)
     chunks = [ids, *hf_tokens[:, :-1].split(1, dim=1)]
     first = ids.shape[1] - 1  # the position whose logits give the first new token
@@ -351,7 +351,7 @@ def forward_schedule(model, chunks, prompt_mask=None):
         for index, chunk in enumerate(chunks):
             if prompt_mask is not None:  # the mask covers every token seen so far
                 mask = prompt_mask if index == 0 else torch.cat([mask, torch.ones_like(chunk)], 1)
-            out = model(input_ids=chunk, attention_mask=mask, cache=cache, use_cache=True)
+            out = model(input_ids=chunk, attention_mask=mask, past_key_values=cache, use_cache=True)
             logits.append(out.logits)
     return torch.cat(logits, dim=1).to(F64)
 

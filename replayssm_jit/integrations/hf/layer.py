@@ -38,6 +38,7 @@ class PatchedLayer:
     launch_config: object
     original_forward: Callable
     saved_instance_forward: object
+    cache_kwarg: str = "cache"  # what the mixer's own forward calls its cache (older: cache_params)
     pool: dict[str, torch.Tensor] = field(default_factory=dict)
     plans: dict[int, DecodePlan] = field(default_factory=dict)
     params: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -73,9 +74,8 @@ class PatchedLayer:
         if not self._is_cached_decode(hidden_states, cache, kwargs):
             if cache is not None:
                 self._write_back_if_held(cache)
-            return self.original_forward(
-                hidden_states, cache=cache, attention_mask=attention_mask, **kwargs
-            )
+            kwargs[self.cache_kwarg] = cache
+            return self.original_forward(hidden_states, attention_mask=attention_mask, **kwargs)
         self._follow_model()
         if self._held() is not cache:
             self._load(cache, batch=hidden_states.shape[0])

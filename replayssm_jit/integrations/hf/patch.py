@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -93,6 +94,13 @@ def _model_type(model) -> str:
     return str(getattr(config, "model_type", type(model).__name__))
 
 
+def _cache_kwarg(forward) -> str:
+    """The name of the mixer forward's cache parameter: "cache" (transformers >= 5.22) or
+    "cache_params" (5.21)."""
+    parameters = inspect.signature(forward).parameters
+    return "cache" if "cache" in parameters or "cache_params" not in parameters else "cache_params"
+
+
 def _patched_layer(mixer, adapter, mode, formats, stagger_flushes, launch_config):
     """The layer is planned once on the CPU (nothing compiled) so that a combination its plans
     would refuse (a conventional read copy, SR of an FP32 checkpoint, a launch config) raises
@@ -102,6 +110,7 @@ def _patched_layer(mixer, adapter, mode, formats, stagger_flushes, launch_config
         formats=formats, stagger_flushes=bool(stagger_flushes), launch_config=launch_config,
         original_forward=mixer.forward,
         saved_instance_forward=vars(mixer).get("forward", NO_FORWARD),
+        cache_kwarg=_cache_kwarg(mixer.forward),
     )  # fmt: skip
     layer.make_plan(1, "cpu")
     return layer
