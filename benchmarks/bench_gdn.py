@@ -46,7 +46,7 @@ from harness import (
 )
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper, KDADecodeCache, KDADecodeWrapper
-from replayssm_jit.models import get_model
+from replayssm_jit.core.models import get_model
 
 ACT = torch.bfloat16
 

@@ -40,7 +40,7 @@ from harness import (
 )
 
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
-from replayssm_jit.models import get_model
+from replayssm_jit.core.models import get_model
 
 
 def bytes_per_step(H, P, N, G, batch, window, fmt, act_size=2):

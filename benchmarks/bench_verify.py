@@ -42,8 +42,8 @@ from harness import SCRATCH_DIR, copy_ceiling, environment, time_graph, write_re
 from verify_schedule import GDNFamily, KDAFamily, Mamba2Family
 
 from replayssm_jit import LaunchConfig, commit_drafts, commit_snapshots, plan_decode, reset_slots
-from replayssm_jit.models import get_model
-from replayssm_jit.spec import spec_tilings
+from replayssm_jit.core.models import get_model
+from replayssm_jit.families.spec import spec_tilings
 
 PAPER_ACCEPTANCE = {2: 1.95, 4: 3.43, 6: 4.24, 8: 4.40}
 TREE_8 = [-1, 0, 0, 1, 1, 2, 2, 3]

@@ -17,8 +17,8 @@ import argparse
 
 import torch
 
+from replayssm_jit.core.models import MODELS
 from replayssm_jit.families import HeadShape, get_family
-from replayssm_jit.models import MODELS
 
 # Bytes per element, and per-row / per-head extras, of each checkpoint format.
 ELEMENT_BYTES = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0, "fp8": 1.0, "nvfp4": 0.5}

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 
 from replayssm_jit import LaunchConfig
-from replayssm_jit.families.base import (
+from replayssm_jit.core.dtypes import (
     BLOCK_SCALED_DTYPES,
     DTYPE_BITS,
     NVFP4_BLOCK,
@@ -349,7 +349,7 @@ def launch_variants(spec) -> list[tuple[str, LaunchConfig, tuple[str, ...]]]:
     """(label, launch config, kernels) per launch choice of `spec`'s module: every per-item row
     tile (conventional and a ReplaySSM cycle), every flush-every-step tile (a cycle) and every
     split-kernel tile (a ReplaySSM cycle; the largest also without speculative ring loads)."""
-    from replayssm_jit.spec import spec_tilings
+    from replayssm_jit.families.spec import spec_tilings
 
     tilings = [r for r, _ in spec_tilings(spec)]
     out = [
@@ -370,8 +370,8 @@ def launch_variants(spec) -> list[tuple[str, LaunchConfig, tuple[str, ...]]]:
 
 def model_variants(cfg) -> list[tuple[str, LaunchConfig, tuple[str, ...]]]:
     """launch_variants of a (shape, batch, L, state dtype) config's model spec."""
-    from replayssm_jit.jit.aot import model_spec
-    from replayssm_jit.models import get_model
+    from replayssm_jit.core.models import get_model
+    from replayssm_jit.jit.presets import model_spec
 
     shape, _batch, window, state = cfg
     return launch_variants(model_spec(get_model(shape), window=window, state_dtype=state))

@@ -56,7 +56,7 @@ from replayssm_jit import (
     mamba2_layout,
     plan_decode,
 )
-from replayssm_jit.models import ModelShape, get_model
+from replayssm_jit.core.models import ModelShape, get_model
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = Path(__file__).resolve().parent / "scratch" / "long_run"

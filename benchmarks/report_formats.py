@@ -20,9 +20,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import COPY_CEILING_TBPS, parse_format
 
+from replayssm_jit.core.models import get_model
 from replayssm_jit.families import get_family
 from replayssm_jit.families.layout import family_layout
-from replayssm_jit.models import get_model
 
 KERNELS = ("nonflush", "flush", "amortized", "conventional")
 

@@ -23,6 +23,7 @@ Public API:
     python -m replayssm_jit demo | aot      the main job and AOT builds
 """
 
+from replayssm_jit.core.version import __version__
 from replayssm_jit.families.layout import (
     CacheLayout,
     TensorLayout,
@@ -30,6 +31,7 @@ from replayssm_jit.families.layout import (
     kda_layout,
     mamba2_layout,
 )
+from replayssm_jit.families.spec import KernelSpec, gdn_spec, kda_spec, mamba2_spec
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops import (
     DecodePlan,
@@ -49,7 +51,6 @@ from replayssm_jit.ops import (
     plan_decode,
     reset_slots,
 )
-from replayssm_jit.spec import KernelSpec, gdn_spec, kda_spec, mamba2_spec
 from replayssm_jit.wrappers.cache import SlotCache
 from replayssm_jit.wrappers.gdn import GDNDecodeCache, GDNDecodeWrapper
 from replayssm_jit.wrappers.kda import KDADecodeCache, KDADecodeWrapper
@@ -68,6 +69,7 @@ __all__ = [
     "Mamba2DecodeWrapper",
     "SlotCache",
     "TensorLayout",
+    "__version__",
     "commit_drafts",
     "commit_snapshots",
     "copy_slots",
@@ -90,4 +92,3 @@ __all__ = [
     "plan_decode",
     "reset_slots",
 ]
-__version__ = "0.4.0"

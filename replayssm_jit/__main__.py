@@ -12,9 +12,9 @@ def main(argv: list[str] | None = None) -> int:
         raise TypeError(f"argv: expected a list of str, got {argv!r}")
     argv = list(sys.argv[1:] if argv is None else argv)
     commands = {
-        "demo": "replayssm_jit.demo",
-        "aot": "replayssm_jit.jit.aot",
-        "autotune": "replayssm_jit.launch.autotune",
+        "demo": "replayssm_jit.cli.demo",
+        "aot": "replayssm_jit.cli.aot",
+        "autotune": "replayssm_jit.cli.autotune",
     }
     if not argv or argv[0] not in commands:
         helped = bool(argv) and argv[0] in ("-h", "--help")

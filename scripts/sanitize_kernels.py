@@ -36,7 +36,7 @@ commit_snapshots is not run: it is PyTorch ops, not a kernel of ours.
     compute-sanitizer --tool memcheck python scripts/sanitize_kernels.py [--quick] ...
 
 scripts/sanitize.sh runs it under each tool on the H200; the modules come from the AOT preset
-"sanitizer" (replayssm_jit/jit/aot.py), which lists exactly the specs this script loads.
+"sanitizer" (tests/aot_presets.py), which lists exactly the specs this script loads.
 --device cpu runs the same schedules through the PyTorch path (a check of this script's own
 bookkeeping; the launch choices do not apply there, and the CPU path checks slot ids on the host
 and raises, so the out-of-range row becomes a pad row there).
@@ -54,6 +54,7 @@ import traceback
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import torch
 
@@ -74,6 +75,7 @@ from replayssm_jit import (
 from replayssm_jit.families import FAMILIES, get_family
 from replayssm_jit.families.base import Family, HeadShape
 from replayssm_jit.families.layout import CacheLayout, family_layout
+from replayssm_jit.families.spec import KernelSpec, spec_tilings
 from replayssm_jit.launch.config import LAUNCH_ENV
 from replayssm_jit.launch.policy import (
     DEFAULT_SM_COUNT,
@@ -89,7 +91,6 @@ from replayssm_jit.launch.policy import (
 )
 from replayssm_jit.ops.cpu import raw_bits
 from replayssm_jit.reference import root_path
-from replayssm_jit.spec import KernelSpec, spec_tilings
 
 PRESET = "sanitizer"
 WINDOW = 4  # replay window L (conventional specs use window 1)
@@ -779,9 +780,10 @@ def run_spec_config(cfg: SpecConfig, *, device: torch.device, steps: int, output
 def check_preset(configs: list[Config], complete: bool) -> int:
     """Every URI the configs load is in the AOT preset (and, for the complete set, nothing
     else is); with REPLAYSSM_AOT_DIR set, each is also built there with the current sources."""
-    from replayssm_jit.jit.aot import PRESETS
+    from replayssm_jit.cli.aot import load_presets
 
-    preset = {s.uri: s for s in PRESETS[PRESET]()}
+    presets = load_presets(Path(__file__).resolve().parent.parent / "tests" / "aot_presets.py")
+    preset = {s.uri: s for s in presets[PRESET]()}
     needed = {c.uri: c.spec for c in configs}
     missing = sorted(set(needed) - set(preset))
     extra = sorted(set(preset) - set(needed)) if complete else []

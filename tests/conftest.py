@@ -33,8 +33,9 @@ def aot_split_modules(tmp_path_factory):
     """AOT builds (sm_90a, nvcc) of one split-capable module per family, made once per session
     and in parallel (each takes about half a minute): the `ci` preset's Mamba-2 spec (super120b
     heads, L = 16) and qwen4b's GDN spec (L = 16). Returns (aot_dir, {family: (spec, so_path)})."""
-    from replayssm_jit.jit.aot import build_aot, preset_specs
-    from replayssm_jit.spec import gdn_spec
+    from replayssm_jit.families.spec import gdn_spec
+    from replayssm_jit.jit.aot import build_aot
+    from replayssm_jit.jit.presets import preset_specs
 
     specs = [
         preset_specs(["ci"])[0],

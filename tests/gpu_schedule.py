@@ -269,7 +269,7 @@ def split_variant_params(four_warp_cases: list, capped_cases: list) -> list:
     """pytest params (config, flag, case) forcing the split step's large-batch variants (4-warp
     records CTAs, the capped-register state kernel) on the given delta-rule cases (shape, gates
     in kernel, activation, checkpoint, SR, L), named variant-shape-checkpoint."""
-    from replayssm_jit.families.base import DTYPE_NAMES
+    from replayssm_jit.core.dtypes import DTYPE_NAMES
     from replayssm_jit.launch.policy import FLAG_CAPPED_STATE_REGISTERS, FLAG_FEW_RECORDS_WARPS
 
     variants = [

@@ -1,4 +1,4 @@
-"""The `replayssm-jit-cache` wheel (`python -m replayssm_jit.aot wheel`): built from the `ci`
+"""The `replayssm-jit-cache` wheel (`python -m replayssm_jit aot wheel`): built from the `ci`
 preset with nvcc, installed by pip into a fresh venv, and its module loaded from that venv with
 JIT disabled; and, on the CPU alone, the loader's refusal of a cache package of another version.
 
@@ -20,13 +20,13 @@ import pytest
 
 from replayssm_jit import __version__
 from replayssm_jit.jit import build, env
-from replayssm_jit.jit.aot import preset_specs
+from replayssm_jit.jit.presets import preset_specs
 
 # Runs in the fresh venv: load the `ci` module and report which file of it the process mapped.
 _LOAD_AND_REPORT = """
 import json
 import replayssm_jit_cache
-from replayssm_jit.jit.aot import preset_specs
+from replayssm_jit.jit.presets import preset_specs
 from replayssm_jit.jit.build import load_module
 
 (spec,) = preset_specs(["ci"])
@@ -76,7 +76,7 @@ def test_ci_wheel_installs_into_a_fresh_venv_and_loads_with_jit_disabled(tmp_pat
     # Build: the wheel's own default target (sm_90a), not the caller's REPLAYSSM_CUDA_ARCH_LIST.
     dist = tmp_path / "dist"
     build_env = {**base_env, "REPLAYSSM_CACHE_DIR": str(tmp_path / "build-cache")}
-    built = _run([sys.executable, "-m", "replayssm_jit.aot", "wheel", "--preset", "ci",
+    built = _run([sys.executable, "-m", "replayssm_jit", "aot", "wheel", "--preset", "ci",
                   "--out", dist], build_env, "building the wheel")  # fmt: skip
     (wheel,) = dist.iterdir()
     assert built.stdout.strip() == str(wheel)
@@ -154,7 +154,7 @@ def test_cache_package_of_another_version_is_refused(
 
 def test_wheel_command_lists_and_rejects_bad_arguments(capsys, monkeypatch, tmp_path):
     """The wheel command's options are the folder build's; usage errors come before any build."""
-    from replayssm_jit.jit.aot import main as aot_main
+    from replayssm_jit.cli.aot import main as aot_main
 
     monkeypatch.delenv("REPLAYSSM_CUDA_ARCH_LIST", raising=False)
     assert aot_main(["wheel", "--preset", "ci", "--list"]) == 0
@@ -169,7 +169,7 @@ def test_wheel_command_lists_and_rejects_bad_arguments(capsys, monkeypatch, tmp_
             aot_main(["wheel", *bad])
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
-        assert "usage: python -m replayssm_jit.aot wheel" in err and message in err, err
+        assert "usage: python -m replayssm_jit aot wheel" in err and message in err, err
     assert not any(tmp_path.iterdir()), "nothing is built"
 
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from replayssm_jit import LaunchConfig, gdn_layout, kda_layout, mamba2_layout, plan_decode
-from replayssm_jit.launch import autotune
-from replayssm_jit.spec import spec_tilings
+from replayssm_jit.cli import autotune
+from replayssm_jit.families.spec import spec_tilings
+from replayssm_jit.launch import tuning
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")
 
@@ -26,7 +27,7 @@ def qwen4b(**kw):
 
 @pytest.fixture(autouse=True)
 def no_tuning_env(monkeypatch):
-    monkeypatch.delenv(autotune.TUNING_ENV, raising=False)
+    monkeypatch.delenv(tuning.TUNING_ENV, raising=False)
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
@@ -51,13 +52,13 @@ def test_the_timed_step_runs_every_family(family, mode):
 def test_candidates_cover_every_kernel_and_tile_the_spec_compiles():
     plan = plan_decode(super120b(window=16), 256, device="cpu")
     tiles = {r for r, _ in spec_tilings(plan.spec)}
-    got = autotune.candidates(plan.spec, "replay")
+    got = tuning.candidates(plan.spec, "replay")
     assert {(c.kernel, c.rows_per_cta) for c in got} == {
         (k, r) for k in ("per-item", "flush-every-step", "split") for r in tiles
     }
-    assert {c.rows_per_cta for c in autotune.candidates(plan.spec, "conventional")} == tiles
+    assert {c.rows_per_cta for c in tuning.candidates(plan.spec, "conventional")} == tiles
     bf16 = plan_decode(super120b(window=16, state_dtype=torch.bfloat16), 8, device="cpu")
-    assert "flush-every-step" not in {c.kernel for c in autotune.candidates(bf16.spec, "replay")}
+    assert "flush-every-step" not in {c.kernel for c in tuning.candidates(bf16.spec, "replay")}
 
 
 def fake_timer(fastest):
@@ -69,7 +70,7 @@ def test_tune_keeps_the_fastest_and_plan_reads_it(tmp_path, monkeypatch):
     layout = super120b(window=16)
     fastest = ("per-item", 16)
     result = autotune.tune(layout, "replay", [8, 64], torch.device("cpu"), fake_timer(fastest))
-    assert result["device"] == "cpu" and result["format"] == autotune.FORMAT_VERSION
+    assert result["device"] == "cpu" and result["format"] == tuning.FORMAT_VERSION
     assert [e["batch"] for e in result["entries"]] == [8, 64]
     for e in result["entries"]:
         assert e["config"] == {"kernel": "per-item", "rows_per_cta": 16} and e["us"] == 1.0
@@ -79,7 +80,7 @@ def test_tune_keeps_the_fastest_and_plan_reads_it(tmp_path, monkeypatch):
     # The launch config a plan is made with is what the file says (a CPU plan launches nothing,
     # so the config handed to the policy is what is checked), via the environment too.
     seen = []
-    real = autotune.tuned_config
+    real = tuning.tuned_config
 
     def spy(config, tuning, spec, mode, batch, device):
         got = real(config, tuning, spec, mode, batch, device)
@@ -89,7 +90,7 @@ def test_tune_keeps_the_fastest_and_plan_reads_it(tmp_path, monkeypatch):
     monkeypatch.setattr("replayssm_jit.ops.plan.tuned_config", spy)
     plan_decode(layout, 32, device="cpu", tuning=str(path))
     assert (seen[-1].kernel, seen[-1].rows_per_cta) == fastest
-    monkeypatch.setenv(autotune.TUNING_ENV, str(path))
+    monkeypatch.setenv(tuning.TUNING_ENV, str(path))
     plan_decode(layout, 64, device="cpu")
     assert (seen[-1].kernel, seen[-1].rows_per_cta) == fastest
     # Above the largest timed batch, another spec, another mode: the policy's "auto".
@@ -110,10 +111,10 @@ def test_a_file_from_another_device_is_ignored(tmp_path):
     result["device"] = "NVIDIA H200"
     path = tmp_path / "t.json"
     path.write_text(json.dumps(result))
-    tuning = autotune.load_tuning(path)
+    loaded = tuning.load_tuning(path)
     plan = plan_decode(layout, 8, device="cpu")
-    assert tuning.config_for(plan.spec, "replay", 8, torch.device("cpu")) is None
-    assert autotune.tuned_config(LaunchConfig(), path, plan.spec, "replay", 8,
+    assert loaded.config_for(plan.spec, "replay", 8, torch.device("cpu")) is None
+    assert tuning.tuned_config(LaunchConfig(), path, plan.spec, "replay", 8,
                                  torch.device("cpu")) == LaunchConfig()  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import checkpoint_bytes as cb
 
-from replayssm_jit.models import get_model
+from replayssm_jit.core.models import get_model
 
 
 def test_formats_count_values_and_scales():
@@ -36,10 +36,10 @@ def test_built_formats_match_the_layouts():
     """Where a format is built, the analytic bytes are the layout's (cursors aside): shared FP8
     at every model shape, separate FP32 + FP8 at the Mamba-2 and GDN ones (GDN's records then
     keep v and beta too), and NVFP4 (shared and separate) at the Mamba-2 ones."""
+    from replayssm_jit.core.models import MODELS
     from replayssm_jit.families import get_family
     from replayssm_jit.families.layout import family_layout
-    from replayssm_jit.models import MODELS
-    from replayssm_jit.spec import checkpoint_tilings
+    from replayssm_jit.families.spec import checkpoint_tilings
 
     for model in MODELS.values():
         args = dict(zip(get_family(model.family).shape_args,

@@ -31,13 +31,13 @@ from replayssm_jit import (
 )
 from replayssm_jit.families import HeadShape
 from replayssm_jit.families.layout import CheckpointFormat, gdn_layout, mamba2_layout
+from replayssm_jit.families.spec import gdn_spec, make_spec, mamba2_spec
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops import cpu
 from replayssm_jit.reference import precision as P
 from replayssm_jit.reference.gdn import gdn_step_pool
 from replayssm_jit.reference.kda import kda_step_pool
 from replayssm_jit.reference.mamba2 import mamba2_step_pool
-from replayssm_jit.spec import gdn_spec, make_spec, mamba2_spec
 
 F32, F64 = torch.float32, torch.float64
 SEED = 77
@@ -185,7 +185,7 @@ def test_checkpoint_format_replaces_the_dtypes():
 
 
 def test_separate_mode_is_built_for_mamba2_and_gdn():
-    from replayssm_jit.spec import kda_spec
+    from replayssm_jit.families.spec import kda_spec
 
     dims = dict(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
     with pytest.raises(ValueError, match=r"^read_dtype: separate mode .* not kda"):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from replayssm_jit.__main__ import main as cli
-from replayssm_jit.demo import run_demo
+from replayssm_jit.cli.demo import run_demo
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")
 

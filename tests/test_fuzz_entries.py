@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import replayssm_jit
 from replayssm_jit import commit_drafts, mamba2_decode, plan_decode
 from replayssm_jit.families.base import HeadShape
-from replayssm_jit.spec import KernelSpec, make_spec
+from replayssm_jit.families.spec import KernelSpec, make_spec
 
 CPU = sorted(name for name, e in fuzz.ENTRIES.items() if "cpu" in e.devices)
 CUDA = sorted(name for name, e in fuzz.ENTRIES.items() if "cuda" in e.devices)
@@ -184,10 +184,9 @@ def test_commit_drafts_rejects_padded_cursors():
 def test_cuda_speculative_entries_load_only_sanitizer_specs(data):
     """Every module the CUDA verify.op / snapshot.op entries can plan (the T = 1 plan variant
     too) is in the preset, so the GPU run needs no other build."""
+    from aot_presets import PRESETS
     from fuzz.families import ADAPTERS, adapters_on
     from fuzz.verify import DTYPES, STATE_DTYPES
-
-    from replayssm_jit.jit.aot import PRESETS
 
     preset = {s.uri for s in PRESETS["sanitizer"]()}
     fam = ADAPTERS[data.draw(st.sampled_from(adapters_on("cuda")))]

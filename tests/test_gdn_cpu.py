@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from aot_presets import every_preset
 
 from replayssm_jit import (
     GDNDecodeCache,
@@ -19,13 +20,15 @@ from replayssm_jit import (
     mamba2_layout,
     plan_decode,
 )
-from replayssm_jit.families.base import CHUNK_VALUES
+from replayssm_jit.core.dtypes import CHUNK_VALUES
+from replayssm_jit.core.tiles import rows_tilings
+from replayssm_jit.families.spec import spec_tilings
 from replayssm_jit.jit import build
-from replayssm_jit.jit.aot import PRESETS, preset_specs
+from replayssm_jit.jit.presets import preset_specs
 from replayssm_jit.launch.policy import choose_launch
-from replayssm_jit.launch.tiles import rows_tilings
 from replayssm_jit.reference import GDNSequence, gdn_step
-from replayssm_jit.spec import spec_tilings
+
+PRESETS = every_preset()
 
 TEMPLATE = build.template_root() / "gdn" / "decode.cu.jinja"
 needs_template = pytest.mark.skipif(
@@ -163,7 +166,7 @@ def test_presets_hold_the_gdn_specs():
 @needs_template
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_gdn_spec_renders(preset):
-    for spec in preset_specs([preset]):
+    for spec in preset_specs([preset], PRESETS):
         if spec.family != "gdn":
             continue
         text = build.render(spec)

@@ -13,9 +13,9 @@ import torch
 from gpu_schedule import rel_err
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper, LaunchConfig
+from replayssm_jit.families.spec import gdn_spec, spec_tilings
 from replayssm_jit.launch.config import LAUNCH_ENV
 from replayssm_jit.reference import gdn_gates, gdn_step_pool
-from replayssm_jit.spec import gdn_spec, spec_tilings
 
 pytestmark = pytest.mark.gpu
 

@@ -7,15 +7,13 @@ import sys
 
 import pytest
 import torch
+from aot_presets import every_preset
 
 from replayssm_jit import mamba2_layout, plan_decode
+from replayssm_jit.core.dtypes import CHUNK_VALUES, CPP_TYPES
+from replayssm_jit.core.tiles import lanes_per_row, rows_tilings
 from replayssm_jit.families import MAMBA2, HeadShape, get_family
-from replayssm_jit.families.base import CHUNK_VALUES, CPP_TYPES
-from replayssm_jit.jit import build, env
-from replayssm_jit.jit.aot import PRESETS, preset_specs
-from replayssm_jit.launch.policy import can_split
-from replayssm_jit.launch.tiles import lanes_per_row, rows_tilings
-from replayssm_jit.spec import (
+from replayssm_jit.families.spec import (
     KernelSpec,
     family_spec,
     gdn_spec,
@@ -24,6 +22,11 @@ from replayssm_jit.spec import (
     mamba2_spec,
     spec_tilings,
 )
+from replayssm_jit.jit import build, env
+from replayssm_jit.jit.presets import preset_specs
+from replayssm_jit.launch.policy import can_split
+
+PRESETS = every_preset()
 
 
 def test_uri_is_readable_and_unique():
@@ -89,7 +92,7 @@ def test_tilings_cover_model_shapes():
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_every_preset_spec_renders(preset):
     """Mamba-2 specs here; the GDN ones in test_gdn_cpu.py."""
-    for spec in preset_specs([preset]):
+    for spec in preset_specs([preset], PRESETS):
         if spec.family != "mamba2":
             continue
         text = build.render(spec)
@@ -155,8 +158,8 @@ def test_kda_module_compiles_and_loads(jit_cache, tmp_path, monkeypatch):
     """A KDA spec (GDN's templates with a decay per key channel) compiles for sm_90a and loads
     with its conventional and ReplaySSM steps, and its split step's workspace holds per (row,
     value head) the row sums, the per-channel vectors and a flush's decayed k rows."""
+    from replayssm_jit.families.spec import kda_spec
     from replayssm_jit.jit.aot import build_aot
-    from replayssm_jit.spec import kda_spec
 
     spec = kda_spec(head_k_dim=32, head_v_dim=32, value_heads_per_key_head=2, window=4)
     assert spec.template_context()["decay_per_channel"]
@@ -231,7 +234,7 @@ def test_stale_aot_module_is_not_used(jit_cache, tmp_path, monkeypatch):
 
 
 def test_aot_cli_takes_a_list_of_specs(capsys):
-    from replayssm_jit.jit.aot import main as aot_main
+    from replayssm_jit.cli.aot import main as aot_main
 
     spec = "mamba2:headdim=64,dstate=128,heads_per_group=16,window=8,state_dtype=bf16,flags=d+dt_softplus"
     assert (
@@ -268,12 +271,11 @@ def test_aot_cli_takes_a_list_of_specs(capsys):
     "command, prog",
     [
         (["replayssm_jit", "aot"], "python -m replayssm_jit aot"),
-        (["replayssm_jit.aot", "wheel"], "python -m replayssm_jit.aot wheel"),
+        (["replayssm_jit", "aot", "wheel"], "python -m replayssm_jit aot wheel"),
     ],
 )
 def test_aot_entry_point_rejects_a_bogus_preset(command, prog):
-    """`python -m replayssm_jit aot --preset bogus` (and the wheel command, through
-    `python -m replayssm_jit.aot`): an argparse error (exit 2, usage and the message on stderr),
+    """`python -m replayssm_jit aot --preset bogus` (and `aot wheel`): an argparse error (exit 2, usage and the message on stderr),
     not a traceback."""
     run = subprocess.run(
         [sys.executable, "-m", *command, "--preset", "bogus", "--list"],
@@ -393,8 +395,8 @@ def test_verify_modules_compile_and_export_the_speculative_steps(family, jit_cac
                                                                  monkeypatch):  # fmt: skip
     """A spec with drafts (T = 2) compiles its verify, snapshot and commit kernels for sm_90a
     and loads with every binding; with T = 1 it has none of them."""
+    from replayssm_jit.families.spec import family_spec
     from replayssm_jit.jit.aot import build_aot
-    from replayssm_jit.spec import family_spec
 
     dims = {
         "mamba2": dict(headdim=16, dstate=32, heads_per_group=2),

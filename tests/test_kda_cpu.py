@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from aot_presets import PRESETS
 
 from replayssm_jit import (
     KDADecodeCache,
@@ -21,7 +22,7 @@ from replayssm_jit import (
     plan_decode,
 )
 from replayssm_jit.jit import build
-from replayssm_jit.jit.aot import preset_specs
+from replayssm_jit.jit.presets import preset_specs
 from replayssm_jit.launch.policy import choose_launch, choose_verify_kernel
 from replayssm_jit.ops import plan_handle
 from replayssm_jit.reference import KDASequence, kda_gates
@@ -52,7 +53,7 @@ def test_preset_kda_specs_render(preset):
     """Every KDA spec of the presets renders GDN's template with the per-channel decay, the
     safe gate's lower bound in every binding (the two steps, and verify and snapshot with
     drafts), and the split step with per-channel decays."""
-    specs = [s for s in preset_specs([preset]) if s.family == "kda"]
+    specs = [s for s in preset_specs([preset], PRESETS) if s.family == "kda"]
     assert specs and any(s.drafts == 1 for s in specs)
     for spec in specs:
         text = build.render(spec)

@@ -5,7 +5,7 @@ rings, final checkpoints, cursors and untouched slots) is gpu_schedule.py's. Inp
 q, k, v every step (q and k normalised in the kernel) and per-channel gates whose decays exp(g)
 lie in about [0.55, 1) and differ across the K channels; raw a, b with A_log, dt_bias ("gates in
 kernel", fla's gate or the safe gate with a lower bound) or precomputed g, beta. The modules
-these tests load are the AOT preset `kda-tests` (python -m replayssm_jit aot --preset kda-tests).
+these tests load are the AOT preset `kda-tests` (python -m replayssm_jit aot --presets-from tests/aot_presets.py --preset kda-tests).
 """
 
 import inspect
@@ -16,9 +16,9 @@ import torch
 from gpu_schedule import rel_err
 
 from replayssm_jit import KDADecodeCache, KDADecodeWrapper, LaunchConfig
+from replayssm_jit.families.spec import kda_spec, spec_tilings
 from replayssm_jit.launch.config import LAUNCH_ENV
 from replayssm_jit.reference import kda_gates, kda_step_pool
-from replayssm_jit.spec import kda_spec, spec_tilings
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from replayssm_jit import LaunchConfig, gdn_layout, mamba2_layout, plan_decode
+from replayssm_jit.core.tiles import MAX_CTA_SHARED_BYTES, lane_values
 from replayssm_jit.families import get_family
+from replayssm_jit.families.spec import gdn_spec, mamba2_spec, spec_tilings
 from replayssm_jit.launch import policy
 from replayssm_jit.launch.config import LAUNCH_ENV, parse_launch, resolve_config
 from replayssm_jit.launch.policy import (
@@ -26,8 +28,6 @@ from replayssm_jit.launch.policy import (
     choose_rows_per_cta,
     launch_flags,
 )
-from replayssm_jit.launch.tiles import MAX_CTA_SHARED_BYTES, lane_values
-from replayssm_jit.spec import gdn_spec, mamba2_spec, spec_tilings
 
 SMS = 132  # an H200
 AUTO = LaunchConfig()

@@ -1,5 +1,5 @@
 """The lifecycle ops (reset_slots, copy_slots) and SlotCache.from_tensors reject slot tensors
-that share memory (replayssm_jit.checks.check_disjoint), before anything changes: a write
+that share memory (replayssm_jit.core.checks.check_disjoint), before anything changes: a write
 through one would land in another's slots."""
 
 from __future__ import annotations

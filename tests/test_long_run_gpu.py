@@ -24,7 +24,7 @@ from test_lifecycle import GDN, Mamba2, assert_slots_kept, engine_tensors, snaps
 from verify_schedule import GDNFamily, Mamba2Family
 
 from replayssm_jit import LaunchConfig, commit_drafts, plan_decode, reset_slots
-from replayssm_jit.models import get_model
+from replayssm_jit.core.models import get_model
 from replayssm_jit.reference import gdn_gates, gdn_step, mamba2_step
 
 pytestmark = pytest.mark.usefixtures("no_launch_env", "single_thread")

@@ -10,9 +10,9 @@ import torch
 from gpu_schedule import rel_err
 
 from replayssm_jit import LaunchConfig, Mamba2DecodeCache, Mamba2DecodeWrapper
+from replayssm_jit.families.spec import mamba2_spec, spec_tilings
 from replayssm_jit.launch.config import LAUNCH_ENV
 from replayssm_jit.reference import mamba2_step_pool
-from replayssm_jit.spec import mamba2_spec, spec_tilings
 
 pytestmark = pytest.mark.gpu
 

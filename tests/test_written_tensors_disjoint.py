@@ -1,4 +1,4 @@
-"""Tensors a step writes must not share memory (replayssm_jit.checks.check_disjoint): an `out`,
+"""Tensors a step writes must not share memory (replayssm_jit.core.checks.check_disjoint): an `out`,
 a workspace or a slot tensor laid over another slot tensor would let the kernels overwrite slots
 no row names. Every op rejects that before anything changes, on every backend."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from replayssm_jit import mamba2_decode, mamba2_layout, mamba2_verify, plan_decode, reset_slots
-from replayssm_jit.checks import check_disjoint
+from replayssm_jit.core.checks import check_disjoint
 
 H, P, N, G = 4, 16, 32, 2
 

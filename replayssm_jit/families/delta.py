@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from replayssm_jit.families.base import DTYPE_BYTES, Family, HeadShape, RingLayout
-from replayssm_jit.launch.tiles import TARGET_CTAS_PER_SM
+from replayssm_jit.core.dtypes import DTYPE_BYTES
+from replayssm_jit.core.tiles import TARGET_CTAS_PER_SM
+from replayssm_jit.families.base import Family, HeadShape, RingLayout
 
 
 class DeltaFamily(Family):

@@ -18,24 +18,24 @@ from functools import cached_property
 
 import torch
 
-from replayssm_jit.checks import (
+from replayssm_jit.core.checks import (
     check_at_most,
     check_positive_int,
     check_slot_pool,
     check_tensor,
     resolve_device,
 )
-from replayssm_jit.families import get_family
-from replayssm_jit.families.base import (
+from replayssm_jit.core.dtypes import (
     BLOCK_SCALED_DTYPES,
     DTYPE_NAMES,
     NVFP4_BLOCK,
     ROW_SCALED_DTYPES,
     TORCH_DTYPES,
-    Family,
-    HeadShape,
     dtype_name,
 )
+from replayssm_jit.families import get_family
+from replayssm_jit.families.base import Family, HeadShape
+from replayssm_jit.families.spec import make_spec
 
 CURSOR_WORDS = 4
 # Slot ids are int32 (slot_indices), and so is the kernels' slot count.
@@ -283,8 +283,6 @@ def family_layout(
     """The checked layout of `family` for its head-shape arguments (Family.shape_args).
     checkpoint_format (a CheckpointFormat) replaces state_dtype and read_dtype (and, in
     conventional mode, sets window 1)."""
-    from replayssm_jit.spec import make_spec
-
     if checkpoint_format is not None:
         if not isinstance(checkpoint_format, CheckpointFormat):
             raise TypeError(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from replayssm_jit.families.base import DTYPE_BYTES, Family, RingLayout
-from replayssm_jit.launch.tiles import TARGET_CTAS_PER_SM
+from replayssm_jit.core.dtypes import DTYPE_BYTES
+from replayssm_jit.core.tiles import TARGET_CTAS_PER_SM
+from replayssm_jit.families.base import Family, RingLayout
 
 
 class Mamba2Family(Family):

@@ -44,8 +44,8 @@ from typing import BinaryIO
 import jinja2
 
 from replayssm_jit.families import get_family
+from replayssm_jit.families.spec import KernelSpec
 from replayssm_jit.jit import env
-from replayssm_jit.spec import KernelSpec
 
 logger = logging.getLogger("replayssm_jit")
 

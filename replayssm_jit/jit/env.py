@@ -17,6 +17,8 @@ import os
 import shutil
 from pathlib import Path
 
+from replayssm_jit.core.version import __version__
+
 
 def _flag(name: str) -> bool:
     return os.environ.get(name, "0").strip().lower() not in ("", "0", "false", "no", "off")
@@ -56,7 +58,6 @@ def cache_package() -> tuple[list[Path], str | None]:
         import replayssm_jit_cache  # type: ignore[import-not-found]
     except ImportError:
         return [], None
-    from replayssm_jit import __version__
 
     where = ", ".join(replayssm_jit_cache.__path__)
     found = getattr(replayssm_jit_cache, "__version__", None)

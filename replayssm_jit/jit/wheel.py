@@ -23,11 +23,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from replayssm_jit import __version__
+from replayssm_jit.core.version import __version__
+from replayssm_jit.families.spec import KernelSpec
 from replayssm_jit.jit import env
 from replayssm_jit.jit.aot import build_aot
 from replayssm_jit.jit.build import MANIFEST
-from replayssm_jit.spec import KernelSpec
 
 # setuptools.command.bdist_wheel first shipped in 70.1; older releases need the `wheel` package.
 MIN_SETUPTOOLS = (70, 1)

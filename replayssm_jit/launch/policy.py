@@ -13,14 +13,14 @@ from functools import cache
 
 import torch
 
-from replayssm_jit.families import get_family
-from replayssm_jit.launch.config import AUTO, LaunchConfig
-from replayssm_jit.launch.tiles import (
+from replayssm_jit.core.tiles import (
     MAX_CTA_SHARED_BYTES,
     SPLIT_RECORDS_THREADS,
     lane_values,
 )
-from replayssm_jit.spec import KernelSpec, spec_tilings
+from replayssm_jit.families import get_family
+from replayssm_jit.families.spec import KernelSpec, spec_tilings
+from replayssm_jit.launch.config import AUTO, LaunchConfig
 
 # Bits of the modules' `flags` argument (templates/common/launch.cuh).
 FLAG_SPECULATIVE_RECORDS = 1

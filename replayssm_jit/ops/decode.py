@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from replayssm_jit.checks import check_disjoint, check_slot_indices, check_tensor
+from replayssm_jit.core.checks import check_disjoint, check_slot_indices, check_tensor
 from replayssm_jit.families.base import Family
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops.plan import DecodePlan

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_jit.checks import check_aligned_rows, check_tensor
+from replayssm_jit.core.checks import check_aligned_rows, check_tensor
 from replayssm_jit.families import GDN
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops.decode import check_plan, checkpoint_tensors, output_buffer, run_step

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from replayssm_jit.checks import check_bool, check_disjoint, check_int, check_tensor
+from replayssm_jit.core.checks import check_bool, check_disjoint, check_int, check_tensor
 from replayssm_jit.families.layout import CacheLayout
 from replayssm_jit.ops.cpu import raw_bits, store_checkpoint
 

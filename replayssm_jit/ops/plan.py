@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from replayssm_jit.checks import (
+from replayssm_jit.core.checks import (
     check_at_most,
     check_bool,
     check_int,
@@ -14,7 +14,7 @@ from replayssm_jit.checks import (
     resolve_device,
 )
 from replayssm_jit.families.layout import CacheLayout
-from replayssm_jit.launch.autotune import tuned_config
+from replayssm_jit.families.spec import KernelSpec, make_spec
 from replayssm_jit.launch.config import resolve_config
 from replayssm_jit.launch.policy import (
     FLAG_SPLIT,
@@ -23,7 +23,7 @@ from replayssm_jit.launch.policy import (
     choose_verify_kernel,
     sm_count,
 )
-from replayssm_jit.spec import KernelSpec, make_spec
+from replayssm_jit.launch.tuning import tuned_config
 
 MODES = ("replay", "conventional")
 # A launch's grid carries the batch rows in its y dimension (templates/common/replay.cuh,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from replayssm_jit.checks import check_tensor
+from replayssm_jit.core.checks import check_tensor
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops.lifecycle import slot_id_list
 from replayssm_jit.ops.plan import DecodePlan

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from replayssm_jit import checks
+from replayssm_jit.core import checks
 
 F64 = torch.float64
 
@@ -26,7 +26,7 @@ F64 = torch.float64
 
 def check_tensor(name: str, t, shape: Sequence[int | None], *, optional: bool = False) -> None:
     """A floating tensor of ``shape`` (``None`` entries match any size), in the library's one
-    error style (replayssm_jit.checks): TypeError for a wrong type, ValueError for a wrong shape."""
+    error style (replayssm_jit.core.checks): TypeError for a wrong type, ValueError for a wrong shape."""
     if t is None:
         if optional:
             return

@@ -6,13 +6,13 @@ from collections.abc import Sequence
 
 import torch
 
-from replayssm_jit.checks import check_bool
+from replayssm_jit.core.checks import check_bool
 from replayssm_jit.families.base import Family
+from replayssm_jit.families.spec import KernelSpec
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.ops.plan import MODES, DecodePlan, plan_decode
 from replayssm_jit.ops.prefix import materialize_slots
 from replayssm_jit.ops.verify import commit_drafts
-from replayssm_jit.spec import KernelSpec
 from replayssm_jit.wrappers.cache import SlotCache
 
 

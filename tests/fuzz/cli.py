@@ -19,11 +19,11 @@ import torch
 from hypothesis import strategies as st
 
 from fuzz.core import Call, EnvPatch, Validity, entry
-from replayssm_jit import demo as demo_module
 from replayssm_jit.__main__ import main
-from replayssm_jit.jit import aot as aot_module
-from replayssm_jit.launch import autotune as autotune_module
-from replayssm_jit.models import ALIASES, MODELS, get_model
+from replayssm_jit.cli import aot as aot_module
+from replayssm_jit.cli import autotune as autotune_module
+from replayssm_jit.cli import demo as demo_module
+from replayssm_jit.core.models import ALIASES, MODELS, get_model
 
 MAX_BATCH = 65535
 GOOD_INTS = {
@@ -244,7 +244,7 @@ def build_cli_aot(draw, device):
     texts = [_spec_text(draw, v) for _ in range(draw(st.integers(0, 2)))]
     for text in texts:
         argv += ["--spec", text]
-    presets = draw(st.lists(st.sampled_from(["ci", "sanitizer", "models"]), max_size=2))
+    presets = draw(st.lists(st.sampled_from(["ci", "h200", "models"]), max_size=2))
     if v.spend(draw):
         presets.append("bogus")
     for p in presets:

@@ -175,7 +175,7 @@ def assert_unchanged(before: dict[str, object], now: Mapping[str, object], what:
 # --- what a clear error is ------------------------------------------------------------------
 
 # Messages that name the argument and its actual value but word the expectation otherwise,
-# from files this suite does not own (replayssm_jit/spec.py): accepted as they are.
+# from files this suite does not own (replayssm_jit/families/spec.py): accepted as they are.
 _OTHER_WORDINGS = ("no row tiling fits",)
 
 

@@ -15,7 +15,7 @@ from fuzz.families import ADAPTERS, Adapter, adapters_on
 from fuzz.values import INT32_MAX, slot_tensor_variant, tensor_variant
 from replayssm_jit import LaunchConfig, SlotCache
 from replayssm_jit.families import FAMILIES
-from replayssm_jit.spec import spec_tilings
+from replayssm_jit.families.spec import spec_tilings
 
 DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}
 STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 from fuzz.core import Call, Validity, entry
 from fuzz.values import draw_int, is_int, slot_tensor_variant
 from replayssm_jit import gdn_layout, gdn_spec, kda_layout, kda_spec, mamba2_layout, mamba2_spec
+from replayssm_jit.core.dtypes import MAX_DRAFTS, MAX_HEADS, MAX_WINDOW
 from replayssm_jit.families import FAMILIES
-from replayssm_jit.families.base import MAX_DRAFTS, MAX_HEADS, MAX_WINDOW, HeadShape
+from replayssm_jit.families.base import HeadShape
 from replayssm_jit.families.layout import family_layout
-from replayssm_jit.spec import family_spec, make_spec
+from replayssm_jit.families.spec import family_spec, make_spec
 
 ROLES = ("key_heads", "value_heads", "key_dim", "value_dim")
 DTYPE_FORMS = {

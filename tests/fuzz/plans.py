@@ -13,11 +13,11 @@ from fuzz.families import ADAPTERS, adapters_on
 from fuzz.layouts import draw_device
 from fuzz.values import INT32_MAX, INT32_MIN, draw_bool, draw_choice, draw_int, is_int
 from replayssm_jit import LaunchConfig, SlotCache, plan_decode
+from replayssm_jit.core.dtypes import DTYPE_NAMES
 from replayssm_jit.families import FAMILIES
-from replayssm_jit.families.base import DTYPE_NAMES
 from replayssm_jit.families.layout import family_layout
+from replayssm_jit.families.spec import checkpoint_tilings
 from replayssm_jit.launch.config import LAUNCH_ENV
-from replayssm_jit.spec import checkpoint_tilings
 
 MAX_BATCH = 65535
 STATES = (torch.float32, torch.bfloat16, torch.float16)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_jit.checks import check_bool, check_int
+from replayssm_jit.core.checks import check_bool, check_int
 from replayssm_jit.integrations.hf.layer import NO_FORWARD, PatchedLayer
 from replayssm_jit.integrations.hf.mixers import MIXERS, adapter_of, layout_of
 from replayssm_jit.ops.plan import MODES

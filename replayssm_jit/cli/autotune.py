@@ -1,150 +1,33 @@
-"""Autotuning, persisted per device: `python -m replayssm_jit autotune --model M --out FILE`.
-
-It times every launch candidate of a model's decode step (the kernels the spec compiles x its
-row tiles) on the present GPU at each batch asked for, and writes the fastest per (spec, mode,
-batch) to a JSON file. plan_decode reads the file where one is given (`tuning=FILE`, or the
-REPLAYSSM_TUNING environment variable) and falls back to the built-in policy for anything the
-file does not cover: another device, spec or mode, or a batch above the largest one timed. A
-batch takes the entry of the smallest timed batch at or above it. Fields the caller's
-LaunchConfig fixes always win over the file.
-"""
+"""`python -m replayssm_jit autotune --model M --out FILE`: time every launch candidate of a
+model's decode step (the kernels its spec compiles x its row tiles) on the present GPU at each
+batch asked for, and write the fastest per (spec, mode, batch) to a tuning file
+(replayssm_jit/launch/tuning.py reads it)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-from dataclasses import asdict, dataclass, fields, replace
-from functools import lru_cache
 from pathlib import Path
 
 import torch
 
-from replayssm_jit.launch.config import AUTO, LaunchConfig
-from replayssm_jit.launch.policy import can_split
-from replayssm_jit.spec import KernelSpec, spec_tilings
+from replayssm_jit.cli.demo import LAYERS
+from replayssm_jit.core.models import ModelShape, get_model
+from replayssm_jit.families import get_family
+from replayssm_jit.families.layout import family_layout
+from replayssm_jit.launch.config import LaunchConfig
+from replayssm_jit.launch.tuning import FORMAT_VERSION, candidates, device_name, set_fields
+from replayssm_jit.ops import gdn_decode, kda_decode, mamba2_decode, plan_decode, reset_slots
 
-TUNING_ENV = "REPLAYSSM_TUNING"
-FORMAT_VERSION = 1
-
-__all__ = ["TUNING_ENV", "Tuning", "candidates", "load_tuning", "main", "tune", "tuned_config"]
-
-
-def device_name(device: torch.device) -> str:
-    """The name a tuning file is keyed by: the CUDA device's, or "cpu"."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return device.type
-
-
-@dataclass(frozen=True)
-class Tuning:
-    """A loaded tuning file: the device it was measured on and, per (spec URI, mode), the
-    (batch, LaunchConfig) entries in increasing batch."""
-
-    path: str
-    device: str
-    entries: dict
-
-    def config_for(self, spec: KernelSpec, mode: str, batch: int, device: torch.device):
-        """The tuned LaunchConfig of a step, or None where the file does not cover it."""
-        if device_name(device) != self.device:
-            return None
-        for timed, config in self.entries.get((spec.uri, mode), ()):
-            if batch <= timed:
-                return config
-        return None
-
-
-def _bad(path: str, what: str) -> ValueError:
-    return ValueError(f"tuning: {path} is not a tuning file ({what})")
-
-
-@lru_cache(maxsize=8)
-def _load(path: str, mtime_ns: int) -> Tuning:
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"tuning: cannot read {path} as JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT_VERSION:
-        raise _bad(
-            path,
-            f"expected format {FORMAT_VERSION}, got {data.get('format') if isinstance(data, dict) else data!r}",
-        )
-    if not isinstance(data.get("device"), str) or not isinstance(data.get("entries"), list):
-        raise _bad(path, "expected a 'device' string and an 'entries' list")
-    entries: dict = {}
-    for i, e in enumerate(data["entries"]):
-        try:
-            key = (str(e["uri"]), str(e["mode"]))
-            batch = int(e["batch"])
-            config = LaunchConfig(**e["config"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise _bad(path, f"entry {i}: {exc}") from None
-        entries.setdefault(key, []).append((batch, config))
-    for rows in entries.values():
-        rows.sort(key=lambda r: r[0])
-    return Tuning(path, data["device"], entries)
-
-
-def load_tuning(path: object) -> Tuning:
-    """The tuning file at `path` (a str or Path), read once per modification."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"tuning: expected a path (str or os.PathLike), got {type(path).__name__}")
-    path = os.fspath(path)
-    try:
-        mtime = os.stat(path).st_mtime_ns
-    except OSError as exc:
-        raise ValueError(f"tuning: cannot read {path} ({exc.strerror})") from None
-    return _load(path, mtime)
-
-
-def tuned_config(config: LaunchConfig, tuning: object, spec: KernelSpec, mode: str, batch: int,
-                 device: torch.device) -> LaunchConfig:  # fmt: skip
-    """`config` with its "auto" fields taken from the tuning file (the argument, else
-    REPLAYSSM_TUNING, else none) where the file covers this step."""
-    if tuning is None:
-        tuning = os.environ.get(TUNING_ENV) or None
-        if tuning is None:
-            return config
-    loaded = tuning if isinstance(tuning, Tuning) else load_tuning(tuning)
-    tuned = loaded.config_for(spec, mode, batch, device)
-    if tuned is None:
-        return config
-    filled = {
-        f.name: getattr(tuned, f.name)
-        for f in fields(LaunchConfig)
-        if getattr(config, f.name) == AUTO and getattr(tuned, f.name) != AUTO
-    }
-    return replace(config, **filled)
-
-
-def candidates(spec: KernelSpec, mode: str) -> list[LaunchConfig]:
-    """Every launch a step of `spec` can take: its compiled row tiles, and in replay mode each
-    ReplaySSM kernel it has (flush-every-step only for FP32 checkpoints, whose rounding it keeps)."""
-    tiles = [rows for rows, _ in spec_tilings(spec)]
-    if mode == "conventional":
-        return [LaunchConfig(rows_per_cta=r) for r in tiles]
-    kernels = ["per-item"]
-    if spec.state_dtype == "f32" and spec.read_dtype is None:
-        kernels.append("flush-every-step")
-    if can_split(spec):
-        kernels.append("split")
-    return [LaunchConfig(kernel=k, rows_per_cta=r) for k in kernels for r in tiles]
-
-
-def _set_fields(config: LaunchConfig) -> dict:
-    return {k: v for k, v in asdict(config).items() if v != AUTO}
+__all__ = ["graph_timer", "main", "timed_step", "tune"]
 
 
 def tune(layout, mode: str, batches: list[int], device: torch.device, timer, progress=None) -> dict:
     """Times the policy's launch and every candidate at each batch with `timer(plan, config) ->
     us` and returns the tuning file's content: per batch the fastest (an empty config where the
     policy's own choice is), its time, and the policy's choice and time."""
-    from replayssm_jit.ops.plan import plan_decode
-
     entries = []
     for batch in batches:
         default = plan_decode(layout, batch, device=device, mode=mode, check_slot_values=False)
@@ -159,7 +42,7 @@ def tune(layout, mode: str, batches: list[int], device: torch.device, timer, pro
             if progress is not None:
                 progress(batch, config, us)
         entries.append(dict(uri=default.spec.uri, mode=mode, batch=batch,
-                            config=_set_fields(best[1]), us=best[0], default_us=default_us,
+                            config=set_fields(best[1]), us=best[0], default_us=default_us,
                             default=dict(kernel=default.kernel, rows_per_cta=default.rows_per_cta)))  # fmt: skip
     return {"format": FORMAT_VERSION, "device": device_name(device), "entries": entries}
 
@@ -167,10 +50,6 @@ def tune(layout, mode: str, batches: list[int], device: torch.device, timer, pro
 def timed_step(plan, layout, min_pool_bytes: float):
     """(step, slot_sets): one decode step of `plan` over the slot set it is given, on random
     model-shaped inputs, and enough disjoint slot sets of layout's pool for `min_pool_bytes`."""
-    from replayssm_jit.demo import LAYERS
-    from replayssm_jit.models import ModelShape
-    from replayssm_jit.ops import gdn_decode, kda_decode, mamba2_decode, reset_slots
-
     ops = {"mamba2": mamba2_decode, "gdn": gdn_decode, "kda": kda_decode}
     gates = {"dt", "a", "b"}  # FP32 inputs whatever their rank (KDA's a is [batch, HV, K])
     dev, batch = plan.device, plan.batch_size
@@ -228,13 +107,9 @@ def graph_timer(layout, *, steps: int = 16, reps: int = 10, min_pool_bytes: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    from replayssm_jit.families import get_family
-    from replayssm_jit.families.layout import family_layout
-    from replayssm_jit.models import get_model
-
     parser = argparse.ArgumentParser(prog="python -m replayssm_jit autotune",
                                      description=__doc__.splitlines()[0])  # fmt: skip
-    parser.add_argument("--model", required=True, help="a model of replayssm_jit.models")
+    parser.add_argument("--model", required=True, help="a model of replayssm_jit.core.models")
     parser.add_argument("--batches", default="1,8,64,256")
     parser.add_argument("--window", type=int, default=16)
     parser.add_argument("--state-dtype", default="f32")
@@ -265,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
 
     def progress(batch, config, us):
-        print(f"  batch {batch:>5} {_set_fields(config)}: {us:.1f} us", file=sys.stderr, flush=True)
+        print(f"  batch {batch:>5} {set_fields(config)}: {us:.1f} us", file=sys.stderr, flush=True)
 
     result = tune(layout, args.mode, batches, device, graph_timer(layout), progress)
     args.out.write_text(json.dumps(result, indent=1))

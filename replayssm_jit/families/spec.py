@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from replayssm_jit.checks import check_positive_int
-from replayssm_jit.families import FAMILIES, get_family
-from replayssm_jit.families.base import (
+from replayssm_jit.core.checks import check_positive_int
+from replayssm_jit.core.dtypes import (
     BLOCK_SCALED_DTYPES,
     CHECKPOINT_ONLY_DTYPES,
     CHUNK_VALUES,
@@ -20,11 +19,11 @@ from replayssm_jit.families.base import (
     MAX_DRAFTS,
     MAX_VERIFY_DRAFTS,
     MAX_WINDOW,
-    Family,
-    HeadShape,
     dtype_name,
 )
-from replayssm_jit.launch.tiles import rows_tilings
+from replayssm_jit.core.tiles import rows_tilings
+from replayssm_jit.families import FAMILIES, get_family
+from replayssm_jit.families.base import Family, HeadShape
 
 
 @dataclass(frozen=True)

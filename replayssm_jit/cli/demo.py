@@ -13,9 +13,9 @@ import time
 
 import torch
 
+from replayssm_jit.core.dtypes import MAX_WINDOW
+from replayssm_jit.core.models import MODELS, ModelShape, get_model
 from replayssm_jit.families import HeadShape, get_family
-from replayssm_jit.families.base import MAX_WINDOW
-from replayssm_jit.models import MODELS, ModelShape, get_model
 from replayssm_jit.ops.plan import MAX_BATCH
 from replayssm_jit.reference import (
     GDNSequence,
