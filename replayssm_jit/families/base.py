@@ -81,9 +81,10 @@ class Family:
     decay_per_channel: the decay is a vector over key_dim (KDA), not a scalar per head.
     split_kernel: the module compiles the split step (else the policy never picks it).
     speculative_kernels: the module compiles verify and commit (else drafts must be 1).
-    read_copy: the module compiles separate mode's read copy (Mamba-2; GDN, whose flush
-        recomputes each held u from the carried copy, per item only: split_read_copy).
-    split_read_copy: the split step is built for separate mode too.
+    read_copy: the module compiles separate mode's read copy (Mamba-2 and GDN, whose flush
+        recomputes each held u from the carried copy; KDA has none).
+    split_read_copy: the split step is built for separate mode too (True for both families
+        above, so separate mode runs per item and split).
     nvfp4: the module compiles NVFP4 checkpoints (whole heads per CTA, for the head scale).
     verify_split_min_pairs_per_sm: from this many (batch row, head) pairs per SM the split
         verify beats the per-item one (docs/tuning.md).

@@ -332,19 +332,30 @@ def mamba2_layout(**kwargs) -> CacheLayout:
 
 def gdn_layout(**kwargs) -> CacheLayout:
     """A Gated DeltaNet layer's slot tensors, from num_k_heads (H), num_v_heads (HV), head_k_dim
-    (K), head_v_dim (V), window=16, drafts=1, state_dtype=float32 and act_dtype=bfloat16:
+    (K), head_v_dim (V), window=16, drafts=1, state_dtype=float32, act_dtype=bfloat16 and
+    read_dtype=None (CAP = window + drafts):
 
-    state [HV, V, K] state_dtype (float32, bfloat16, float16 or float8_e4m3fn); state_scale
-    [HV, V] float32 where it is e4m3; rec_u [HV, CAP, V] float32; rec_k [H, CAP, K] act_dtype (raw
+    state [HV, V, K] state_dtype (float32, bfloat16, float16 or float8_e4m3fn; [HV, V, K / 2]
+    float4_e2m1fn_x2 for nvfp4); state_scale [HV, V] float32 where state_dtype is e4m3 (one
+    decode scale per state row), [HV] float32 where it is nvfp4 (one per head), with
+    state_block_scale [HV, V, K / 16] float8_e4m3fn (one per 16 values); read_state,
+    read_scale and read_block_scale likewise for read_dtype in separate mode (non-flush steps
+    read that copy, flushes carry state and rewrite it; docs/precision.md), which also adds
+    rec_v [HV, CAP, V] act_dtype and rec_beta [HV, CAP] float32 (the flush recomputes each
+    held u from the carried copy); rec_u [HV, CAP, V] float32; rec_k [H, CAP, K] act_dtype (raw
     k); rec_g [HV, CAP] float32 (log-decay); cursors [4] int32.
     """
     return family_layout("gdn", **kwargs)
 
 
 def kda_layout(**kwargs) -> CacheLayout:
-    """A Kimi Delta Attention layer's slot tensors, from gdn_layout's arguments:
+    """A Kimi Delta Attention layer's slot tensors, from gdn_layout's arguments except
+    read_dtype (KDA has no separate mode, so no read copy):
 
-    state [HV, V, K] state_dtype, with state_scale [HV, V] float32 where it is e4m3; rec_u [HV, CAP, V] float32; rec_k [H, CAP, K] act_dtype (raw
-    k); rec_g [HV, CAP, K] float32 (a log-decay per key channel); cursors [4] int32.
+    state [HV, V, K] state_dtype, with state_scale [HV, V] float32 where it is e4m3, or
+    state_scale [HV] float32 and state_block_scale [HV, V, K / 16] float8_e4m3fn where it is
+    nvfp4 (state then [HV, V, K / 2] float4_e2m1fn_x2); rec_u [HV, CAP, V] float32; rec_k
+    [H, CAP, K] act_dtype (raw k); rec_g [HV, CAP, K] float32 (a log-decay per key channel);
+    cursors [4] int32.
     """
     return family_layout("kda", **kwargs)

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Write README.md's performance table from the committed results JSON.
+
+    python scripts/readme_table.py           # rewrite the block between the markers
+    python scripts/readme_table.py --check   # exit 1 (with a diff) if the README's block is stale
+
+Every figure in the table is read from a JSON file under benchmarks/results/, and every row links
+the folders its figures come from, so a figure lives in its results folder and nowhere by hand.
+tests/test_readme_table.py runs the check on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+RESULTS = "benchmarks/results"
+BEGIN = "<!-- perf-table: written by scripts/readme_table.py -->"
+END = "<!-- /perf-table -->"
+
+# The headline setting: every row is this batch, checkpoint dtype and window.
+BATCH, STATE, WINDOW = 256, "f32", 16
+
+ARCHITECTURE = "2026-12-01-h200-architecture"
+SESSION10 = "2026-11-30-h200-session10"
+KDA_SPLIT = "2026-12-02-h200-kda-split"
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The fastest other library measured at a row's shape: its name, file and row selector."""
+
+    name: str
+    folder: str
+    file: str
+    kernel: str  # the benchmark's kernel label (bench_*.py's "fla", or a FlashInfer label)
+
+
+@dataclass(frozen=True)
+class Row:
+    model: str
+    family: str
+    folder: str
+    file: str
+    shape: str  # the benchmark's shape name (benchmarks/*.py)
+    peer: Peer | None
+    no_peer: str = ""  # why a row has no peer
+
+
+ROWS = (
+    Row("Nemotron-3-Super-120B", "Mamba-2", ARCHITECTURE, "mamba2.json", "super120b",
+        Peer("FlashInfer `checkpointing_ssu` (tuned)", SESSION10, "flashinfer_peers.json",
+             "FI checkpointing_ssu[auto] tuned amortized")),
+    Row("Nemotron-3-Nano-4B", "Mamba-2", ARCHITECTURE, "mamba2.json", "nano4b", None,
+        no_peer="none (FlashInfer lacks headdim 80)"),
+    Row("Qwen3.5-4B", "GDN", ARCHITECTURE, "gdn.json", "qwen4b",
+        Peer("fla `fused_recurrent_gated_delta_rule`", ARCHITECTURE, "gdn.json", "fla")),
+    Row("Qwen3.5-122B-A10B", "GDN", ARCHITECTURE, "gdn.json", "qwen122b",
+        Peer("fla", ARCHITECTURE, "gdn.json", "fla")),
+    Row("Kimi-Linear-48B", "KDA", KDA_SPLIT, "kda-split.json", "kimi48b",
+        Peer("fla `fused_recurrent_kda`", KDA_SPLIT, "kda-split.json", "fla")),
+)  # fmt: skip
+
+
+def _load(folder: str, file: str) -> dict:
+    return json.loads((ROOT / RESULTS / folder / file).read_text())
+
+
+def _one(matches: list[float], what: str) -> float:
+    # A selector that matches no row, or two, means the JSON changed under the script: say so.
+    if len(matches) != 1:
+        raise ValueError(f"{what}: expected one row, found {len(matches)}")
+    return matches[0]
+
+
+def step_us(folder: str, file: str, shape: str, kernel: str) -> float:
+    """The µs of one kernel label at the headline setting, in either of the two row layouts the
+    results hold: one row per kernel ("kernel", "us") or one row per shape ("<kernel>_us")."""
+    data = _load(folder, file)
+    rows = data.get("rows", data.get("results"))
+    what = f"{folder}/{file} {shape} {kernel}"
+    if file == "flashinfer_peers.json":
+        return _one([r["timing"]["us"] for r in rows if r["shape"] == shape
+                     and r["batch"] == BATCH and r["kernel"] == kernel], what)  # fmt: skip
+    setting = [r for r in rows if r["shape"] == shape and r["batch"] == BATCH
+               and r["state"] == STATE and r["window"] == WINDOW]  # fmt: skip
+    if setting and "kernel" in setting[0]:
+        return _one([r["us"] for r in setting if r["kernel"] == kernel], what)
+    return _one([r[f"{kernel}_us"] for r in setting if f"{kernel}_us" in r], what)
+
+
+def _link(folder: str) -> str:
+    # The label drops the folder's date and device (every row is an H200) to keep the table narrow.
+    return f"[{folder.split('-', 4)[-1]}]({RESULTS}/{folder}/)"
+
+
+def table() -> str:
+    """The README's block between the markers, markers included."""
+    lines = [
+        BEGIN,
+        "",
+        f"One H200, batch {BATCH}, FP32 checkpoints, L = {WINDOW}, BF16 activations; µs per step "
+        "(ReplaySSM amortized over its flushes).",
+        "",
+        "| model | conventional | ReplaySSM | speed-up | fastest peer | results |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in ROWS:
+        conv = step_us(row.folder, row.file, row.shape, "conventional")
+        replay = step_us(row.folder, row.file, row.shape, "amortized")
+        folders = [row.folder]
+        if row.peer is None:
+            peer = row.no_peer
+        else:
+            us = step_us(row.peer.folder, row.peer.file, row.shape, row.peer.kernel)
+            peer = f"{row.peer.name} {us:.1f}"
+            folders += [row.peer.folder] if row.peer.folder != row.folder else []
+        links = ", ".join(_link(f) for f in folders)
+        lines.append(f"| {row.model} ({row.family}) | {conv:.1f} | {replay:.1f} | "
+                     f"{conv / replay:.2f}x | {peer} | {links} |")  # fmt: skip
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def split_readme(text: str) -> tuple[str, str, str]:
+    """(before, block, after) of README text around the markers (block includes them)."""
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"README.md: expected the markers {BEGIN!r} ... {END!r} in order")
+    end += len(END)
+    return text[:start], text[start:end], text[end:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 if the README is stale")
+    args = parser.parse_args(argv)
+    text = README.read_text()
+    before, block, after = split_readme(text)
+    fresh = table()
+    if args.check:
+        if block == fresh:
+            return 0
+        diff = difflib.unified_diff(block.splitlines(), fresh.splitlines(), "README.md",
+                                    "scripts/readme_table.py", lineterm="")  # fmt: skip
+        print("\n".join(diff))
+        return 1
+    README.write_text(before + fresh + after)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
