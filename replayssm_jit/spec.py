@@ -116,7 +116,6 @@ class KernelSpec:
             "flags": set(self.flags),
             "tilings": spec_tilings(self),
             **fam.template_context(),
-            "split_kernel": fam.builds_split(self.read_dtype),
         }
 
 
@@ -248,11 +247,6 @@ def make_spec(
         flags=tuple(flags),
         read_dtype=read,
     )
-    if drafts != 1 and not fam.speculative_kernels:
-        raise ValueError(
-            f"drafts: expected 1 for {fam.name} (its speculative kernels are not built), "
-            f"got {drafts}"
-        )
     rows, cols = spec.state_rows_cols
     row_arg, col_arg = fam.dim_arg(fam.role_key("value_dim")), fam.dim_arg(fam.role_key("key_dim"))
     vec = max(CHUNK_VALUES[d] for d in (state, read or state))

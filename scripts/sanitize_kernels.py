@@ -340,14 +340,13 @@ class Config:
         return " ".join(parts)
 
 
-def launch_variants(fam: Family, mode: str, read_dtype: str | None = None) -> list[dict]:
+def launch_variants(fam: Family, mode: str) -> list[dict]:
     """(kernel, speculative, records_warps, capped) of every launch of `mode` the family
-    compiles with this read copy (its registry entry says which records widths and state-kernel
-    forms)."""
+    compiles (its registry entry says which records widths and state-kernel forms)."""
     if mode == "conventional":
         return [dict(kernel="conventional")]
     variants = []
-    for kernel in REPLAY_KERNELS if fam.builds_split(read_dtype) else REPLAY_KERNELS[:-1]:
+    for kernel in REPLAY_KERNELS:
         for speculative in (True, False):
             if kernel != "split":
                 variants.append(dict(kernel=kernel, speculative=speculative))
@@ -388,12 +387,12 @@ def family_configs(family: str, quick: bool) -> list[list[Config]]:
             spec = plan_decode(
                 layout, BATCH, device="cpu", mode=mode, **plan_options(family, sr)
             ).spec
-            if mode == "replay" and fam.builds_split(spec.read_dtype) and not can_split(spec):
+            if mode == "replay" and not can_split(spec):
                 raise SystemExit(f"sanitize_kernels: {spec.uri} cannot split; pick smaller heads")
             rows = [r for r, _ in spec_tilings(spec)]
             if quick:
                 rows = sorted({rows[0], rows[-1]}, reverse=True)
-            for variant in launch_variants(fam, mode, spec.read_dtype):
+            for variant in launch_variants(fam, mode):
                 for ti, r in enumerate(rows):
                     cfg = Config(family, rows_per_cta=r, state=state, sr=sr, spec=spec, **variant)
                     launch = choose_launch(
@@ -448,8 +447,6 @@ def spec_configs(family: str, quick: bool) -> list[list[SpecConfig]]:
     """The family's speculative configs, grouped by (op, T), each group in diagonals of its
     tiles x dtypes grid as family_configs orders them."""
     groups: dict[tuple, list[tuple[tuple[int, int], SpecConfig]]] = {}
-    if not get_family(family).speculative_kernels:
-        return []
     for si, (state, sr) in enumerate(QUICK_STATES if quick else STATES):
         for drafts in SPEC_DRAFTS:
             if not format_supported(family, state, drafts):

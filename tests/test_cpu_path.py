@@ -974,7 +974,3 @@ def test_stochastic_rounding_key(family, state_dtype, replay):
         case.run(p, tok, case.out(1), one, -1, replay=False, seed=sd)
     assert not torch.equal(raw(pools[0].state[1]), raw(pools[1].state[1])), "seed ignored"
     assert_same_bits(pools[2].state[1], pools[0].state[1], "same seed")
-
-
-def test_supports_stochastic_rounding():
-    assert cpu.SUPPORTS_STOCHASTIC_ROUNDING is True

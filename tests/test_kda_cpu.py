@@ -35,7 +35,7 @@ def test_uri_and_layout():
     spec = kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1)
     assert spec.uri == "kda_k128_v128_vph1_L16_T1_act-bf16_state-f32_gates_in_kernel_qk_l2norm"
     ctx = spec.template_context()
-    assert ctx["decay_per_channel"] and ctx["split_kernel"] and not ctx["verify"]
+    assert ctx["decay_per_channel"] and not ctx["verify"]
     gdn = gdn_layout(**KIMI, window=8).tensors()
     kda = kda_layout(**KIMI, window=8).tensors()
     assert [t.name for t in kda] == [t.name for t in gdn]

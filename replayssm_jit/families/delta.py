@@ -33,7 +33,7 @@ class DeltaFamily(Family):
     def verify_records_shared_bytes(self, spec) -> int | None:
         """VerifyRecords::Smem of templates/gdn/verify_split_kernel.cuh: k and q rows, dots,
         norms, per-value-head decays and weights, all 4-byte words."""
-        if not self.speculative_kernels or self.decay_per_channel:
+        if self.decay_per_channel:
             return None  # (per channel: the per-item verify kernel only)
         T, k, heads = spec.drafts, spec.dim("k"), spec.dim("vph")
         records = spec.capacity - 1 + T

@@ -82,8 +82,6 @@ def can_split(spec: KernelSpec) -> bool:
     """Whether `spec`'s split step fits: at most SPLIT_RECORDS_THREADS heads per key head, and
     their records within one CTA's shared memory."""
     fam = get_family(spec.family)
-    if not fam.builds_split(spec.read_dtype):
-        return False
     heads = fam.records_heads(dict(spec.dims))
     return heads <= SPLIT_RECORDS_THREADS and fam.records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
 
@@ -91,19 +89,13 @@ def can_split(spec: KernelSpec) -> bool:
 def choose_replay_kernel(
     spec: KernelSpec, batch: int, heads: int, sms: int, config: LaunchConfig
 ) -> str:
-    """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split (a family that
-    compiles no split step keeps its window on the per-item kernel there); below it the
-    per-item kernel, flushing every token for FP32 checkpoints (with nothing held, the step is
-    the conventional one plus a cursor read; narrower checkpoints keep the window so that they
-    are rounded once per L tokens, and so does a read copy, which only non-flush steps read)."""
+    """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split; below it (or
+    where it cannot) the per-item kernel, flushing every token for FP32 checkpoints (with
+    nothing held, the step is the conventional one plus a cursor read; narrower checkpoints
+    keep the window so that they are rounded once per L tokens, and so does a read copy, which
+    only non-flush steps read)."""
     if config.kernel == "split" and not can_split(spec):
         fam = get_family(spec.family)
-        if not fam.builds_split(spec.read_dtype):
-            what = "with a read copy " if fam.split_kernel else ""
-            raise ValueError(
-                f"config.kernel: expected 'auto', 'per-item' or 'flush-every-step' for "
-                f"{fam.name} {what}(its split step is not built), got 'split'"
-            )
         raise ValueError(
             f"config.kernel: 'split' needs at most {SPLIT_RECORDS_THREADS} heads per key head and "
             f"{MAX_CTA_SHARED_BYTES} bytes of shared memory for their records; got "
@@ -112,11 +104,8 @@ def choose_replay_kernel(
         )
     if config.kernel != AUTO:
         return config.kernel
-    if batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms:
-        if can_split(spec):
-            return "split"
-        if not get_family(spec.family).builds_split(spec.read_dtype):
-            return "per-item"
+    if batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms and can_split(spec):
+        return "split"
     wide = spec.state_dtype == "f32" and spec.read_dtype is None
     return "flush-every-step" if wide else "per-item"
 

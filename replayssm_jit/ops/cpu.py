@@ -52,7 +52,6 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "SUPPORTS_STOCHASTIC_ROUNDING",
     "StepSetup",
     "commit",
     "gdn_snapshot",
@@ -65,8 +64,6 @@ __all__ = [
     "round_stochastic",
     "rounding_bits",
 ]
-
-SUPPORTS_STOCHASTIC_ROUNDING = True
 
 NORM_EPS = 1e-6  # GDN's L2 norm: x * rsqrt(sum x^2 + eps)
 
@@ -472,7 +469,7 @@ def _check_flags(flags: frozenset[str], known: set[str], family: str) -> bool:
     unknown = set(flags) - known
     if unknown:
         raise ValueError(f"flags: unknown {family} flags {sorted(unknown)}")
-    return "sr" in flags and SUPPORTS_STOCHASTIC_ROUNDING
+    return "sr" in flags
 
 
 # ---------------------------------------------------------------------------------------------

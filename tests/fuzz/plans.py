@@ -102,9 +102,8 @@ def draw_config(draw, fam, layout, replay: bool, device: str, v: Validity):
     if kernel != "auto":
         fields["kernel"] = kernel
         if kernel == "split" and replay:
-            splits = FAMILIES[fam.name].split_kernel
             # (the sanitizer shapes split)
-            v.mark((True if device == "cuda" else None) if splits else False, "split")
+            v.mark(True if device == "cuda" else None, "split")
     s = layout.shape
     dtypes = (layout.state_dtype, layout.read_dtype)
     names = tuple(DTYPE_NAMES[d] if d is not None else None for d in dtypes)
