@@ -253,3 +253,42 @@ def choose_launch(spec: KernelSpec, batch: int, heads: int, sms: int, *, replay:
     if flags & FLAG_SPLIT and capped:
         flags |= FLAG_CAPPED_STATE_REGISTERS
     return Launch(kernel, tile, flags)
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    """Every launch choice of a plan: the step's kernel, row tile and flags word, and the
+    verify step's kernel ("split" or "per-item") and row tile ("" and 0 where the spec has no
+    drafts). On the CPU the tiles and flags are 0: the torch path takes only the kernel."""
+
+    kernel: str
+    rows_per_cta: int
+    flags: int
+    verify_kernel: str = ""
+    verify_rows_per_cta: int = 0
+
+
+def cpu_kernel(replay: bool, config: LaunchConfig) -> str:
+    """The torch path's kernel: one step serves every kernel's semantics, so only an asked-for
+    flush-every-step differs (the policy's small-batch choice of it is a GPU latency rule)."""
+    if not replay:
+        return "conventional"
+    return "flush-every-step" if config.kernel == "flush-every-step" else "per-item"
+
+
+def plan_launch(spec: KernelSpec, batch: int, heads: int, device: torch.device, *, replay: bool,
+                config: LaunchConfig) -> PlannedLaunch:  # fmt: skip
+    """The launch choices of a plan of `spec` at `batch` rows over `heads` value heads on
+    `device`; `config`'s overrides are checked on every device (a CPU plan as an H200's)."""
+    sms = sm_count(device)
+    launch = choose_launch(spec, batch, heads, sms, replay=replay, config=config)
+    if device.type != "cuda":
+        return PlannedLaunch(cpu_kernel(replay, config), 0, 0)
+    if not spec.has_verify:
+        return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flags)
+    verify = choose_verify_kernel(spec, batch, heads, sms, config) if replay else "per-item"
+    # The split verify's state kernel takes the split step's tiles; a conventional plan's
+    # snapshot takes the conventional step's.
+    step = verify if replay else "conventional"
+    verify_rows = choose_rows_per_cta(spec, step, batch, heads, sms, config)
+    return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flags, verify, verify_rows)

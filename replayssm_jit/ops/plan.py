@@ -16,13 +16,7 @@ from replayssm_jit.checks import (
 from replayssm_jit.families.layout import CacheLayout
 from replayssm_jit.launch.autotune import tuned_config
 from replayssm_jit.launch.config import resolve_config
-from replayssm_jit.launch.policy import (
-    FLAG_SPLIT,
-    choose_launch,
-    choose_rows_per_cta,
-    choose_verify_kernel,
-    sm_count,
-)
+from replayssm_jit.launch.policy import FLAG_SPLIT, plan_launch
 from replayssm_jit.spec import KernelSpec, make_spec
 
 MODES = ("replay", "conventional")
@@ -139,40 +133,19 @@ def plan_decode(
     )  # fmt: skip
     config = tuned_config(resolve_config(config), tuning, spec, mode, batch_size, device)
     heads = layout.shape.value_heads
-    # The policy's checks of `config` hold on every device (a CPU plan checks as for an H200).
-    launch = choose_launch(spec, batch_size, heads, sm_count(device), replay=replay, config=config)
+    launch = plan_launch(spec, batch_size, heads, device, replay=replay, config=config)
+    module, floats = None, 0
     if device.type == "cuda":
         from replayssm_jit.jit.build import load_module
 
         module = load_module(spec)
-        floats = (
-            int(module.split_workspace_floats(batch_size, heads))
-            if launch.flags & FLAG_SPLIT
-            else 0
-        )
-        kernel, rows, bits = launch.kernel, launch.rows_per_cta, launch.flags
-        verify_rows, verify_kernel = 0, ""
-        if spec.has_verify:
-            sms = sm_count(device)
-            verify_kernel = (
-                choose_verify_kernel(spec, batch_size, heads, sms, config) if replay else "per-item"
-            )
-            # The split verify's state kernel takes the split step's tiles.
-            step = "conventional" if not replay else verify_kernel
-            verify_rows = choose_rows_per_cta(spec, step, batch_size, heads, sms, config)
-            if verify_kernel == "split":
-                floats = max(floats, int(module.verify_workspace_floats(batch_size, heads)))
-    else:
-        # One PyTorch step serves every kernel's semantics; only an asked-for flush-every-step
-        # differs (the policy's small-batch choice of it is a GPU latency rule).
-        module, floats, rows, bits, verify_rows, verify_kernel = None, 0, 0, 0, 0, ""
-        kernel = (
-            "conventional"
-            if not replay
-            else ("flush-every-step" if config.kernel == "flush-every-step" else "per-item")
-        )
-    choice = dict(kernel=kernel, rows_per_cta=rows, flags=bits, workspace_floats=floats,
-                  verify_rows_per_cta=verify_rows, verify_kernel=verify_kernel)  # fmt: skip
+        if launch.flags & FLAG_SPLIT:
+            floats = int(module.split_workspace_floats(batch_size, heads))
+        if launch.verify_kernel == "split":
+            floats = max(floats, int(module.verify_workspace_floats(batch_size, heads)))
+    choice = dict(kernel=launch.kernel, rows_per_cta=launch.rows_per_cta, flags=launch.flags,
+                  workspace_floats=floats, verify_rows_per_cta=launch.verify_rows_per_cta,
+                  verify_kernel=launch.verify_kernel)  # fmt: skip
     return DecodePlan(
         layout, spec, mode, batch_size, device, device.type, **choice, pad_slot_id=pad_slot_id,
         seed=seed & (2**63 - 1), check_slot_values=check_slot_values, options=extras, module=module,
