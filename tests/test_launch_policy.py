@@ -359,10 +359,10 @@ def test_launch_env_parses():
         ("speculative_records=yes", "speculative_records expected 0, 1, true, false or auto"),
     ],
 )
-def test_launch_env_bad_text_names_the_variable(monkeypatch, text, match):
+def test_launch_env_bad_text_names_the_variable(launch_env, text, match):
     with pytest.raises(ValueError, match=rf"^{LAUNCH_ENV}: .*{match}"):
         parse_launch(text)
-    monkeypatch.setenv(LAUNCH_ENV, text)
+    launch_env(LAUNCH_ENV, text)
     with pytest.raises(ValueError, match=rf"^{LAUNCH_ENV}: .*{match}"):
         resolve_config(None)
     layout = mamba2_layout(num_heads=4, headdim=8, dstate=16, ngroups=2, window=4)
@@ -370,8 +370,8 @@ def test_launch_env_bad_text_names_the_variable(monkeypatch, text, match):
         plan_decode(layout, 2, device="cpu")
 
 
-def test_launch_env_fills_only_auto_fields(monkeypatch):
-    monkeypatch.setenv(LAUNCH_ENV, "kernel=per-item,rows_per_cta=32,speculative_records=0")
+def test_launch_env_fills_only_auto_fields(launch_env):
+    launch_env(LAUNCH_ENV, "kernel=per-item,rows_per_cta=32,speculative_records=0")
     assert resolve_config(None) == LaunchConfig(
         kernel="per-item", rows_per_cta=32, speculative_records=False
     )
@@ -379,18 +379,18 @@ def test_launch_env_fills_only_auto_fields(monkeypatch):
     assert resolve_config(given) == LaunchConfig(
         kernel="split", rows_per_cta=32, speculative_records=False, overlap_prior_kernel=True
     )
-    monkeypatch.setenv(LAUNCH_ENV, "  ")
+    launch_env(LAUNCH_ENV, "  ")
     assert resolve_config(given) == given
     with pytest.raises(TypeError, match="^config: expected a LaunchConfig or None"):
         resolve_config({"kernel": "split"})
 
 
-def test_launch_env_reaches_plan(monkeypatch):
+def test_launch_env_reaches_plan(launch_env):
     """plan_decode reads REPLAYSSM_LAUNCH (the CPU path honours the kernel choice that changes
     its semantics: flush-every-step), and a LaunchConfig field beats it."""
     layout = gdn_layout(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=16, window=4)
     assert plan_decode(layout, 2, device="cpu").kernel == "per-item"
-    monkeypatch.setenv(LAUNCH_ENV, "kernel=flush-every-step")
+    launch_env(LAUNCH_ENV, "kernel=flush-every-step")
     assert plan_decode(layout, 2, device="cpu").kernel == "flush-every-step"
     assert plan_decode(layout, 2, device="cpu", mode="conventional").kernel == "conventional"
     config = LaunchConfig(kernel="per-item")

@@ -6,7 +6,8 @@ batch) to a JSON file. plan_decode reads the file where one is given (`tuning=FI
 REPLAYSSM_TUNING environment variable) and falls back to the built-in policy for anything the
 file does not cover: another device, spec or mode, or a batch above the largest one timed. A
 batch takes the entry of the smallest timed batch at or above it. Fields the caller's
-LaunchConfig fixes always win over the file.
+LaunchConfig fixes always win over the file. REPLAYSSM_TUNING is read once per process
+(launch/environment.py).
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from pathlib import Path
 import torch
 
 from replayssm_jit.launch.config import AUTO, LaunchConfig
+from replayssm_jit.launch.environment import TUNING_ENV, launch_environment
 from replayssm_jit.launch.policy import can_split
 from replayssm_jit.spec import KernelSpec, spec_tilings
 
-TUNING_ENV = "REPLAYSSM_TUNING"
 FORMAT_VERSION = 1
 
 __all__ = ["TUNING_ENV", "Tuning", "candidates", "load_tuning", "main", "tune", "tuned_config"]
@@ -104,9 +105,9 @@ def load_tuning(path: object) -> Tuning:
 def tuned_config(config: LaunchConfig, tuning: object, spec: KernelSpec, mode: str, batch: int,
                  device: torch.device) -> LaunchConfig:  # fmt: skip
     """`config` with its "auto" fields taken from the tuning file (the argument, else
-    REPLAYSSM_TUNING, else none) where the file covers this step."""
+    REPLAYSSM_TUNING as read once, else none) where the file covers this step."""
     if tuning is None:
-        tuning = os.environ.get(TUNING_ENV) or None
+        tuning = launch_environment().tuning
         if tuning is None:
             return config
     loaded = tuning if isinstance(tuning, Tuning) else load_tuning(tuning)
