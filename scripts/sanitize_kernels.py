@@ -75,6 +75,7 @@ from replayssm_jit.families import FAMILIES, get_family
 from replayssm_jit.families.base import Family, HeadShape
 from replayssm_jit.families.layout import CacheLayout, family_layout
 from replayssm_jit.launch.config import LAUNCH_ENV
+from replayssm_jit.launch.environment import reload_launch_environment
 from replayssm_jit.launch.policy import (
     DEFAULT_SM_COUNT,
     FLAG_CAPPED_STATE_REGISTERS,
@@ -856,6 +857,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     os.environ.pop(LAUNCH_ENV, None)  # launch choices come from each config alone
+    reload_launch_environment()
     if args.steps < 0:
         parser.error(f"--steps: expected >= 0, got {args.steps}")
     try:
