@@ -43,7 +43,7 @@ from replayssm_jit.families.base import (
     ROW_SCALED_DTYPES,
     dtype_name,
 )
-from replayssm_jit.launch.config import LAUNCH_ENV, parse_launch
+from replayssm_jit.launch.config import parse_launch
 from replayssm_jit.launch.environment import launch_environment
 
 # Where experiment outputs go by default (git-ignored; benchmarks/results/ holds one committed
