@@ -510,7 +510,7 @@ def config_rows(
             window=window,
             state=state,
             replay_kernel=replay.kernel,
-            replay_flags=replay.decode_plan.flags,
+            replay_flags=replay.decode_plan.flag_bits,
         ),
         timings,
         traffic,

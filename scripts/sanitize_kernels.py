@@ -400,7 +400,7 @@ def family_configs(family: str, quick: bool) -> list[list[Config]]:
                         spec, BATCH, layout.shape.value_heads, DEFAULT_SM_COUNT,
                         replay=mode == "replay", config=cfg.launch_config(),
                     )  # fmt: skip
-                    got = (launch.kernel, launch.rows_per_cta, launch.flags & cfg.fixed_bits)
+                    got = (launch.kernel, launch.rows_per_cta, launch.flag_bits & cfg.fixed_bits)
                     want = (cfg.kernel, r, expected_bits(cfg))
                     if got != want:
                         raise SystemExit(
@@ -515,7 +515,7 @@ def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
     )  # fmt: skip
     check(plan.spec.uri == cfg.uri, f"planned {plan.spec.uri}, expected {cfg.uri}")
     if device.type == "cuda":
-        got = (plan.kernel, plan.rows_per_cta, plan.flags & cfg.fixed_bits)
+        got = (plan.kernel, plan.rows_per_cta, plan.flag_bits & cfg.fixed_bits)
         want = (cfg.kernel, cfg.rows_per_cta, cfg.flags & cfg.fixed_bits)
         check(got == want, f"planned (kernel, rows, flags) {got}, expected {want}")
     shape, act = layout.shape, layout.act_dtype

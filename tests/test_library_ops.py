@@ -445,7 +445,7 @@ def test_workspace_is_required_only_where_the_launch_reads_it():
     takes no workspace, and one that reads it must get workspace_floats elements."""
     m2, _ = _layouts()
     cpu_plan = plan_decode(m2, 2, device="cpu")
-    step_split = dataclasses.replace(cpu_plan, flags=FLAG_SPLIT, workspace_floats=64,
+    step_split = dataclasses.replace(cpu_plan, flag_bits=FLAG_SPLIT, workspace_floats=64,
                                      verify_kernel="per-item")  # fmt: skip
     verify_split = dataclasses.replace(cpu_plan, workspace_floats=64, verify_kernel="split")
     assert step_split.reads_workspace() and not step_split.reads_workspace(verify=True)

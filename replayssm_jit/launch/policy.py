@@ -57,11 +57,11 @@ DEFAULT_SM_COUNT = 132
 @dataclass(frozen=True)
 class Launch:
     """What plan() chose: the kernel ("conventional", "split", "per-item" or
-    "flush-every-step"), its row tile, and the flags word the module's bindings take."""
+    "flush-every-step"), its row tile, and the flags word (flag_bits) the module's bindings take."""
 
     kernel: str
     rows_per_cta: int
-    flags: int
+    flag_bits: int
 
 
 @cache
@@ -263,7 +263,7 @@ class PlannedLaunch:
 
     kernel: str
     rows_per_cta: int
-    flags: int
+    flag_bits: int
     verify_kernel: str = ""
     verify_rows_per_cta: int = 0
 
@@ -285,10 +285,10 @@ def plan_launch(spec: KernelSpec, batch: int, heads: int, device: torch.device, 
     if device.type != "cuda":
         return PlannedLaunch(cpu_kernel(replay, config), 0, 0)
     if not spec.has_verify:
-        return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flags)
+        return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits)
     verify = choose_verify_kernel(spec, batch, heads, sms, config) if replay else "per-item"
     # The split verify's state kernel takes the split step's tiles; a conventional plan's
     # snapshot takes the conventional step's.
     step = verify if replay else "conventional"
     verify_rows = choose_rows_per_cta(spec, step, batch, heads, sms, config)
-    return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flags, verify, verify_rows)
+    return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits, verify, verify_rows)

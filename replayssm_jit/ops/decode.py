@@ -137,7 +137,7 @@ def run_step(
         seed_value,
         seed_tensor,
         plan.rows_per_cta,
-        plan.flags,
+        plan.flag_bits,
     )
     state = [tensors.get(k) for k in ("state", "state_scale", "state_block_scale")]
     state[2] = _raw_bytes(state[2])

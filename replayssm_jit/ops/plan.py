@@ -38,7 +38,8 @@ class DecodePlan:
     hand-over between their two launches; 0 otherwise). verify_kernel: "split" or "per-item"
     for the verify step ("" on the CPU or without drafts). verify_rows_per_cta: the row tile of
     the speculative kernels (verify and snapshot steps; 0 on the CPU or without them).
-    options: per-family scalars (GDN: scale).
+    flag_bits: the flags word the module's bindings take (launch/policy.py FLAG_*).
+    family_options: the family's plan() scalars (GDN: scale; KDA: scale, lower_bound).
     """
 
     layout: CacheLayout
@@ -49,14 +50,14 @@ class DecodePlan:
     backend: str
     kernel: str
     rows_per_cta: int
-    flags: int
+    flag_bits: int
     workspace_floats: int
     pad_slot_id: int
     seed: int
     check_slot_values: bool
     verify_rows_per_cta: int = 0
     verify_kernel: str = ""
-    options: dict = field(default_factory=dict, compare=False)
+    family_options: dict = field(default_factory=dict, compare=False)
     module: object = field(default=None, compare=False, repr=False)
 
     @property
@@ -72,7 +73,7 @@ class DecodePlan:
         workspace: only the split kernels do, and they need workspace_floats elements."""
         if verify:
             return self.verify_kernel == "split"
-        return bool(self.flags & FLAG_SPLIT)
+        return bool(self.flag_bits & FLAG_SPLIT)
 
 
 def check_pad_slot_id(pad_slot_id: object) -> int:
@@ -139,14 +140,15 @@ def plan_decode(
         from replayssm_jit.jit.build import load_module
 
         module = load_module(spec)
-        if launch.flags & FLAG_SPLIT:
+        if launch.flag_bits & FLAG_SPLIT:
             floats = int(module.split_workspace_floats(batch_size, heads))
         if launch.verify_kernel == "split":
             floats = max(floats, int(module.verify_workspace_floats(batch_size, heads)))
-    choice = dict(kernel=launch.kernel, rows_per_cta=launch.rows_per_cta, flags=launch.flags,
+    choice = dict(kernel=launch.kernel, rows_per_cta=launch.rows_per_cta, flag_bits=launch.flag_bits,
                   workspace_floats=floats, verify_rows_per_cta=launch.verify_rows_per_cta,
                   verify_kernel=launch.verify_kernel)  # fmt: skip
     return DecodePlan(
         layout, spec, mode, batch_size, device, device.type, **choice, pad_slot_id=pad_slot_id,
-        seed=seed & (2**63 - 1), check_slot_values=check_slot_values, options=extras, module=module,
+        seed=seed & (2**63 - 1), check_slot_values=check_slot_values, family_options=extras,
+        module=module,
     )  # fmt: skip

@@ -156,9 +156,9 @@ def check_plan_result(plan, *, fam, layout, device, batch, mode, pad, check_valu
         scale = opts.get("scale")
         want = layout.shape.key_dim**-0.5 if scale is None else float(scale)
         extra = {"lower_bound": None} if fam.name == "kda" else {}
-        assert plan.options == {"scale": want, **extra}
+        assert plan.family_options == {"scale": want, **extra}
     else:
-        assert plan.options == {}
+        assert plan.family_options == {}
     if not replay:
         assert plan.kernel == "conventional"
     elif device == "cpu":
