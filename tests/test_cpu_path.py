@@ -169,7 +169,7 @@ class Mamba2Case(Case):
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
         r = pool.rings
-        setup = cpu.StepSetup(replay, fes, self.window,
+        setup = cpu.StepScalars(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
         cpu.mamba2_step(
             setup, state=pool.state,
@@ -259,7 +259,7 @@ class GDNCase(Case):
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
         r, p = pool.rings, self.params
-        setup = cpu.StepSetup(replay, fes, self.window,
+        setup = cpu.StepScalars(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
         cpu.gdn_step(
             setup, state=pool.state,
@@ -335,7 +335,7 @@ class KDACase(GDNCase):
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
         r, p = pool.rings, self.params
-        setup = cpu.StepSetup(replay, fes, self.window,
+        setup = cpu.StepScalars(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
         cpu.kda_step(
             setup, state=pool.state,

@@ -143,7 +143,7 @@ def test_every_op_is_registered_with_its_written_tensors_declared():
         "mamba2_verify": m2_step,
         "gdn_verify": delta_step,
         "kda_verify": delta_step,
-        "commit_drafts": {"cursors", "ring0", "ring1", "ring2"},
+        "commit_drafts": {"cursors", "value_ring", "key_ring", "decay_ring"},
         "mamba2_snapshot_verify": {"state", "out"},
         "gdn_snapshot_verify": {"state", "out"},
         "kda_snapshot_verify": {"state", "out"},
@@ -256,8 +256,8 @@ def _opcheck_cases():
         ("mamba2_verify", (stack.m2,), {**_layer(m2_pool, 0), **m2_drafts, "out": dout}),
         ("gdn_verify", (stack.gdn,), {**_layer(gdn_pool, 0), **gdn_drafts, "out": dout,
                                       "parents": torch.tensor([[-1, 0]] * BATCH, dtype=I32)}),
-        ("commit_drafts", (stack.m2,), dict(cursors=m2_pool["cursors"][1], ring0=m2_rings[0],
-                                            ring1=m2_rings[1], ring2=m2_rings[2],
+        ("commit_drafts", (stack.m2,), dict(cursors=m2_pool["cursors"][1], value_ring=m2_rings[0],
+                                            key_ring=m2_rings[1], decay_ring=m2_rings[2],
                                             num_accepted=accepted, slot_indices=slots)),
         ("mamba2_snapshot_verify", (stack.m2,), dict(state=m2_pool["state"][0], **m2_drafts,
                                                      out=dout, snapshot_slots=snapshots,
@@ -458,3 +458,18 @@ def test_workspace_is_required_only_where_the_launch_reads_it():
     for plan, verify in ((step_split, False), (verify_split, True)):
         with pytest.raises(ValueError, match=r"^workspace: expected at least 64 float32 elements"):
             resolve_workspace(plan, empty, verify=verify)
+
+
+def test_commit_ring_args_name_every_familys_rings():
+    """commit_drafts' rings by role hold for every family's first three rings (those with drafts)."""
+    from replayssm_jit.families import FAMILIES
+
+    for fam in FAMILIES.values():
+        value, key, decay = fam.rings[:3]
+        assert (value.heads, value.width, key.heads, key.width) == (
+            "value",
+            "value_dim",
+            "key",
+            "key_dim",
+        ), fam.name
+        assert decay.heads == "value" and not decay.read_copy_only, fam.name

@@ -195,10 +195,6 @@ class Family:
         return next(k for k, r, _ in self.spec_dims if r == role)
 
     # --- what a spec of this family compiles -------------------------------------------------
-    def records_heads(self, dims: Mapping[str, int]) -> int:
-        """Value heads one records CTA of the split step serves (those of one key head)."""
-        return dims[self.role_key("heads_per_key")]
-
     def records_shared_bytes(self, spec) -> int:
         """Upper bound on the split step's records-kernel shared memory for `spec`."""
         raise NotImplementedError

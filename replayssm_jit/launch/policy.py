@@ -82,7 +82,7 @@ def can_split(spec: KernelSpec) -> bool:
     """Whether `spec`'s split step fits: at most SPLIT_RECORDS_THREADS heads per key head, and
     their records within one CTA's shared memory."""
     fam = get_family(spec.family)
-    heads = fam.records_heads(dict(spec.dims))
+    heads = spec.heads_per_key
     return heads <= SPLIT_RECORDS_THREADS and fam.records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
 
 
@@ -99,7 +99,7 @@ def choose_replay_kernel(
         raise ValueError(
             f"config.kernel: 'split' needs at most {SPLIT_RECORDS_THREADS} heads per key head and "
             f"{MAX_CTA_SHARED_BYTES} bytes of shared memory for their records; got "
-            f"{fam.records_heads(dict(spec.dims))} heads and {fam.records_shared_bytes(spec)} "
+            f"{spec.heads_per_key} heads and {fam.records_shared_bytes(spec)} "
             f"bytes ({spec.uri})"
         )
     if config.kernel != AUTO:
@@ -196,7 +196,7 @@ def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int, config: Lau
     key head's value heads fit 4 warps' threads, from FEW_RECORDS_WARPS_MIN_CTAS_PER_SM records
     CTAs per SM with at most FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD value rows per thread."""
     fam = get_family(spec.family)
-    heads = fam.records_heads(dict(spec.dims))
+    heads = spec.heads_per_key
     possible = 4 in fam.records_warps and heads <= FEW_RECORDS_THREADS
     if config.records_warps != AUTO:
         allowed = [w for w in fam.records_warps if w != 4 or possible]
@@ -238,12 +238,11 @@ def choose_launch(spec: KernelSpec, batch: int, heads: int, sms: int, *, replay:
     """The launch of a step of `spec` at `batch` rows over a pool of `heads` value heads on
     `sms` SMs; every override in `config` is checked whether or not the step uses it."""
     config = config or LaunchConfig()
-    fam = get_family(spec.family)
     kernel = choose_replay_kernel(spec, batch, heads, sms, config) if replay else "conventional"
     step = kernel
     rows = spec.state_rows_cols[0]
     tile = choose_rows_per_cta(spec, step, batch, heads, sms, config)
-    records_ctas = batch * (heads // fam.records_heads(dict(spec.dims)))
+    records_ctas = batch * (heads // spec.heads_per_key)
     # The conventional step launches the per-item kernel with its flags.
     flags = launch_flags(kernel if replay else "per-item", records_ctas, sms, config)
     few = few_records_warps(spec, records_ctas, sms, config)

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "StepSetup",
+    "StepScalars",
     "commit",
     "gdn_snapshot",
     "gdn_step",
@@ -390,12 +390,13 @@ def _with_current(ring: torch.Tensor | None, slots, held: int, current: torch.Te
     return torch.cat([ring[slots, :, :held].to(_F32), current], dim=2)
 
 
-# compute(rows, slots, held, flush, epochs): one group's math and its state / ring / out writes.
-_Compute = Callable[[torch.Tensor, torch.Tensor, int, bool, torch.Tensor], None]
+# compute(rows, slots, held, flush, epochs): the math of one group of rows that hold the same
+# record count, and its state / ring / out writes.
+_GroupCompute = Callable[[torch.Tensor, torch.Tensor, int, bool, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
-class StepSetup:
+class StepScalars:
     """The scalars a step takes besides its tensors, as the module's bindings do: ReplaySSM or
     conventional, flush-every-step mode, the window L, the spec's flags, the pad slot id, the
     stochastic-rounding seed and the layout's drafts T (the ring holds L + T rows)."""
@@ -416,13 +417,13 @@ class StepSetup:
 
 
 def _run_rows(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     sr: bool,
     cursors: torch.Tensor | None,
     out: torch.Tensor,
     slot_indices: torch.Tensor,
-    compute: _Compute,
+    compute: _GroupCompute,
 ) -> None:
     """Pad rows, then `compute` once per group of rows with the same held count (read from the
     cursors before anything is written), then the cursor words as finish_step_cursor leaves
@@ -480,7 +481,7 @@ _MAMBA2_FLAGS = {"d", "z", "dt_bias", "dt_softplus", "sr", "read_rn", "device_se
 
 
 def mamba2_step(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     state_scale: torch.Tensor | None = None,
@@ -576,7 +577,7 @@ _GDN_FLAGS = {"qk_l2norm", "gates_in_kernel", "sr", "read_rn", "device_seed"}
 
 
 def gdn_step(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     state_scale: torch.Tensor | None = None,
@@ -648,7 +649,7 @@ def _kda_gates(gate_a, gate_b, A_log, dt_bias, lower_bound: float, gates_in_kern
 
 
 def kda_step(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     state_scale: torch.Tensor | None = None,
@@ -695,7 +696,7 @@ def kda_step(
     )  # fmt: skip
 
 
-def _delta_step(setup: StepSetup, family: str, gates, *, copies, read_copy, rec_u,
+def _delta_step(setup: StepScalars, family: str, gates, *, copies, read_copy, rec_u,
                 rec_k, rec_g, rec_v, rec_beta, cursors, q, k, v, scale: float, out,
                 slot_indices) -> None:  # fmt: skip
     """The delta-rule step of gdn_step and kda_step: `gates(rows)` gives (g, beta), g a log-decay
@@ -780,7 +781,7 @@ def _delta_step(setup: StepSetup, family: str, gates, *, copies, read_copy, rec_
 #     Draft j's record goes to ring row n + j. Cursor: (n, e, 0, t).
 
 
-def _cursor_valid(held: torch.Tensor, pending: torch.Tensor, setup: StepSetup) -> torch.Tensor:
+def _cursor_valid(held: torch.Tensor, pending: torch.Tensor, setup: StepScalars) -> torch.Tensor:
     """Whether each cursor is one a launch may leave (else corrupted): 0 <= n, 0 <= p <= T and
     n + p < L + T."""
     capacity = setup.window + setup.drafts
@@ -811,7 +812,7 @@ _DraftCompute = Callable[
 
 
 def _run_verify_rows(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     sr: bool,
     cursors: torch.Tensor,
@@ -909,7 +910,7 @@ def mamba2_fold(s, xs, bs, dts, a, per_group) -> torch.Tensor:
 
 
 def mamba2_verify(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     rec_x: torch.Tensor,
@@ -1056,7 +1057,7 @@ def delta_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:
 
 
 def gdn_verify(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     rec_u: torch.Tensor,
@@ -1102,7 +1103,7 @@ def gdn_verify(
 
 
 def kda_verify(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     rec_u: torch.Tensor,
@@ -1144,7 +1145,7 @@ def kda_verify(
     )  # fmt: skip
 
 
-def _delta_verify(setup: StepSetup, family: str, gates, *, state, rec_u, rec_k, rec_g, cursors,
+def _delta_verify(setup: StepScalars, family: str, gates, *, state, rec_u, rec_k, rec_g, cursors,
                   q, k, v, scale: float, out, slot_indices, num_drafts, parents,
                   num_accepted) -> None:  # fmt: skip
     """The body of gdn_verify and kda_verify: `gates(rows, live)` gives the drafts' (g, beta)
@@ -1218,7 +1219,7 @@ def _delta_verify(setup: StepSetup, family: str, gates, *, state, rec_u, rec_k, 
 
 
 def commit(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     cursors: torch.Tensor,
     rings: list[torch.Tensor],
@@ -1258,7 +1259,7 @@ def commit(
 
 
 def _run_snapshot_rows(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     out: torch.Tensor,
@@ -1294,7 +1295,7 @@ def _run_snapshot_rows(
 
 
 def mamba2_snapshot(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     x: torch.Tensor,
@@ -1341,7 +1342,7 @@ def mamba2_snapshot(
 
 
 def gdn_snapshot(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     q: torch.Tensor,
@@ -1373,7 +1374,7 @@ def gdn_snapshot(
 
 
 def kda_snapshot(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     q: torch.Tensor,
@@ -1403,7 +1404,7 @@ def kda_snapshot(
     )  # fmt: skip
 
 
-def _delta_snapshot(setup: StepSetup, family: str, gates, *, state, q, k, v, scale: float, out,
+def _delta_snapshot(setup: StepScalars, family: str, gates, *, state, q, k, v, scale: float, out,
                     slot_indices, snapshot_slots, num_drafts) -> None:  # fmt: skip
     """The body of gdn_snapshot and kda_snapshot: `gates(rows, live, j)` gives draft j's (g,
     beta), g [r, HV] per head or [r, HV, K] per key channel."""
