@@ -14,7 +14,7 @@ import replayssm_jit
 from replayssm_jit import gdn_layout, mamba2_decode, mamba2_layout, plan_decode
 from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops.decode import resolve_workspace
-from replayssm_jit.ops.library import OPS, lookup_plan, plan_handle, release_plan
+from replayssm_jit.ops.library import COMMIT_RING_ARGS, OPS, lookup_plan, plan_handle, release_plan
 
 F32, I32 = torch.float32, torch.int32
 LAYERS, SLOTS, BATCH, L, T = 2, 6, 4, 4, 2
@@ -353,7 +353,7 @@ def test_a_compiled_verify_then_commit_matches_eager():
                 B=dheads[:, :, :2], C=dheads[:, :, 2:], z=dheads, D=stack.D[i],
                 dt_bias=stack.m2_bias[i], slot_indices=slots, out=out,
             )  # fmt: skip
-            rings = {f"ring{j}": pool[name][i] for j, name in enumerate(names)}
+            rings = {arg: pool[name][i] for arg, name in zip(COMMIT_RING_ARGS, names)}
             torch.ops.replayssm.commit_drafts(stack.m2, cursors=pool["cursors"][i], **rings,
                                               num_accepted=accepted, slot_indices=slots)  # fmt: skip
             outs.append(out)

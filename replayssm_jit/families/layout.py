@@ -38,6 +38,9 @@ from replayssm_jit.families.base import (
 )
 
 CURSOR_WORDS = 4
+# A slot's cursor words (docs/design.md): records held since the last flush, the flush epoch,
+# the count of CTAs done reading it (0 between steps), and pending drafts from a verify.
+CURSOR_HELD, CURSOR_EPOCH, CURSOR_ARRIVALS, CURSOR_PENDING = range(CURSOR_WORDS)
 # Slot ids are int32 (slot_indices), and so is the kernels' slot count.
 MAX_SLOTS = 2**31 - 1
 

@@ -51,6 +51,13 @@ from dataclasses import dataclass
 
 import torch
 
+from replayssm_jit.families.layout import (
+    CURSOR_ARRIVALS,
+    CURSOR_EPOCH,
+    CURSOR_HELD,
+    CURSOR_PENDING,
+)
+
 __all__ = [
     "StepScalars",
     "commit",
@@ -442,7 +449,7 @@ def _run_rows(
     if cursors is None:
         raise ValueError("cursors: required in replay mode")
     words = cursors[slots].to(torch.int64)
-    held_of_row, epoch_of_row = words[:, 0], words[:, 1]
+    held_of_row, epoch_of_row = words[:, CURSOR_HELD], words[:, CURSOR_EPOCH]
     # A corrupted cursor, as the kernels see it.
     faulted = (held_of_row < 0) | (held_of_row >= setup.held_limit)
     out[pad] = 0
@@ -457,13 +464,15 @@ def _run_rows(
         epochs = epoch_of_row[members] if sr else torch.zeros_like(group_slots)
         compute(group_rows, group_slots, held, flush, epochs)
         if not sr and flush_every_step and records == 1:
-            cursors[group_slots, 1] = cursors[group_slots, 1] + 1  # epoch only (int32 wraps)
+            cursors[group_slots, CURSOR_EPOCH] = (
+                cursors[group_slots, CURSOR_EPOCH] + 1
+            )  # epoch only (int32 wraps)
         else:
-            cursors[group_slots, 0] = 0 if flush else records
+            cursors[group_slots, CURSOR_HELD] = 0 if flush else records
             if flush:
-                cursors[group_slots, 1] = cursors[group_slots, 1] + 1
-            cursors[group_slots, 2] = 0
-        cursors[group_slots, 3] = 0  # pending drafts dropped, never committed
+                cursors[group_slots, CURSOR_EPOCH] = cursors[group_slots, CURSOR_EPOCH] + 1
+            cursors[group_slots, CURSOR_ARRIVALS] = 0
+        cursors[group_slots, CURSOR_PENDING] = 0  # pending drafts dropped, never committed
 
 
 def _check_flags(flags: frozenset[str], known: set[str], family: str) -> bool:
@@ -831,7 +840,7 @@ def _run_verify_rows(
     rows = torch.nonzero(~pad).flatten()
     slots = slot_of_row[rows]
     words = cursors[slots].to(torch.int64)
-    held, epoch, pending = words[:, 0], words[:, 1], words[:, 3]
+    held, epoch, pending = words[:, CURSOR_HELD], words[:, CURSOR_EPOCH], words[:, CURSOR_PENDING]
     valid = _cursor_valid(held, pending, setup)
     out[pad] = 0
     out[rows[~valid]] = float("nan")
@@ -851,11 +860,13 @@ def _run_verify_rows(
         group_slots = slots[members]
         epochs = epoch[members] if sr else torch.zeros_like(group_slots)
         compute(rows[members], group_slots, n, f, epochs, drafts[members], anc[members])
-        cursors[group_slots, 0] = 0 if f else n
+        cursors[group_slots, CURSOR_HELD] = 0 if f else n
         if f:
-            cursors[group_slots, 1] = cursors[group_slots, 1] + 1  # (int32 wraps)
-        cursors[group_slots, 2] = 0
-        cursors[group_slots, 3] = drafts[members].to(cursors.dtype)
+            cursors[group_slots, CURSOR_EPOCH] = (
+                cursors[group_slots, CURSOR_EPOCH] + 1
+            )  # (int32 wraps)
+        cursors[group_slots, CURSOR_ARRIVALS] = 0
+        cursors[group_slots, CURSOR_PENDING] = drafts[members].to(cursors.dtype)
 
 
 def _live_drafts(drafts: torch.Tensor, T: int) -> torch.Tensor:
@@ -1239,7 +1250,7 @@ def commit(
     rows = torch.nonzero(slot_of_row != setup.pad_slot_id).flatten()
     slots = slot_of_row[rows]
     words = cursors[slots].to(torch.int64)
-    held, pending = words[:, 0], words[:, 3]
+    held, pending = words[:, CURSOR_HELD], words[:, CURSOR_PENDING]
     valid = _cursor_valid(held, pending, setup)
     rows, slots, held, pending = rows[valid], slots[valid], held[valid], pending[valid]
     accepted = num_accepted.to(cursors.device, torch.int64)[rows].clamp(min=0)
@@ -1254,8 +1265,8 @@ def commit(
             src, dst = held[m] + path[m, i], held[m] + i
             for ring in rings:  # (the gather copies before the row is written)
                 ring[slots[m], :, dst] = ring[slots[m], :, src]
-    cursors[slots, 0] = (held + accepted).to(cursors.dtype)
-    cursors[slots, 3] = 0
+    cursors[slots, CURSOR_HELD] = (held + accepted).to(cursors.dtype)
+    cursors[slots, CURSOR_PENDING] = 0
 
 
 def _run_snapshot_rows(

@@ -37,6 +37,7 @@ import torch
 from replayssm_jit.checks import check_tensor
 from replayssm_jit.families import GDN, KDA, MAMBA2
 from replayssm_jit.families.base import MAX_VERIFY_DRAFTS, Family
+from replayssm_jit.families.layout import CURSOR_HELD, CURSOR_PENDING
 from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops import gdn as gdn_ops
@@ -127,7 +128,7 @@ def _cursor_words(cursors: torch.Tensor, live: list[tuple[int, int]]) -> dict[in
 
 def _cursor_valid(plan: DecodePlan, words: list[int]) -> bool:
     """A cursor that no step leaves is faulted by the kernels (NaN outputs), not checked here."""
-    n, p, T = words[0], words[3], plan.layout.drafts
+    n, p, T = words[CURSOR_HELD], words[CURSOR_PENDING], plan.layout.drafts
     return n >= 0 and 0 <= p <= T and n + p < plan.layout.capacity
 
 
@@ -395,7 +396,7 @@ def commit_drafts(
             for b, _ in live:
                 if not _cursor_valid(plan, words[b]):
                     continue
-                path, p = paths[b][: accepted[b]], words[b][3]
+                path, p = paths[b][: accepted[b]], words[b][CURSOR_PENDING]
                 ok = all(0 <= i < p for i in path) and all(i < j for i, j in pairwise(path))
                 if not ok:
                     raise ValueError(

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from replayssm_jit.checks import check_at_most, check_disjoint, check_positive_int, check_tensor
-from replayssm_jit.families.layout import MAX_SLOTS, CacheLayout
+from replayssm_jit.families.layout import CURSOR_HELD, MAX_SLOTS, CacheLayout
 from replayssm_jit.ops.lifecycle import copy_slots, reset_slots, slot_id_list
 from replayssm_jit.ops.plan import check_pad_slot_id, resolve_device
 
@@ -148,7 +148,7 @@ class SlotCache:
     def records_held(self, slots: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """Records held since the last flush, per slot (int32 on the cache's device)."""
         index = torch.tensor(self._slot_ids("slots", slots), dtype=torch.long, device=self.device)
-        return self.cursors[index, 0]
+        return self.cursors[index, CURSOR_HELD]
 
 
 def _check_tensors(
