@@ -780,7 +780,8 @@ def test_corrupted_cursor_faults_only_its_row(family, corrupt):
 
 
 def test_fast_path_imports_no_reference():
-    """ops/cpu.py imports torch and the standard library only (never the float64 oracles)."""
+    """ops/cpu.py imports torch, the standard library and the leaf cursor_words only (never the
+    float64 oracles)."""
     tree = ast.parse(Path(cpu.__file__).read_text())
     modules = set()
     for node in ast.walk(tree):
@@ -789,7 +790,10 @@ def test_fast_path_imports_no_reference():
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, "relative import"
             modules.add(node.module)
-    assert modules <= {"__future__", "collections.abc", "dataclasses", "torch"}, modules
+    assert modules <= {"__future__", "collections.abc", "dataclasses", "torch",
+                       "replayssm_jit.cursor_words"}, modules  # fmt: skip
+    words = ast.parse(Path(cpu.__file__).parents[1].joinpath("cursor_words.py").read_text())
+    assert not any(isinstance(n, ast.Import | ast.ImportFrom) for n in ast.walk(words))
 
 
 # ---------------------------------------------------------------------------------------------

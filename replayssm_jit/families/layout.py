@@ -25,6 +25,7 @@ from replayssm_jit.checks import (
     check_tensor,
     resolve_device,
 )
+from replayssm_jit.cursor_words import CURSOR_WORDS
 from replayssm_jit.families import get_family
 from replayssm_jit.families.base import (
     BLOCK_SCALED_DTYPES,
@@ -37,10 +38,6 @@ from replayssm_jit.families.base import (
     dtype_name,
 )
 
-CURSOR_WORDS = 4
-# A slot's cursor words (docs/design.md): records held since the last flush, the flush epoch,
-# the count of CTAs done reading it (0 between steps), and pending drafts from a verify.
-CURSOR_HELD, CURSOR_EPOCH, CURSOR_ARRIVALS, CURSOR_PENDING = range(CURSOR_WORDS)
 # Slot ids are int32 (slot_indices), and so is the kernels' slot count.
 MAX_SLOTS = 2**31 - 1
 

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_jit.families.layout import (
+from replayssm_jit.cursor_words import (
     CURSOR_ARRIVALS,
     CURSOR_EPOCH,
     CURSOR_HELD,

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from replayssm_jit.checks import check_tensor
-from replayssm_jit.families.layout import CURSOR_HELD
+from replayssm_jit.cursor_words import CURSOR_HELD
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops.lifecycle import slot_id_list
 from replayssm_jit.ops.plan import DecodePlan

@@ -35,9 +35,9 @@ from itertools import pairwise
 import torch
 
 from replayssm_jit.checks import check_tensor
+from replayssm_jit.cursor_words import CURSOR_HELD, CURSOR_PENDING
 from replayssm_jit.families import GDN, KDA, MAMBA2
 from replayssm_jit.families.base import MAX_VERIFY_DRAFTS, Family
-from replayssm_jit.families.layout import CURSOR_HELD, CURSOR_PENDING
 from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops import gdn as gdn_ops

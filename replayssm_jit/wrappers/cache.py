@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from replayssm_jit.checks import check_at_most, check_disjoint, check_positive_int, check_tensor
-from replayssm_jit.families.layout import CURSOR_HELD, MAX_SLOTS, CacheLayout
+from replayssm_jit.cursor_words import CURSOR_HELD
+from replayssm_jit.families.layout import MAX_SLOTS, CacheLayout
 from replayssm_jit.ops.lifecycle import copy_slots, reset_slots, slot_id_list
 from replayssm_jit.ops.plan import check_pad_slot_id, resolve_device
 
