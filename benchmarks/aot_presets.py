@@ -3,13 +3,9 @@ benchmarks/aot_presets.py --preset NAME --out DIR`."""
 
 from __future__ import annotations
 
-from replayssm_jit.families import FAMILIES, get_family
+from replayssm_jit.families import FAMILIES
 from replayssm_jit.families.spec import KernelSpec
 from replayssm_jit.jit.presets import model_specs
-
-
-def _speculative_families() -> list[str]:
-    return [family for family in FAMILIES if get_family(family).speculative_kernels]
 
 
 def _preset_verify_bench() -> list[KernelSpec]:
@@ -17,7 +13,7 @@ def _preset_verify_bench() -> list[KernelSpec]:
     step it compares with), 2, 4 and 8, BF16 activations, FP32 checkpoints (and BF16 with
     stochastic rounding at T = 4)."""
     specs = []
-    for family in _speculative_families():
+    for family in FAMILIES:
         specs += model_specs(family, (16,), ("bf16",), ("f32",), drafts=(1, 2, 4, 8))
         specs += model_specs(family, (16,), ("bf16",), ("bf16",), ("sr",), drafts=(4,))
     return specs

@@ -43,7 +43,8 @@ from replayssm_jit.core.dtypes import (
     ROW_SCALED_DTYPES,
     dtype_name,
 )
-from replayssm_jit.launch.config import LAUNCH_ENV, parse_launch
+from replayssm_jit.launch.config import parse_launch
+from replayssm_jit.launch.environment import launch_environment
 
 # Where experiment outputs go by default (git-ignored; benchmarks/results/ holds one committed
 # folder per measured version).
@@ -166,7 +167,7 @@ def environment() -> dict:
         if os.environ.get("REPLAYSSM_GIT_COMMIT")
         else bool(sh("git status --porcelain --untracked-files=no")),
         # The experiments-only launch override; it fills every "auto" field of every plan().
-        "replayssm_launch_env": os.environ.get(LAUNCH_ENV, ""),
+        "replayssm_launch_env": launch_environment().launch,
         "nvidia_smi": sh(
             "nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader"
         ),
@@ -509,7 +510,7 @@ def config_rows(
             window=window,
             state=state,
             replay_kernel=replay.kernel,
-            replay_flags=replay.decode_plan.flags,
+            replay_flags=replay.decode_plan.flag_bits,
         ),
         timings,
         traffic,

@@ -77,6 +77,7 @@ from replayssm_jit.families.base import Family, HeadShape
 from replayssm_jit.families.layout import CacheLayout, family_layout
 from replayssm_jit.families.spec import KernelSpec, spec_tilings
 from replayssm_jit.launch.config import LAUNCH_ENV
+from replayssm_jit.launch.environment import reload_launch_environment
 from replayssm_jit.launch.policy import (
     DEFAULT_SM_COUNT,
     FLAG_CAPPED_STATE_REGISTERS,
@@ -341,14 +342,13 @@ class Config:
         return " ".join(parts)
 
 
-def launch_variants(fam: Family, mode: str, read_dtype: str | None = None) -> list[dict]:
+def launch_variants(fam: Family, mode: str) -> list[dict]:
     """(kernel, speculative, records_warps, capped) of every launch of `mode` the family
-    compiles with this read copy (its registry entry says which records widths and state-kernel
-    forms)."""
+    compiles (its registry entry says which records widths and state-kernel forms)."""
     if mode == "conventional":
         return [dict(kernel="conventional")]
     variants = []
-    for kernel in REPLAY_KERNELS if fam.builds_split(read_dtype) else REPLAY_KERNELS[:-1]:
+    for kernel in REPLAY_KERNELS:
         for speculative in (True, False):
             if kernel != "split":
                 variants.append(dict(kernel=kernel, speculative=speculative))
@@ -389,19 +389,19 @@ def family_configs(family: str, quick: bool) -> list[list[Config]]:
             spec = plan_decode(
                 layout, BATCH, device="cpu", mode=mode, **plan_options(family, sr)
             ).spec
-            if mode == "replay" and fam.builds_split(spec.read_dtype) and not can_split(spec):
+            if mode == "replay" and not can_split(spec):
                 raise SystemExit(f"sanitize_kernels: {spec.uri} cannot split; pick smaller heads")
             rows = [r for r, _ in spec_tilings(spec)]
             if quick:
                 rows = sorted({rows[0], rows[-1]}, reverse=True)
-            for variant in launch_variants(fam, mode, spec.read_dtype):
+            for variant in launch_variants(fam, mode):
                 for ti, r in enumerate(rows):
                     cfg = Config(family, rows_per_cta=r, state=state, sr=sr, spec=spec, **variant)
                     launch = choose_launch(
                         spec, BATCH, layout.shape.value_heads, DEFAULT_SM_COUNT,
                         replay=mode == "replay", config=cfg.launch_config(),
                     )  # fmt: skip
-                    got = (launch.kernel, launch.rows_per_cta, launch.flags & cfg.fixed_bits)
+                    got = (launch.kernel, launch.rows_per_cta, launch.flag_bits & cfg.fixed_bits)
                     want = (cfg.kernel, r, expected_bits(cfg))
                     if got != want:
                         raise SystemExit(
@@ -449,8 +449,6 @@ def spec_configs(family: str, quick: bool) -> list[list[SpecConfig]]:
     """The family's speculative configs, grouped by (op, T), each group in diagonals of its
     tiles x dtypes grid as family_configs orders them."""
     groups: dict[tuple, list[tuple[tuple[int, int], SpecConfig]]] = {}
-    if not get_family(family).speculative_kernels:
-        return []
     for si, (state, sr) in enumerate(QUICK_STATES if quick else STATES):
         for drafts in SPEC_DRAFTS:
             if not format_supported(family, state, drafts):
@@ -518,7 +516,7 @@ def run_config(cfg: Config, *, device: torch.device, steps: int, outputs: str,
     )  # fmt: skip
     check(plan.spec.uri == cfg.uri, f"planned {plan.spec.uri}, expected {cfg.uri}")
     if device.type == "cuda":
-        got = (plan.kernel, plan.rows_per_cta, plan.flags & cfg.fixed_bits)
+        got = (plan.kernel, plan.rows_per_cta, plan.flag_bits & cfg.fixed_bits)
         want = (cfg.kernel, cfg.rows_per_cta, cfg.flags & cfg.fixed_bits)
         check(got == want, f"planned (kernel, rows, flags) {got}, expected {want}")
     shape, act = layout.shape, layout.act_dtype
@@ -861,6 +859,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.monotonic()
     os.environ.pop(LAUNCH_ENV, None)  # launch choices come from each config alone
+    reload_launch_environment()
     if args.steps < 0:
         parser.error(f"--steps: expected >= 0, got {args.steps}")
     try:

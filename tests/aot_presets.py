@@ -9,17 +9,13 @@ from replayssm_jit.families.spec import KernelSpec, checkpoint_tilings, family_s
 from replayssm_jit.jit.presets import model_spec, model_specs
 
 
-def _speculative_families() -> list[str]:
-    return [family for family in FAMILIES if get_family(family).speculative_kernels]
-
-
 def _preset_verify_tests() -> list[KernelSpec]:
     """What tests/test_verify_gpu.py loads: every model shape and KDA's GVA shape (2 value heads
     per key head), L = 4 and 16, T = 2, 4 and 8, FP32 activations (outputs held to 1e-5) and
     checkpoints."""
     specs = [
         spec
-        for family in _speculative_families()
+        for family in FAMILIES
         for spec in model_specs(family, (4, 16), ("f32",), ("f32",), drafts=(2, 4, 8))
     ]
     specs += [
@@ -36,8 +32,7 @@ def _preset_sanitizer() -> list[KernelSpec]:
     family that can split (GDN's K = 128 gives the capped-register state kernel its tile), with
     every input path's flags (Mamba-2 z too), conventional (L = 1) and L = 4 replay, BF16
     activations, FP32 / BF16 / BF16 with stochastic rounding / FP16 checkpoints; and the same
-    at L = 4 with T = 2 and 4 drafts (the verify, commit and snapshot kernels) for the families
-    that compile them; e4m3 checkpoints (with and without stochastic rounding, no drafts), FP32
+    at L = 4 with T = 2 and 4 drafts (the verify, commit and snapshot kernels); e4m3 checkpoints (with and without stochastic rounding, no drafts), FP32
     with an e4m3 read copy at L = 4 (Mamba-2 and GDN); nvfp4 ones, and FP32 with an nvfp4 read
     copy where the family has separate mode."""
     shapes = {
@@ -56,8 +51,6 @@ def _preset_sanitizer() -> list[KernelSpec]:
     specs = []
     for family, dims in shapes.items():
         for window, drafts in windows:
-            if drafts > 1 and not get_family(family).speculative_kernels:
-                continue
             for state, sr in states:
                 spec = family_spec(family, window=window, drafts=drafts, act_dtype="bf16",
                                    state_dtype=state, flags=(*flags[family], *sr),

@@ -1,7 +1,10 @@
+import os
 import shutil
 
 import pytest
 import torch
+
+from replayssm_jit.launch.environment import reload_launch_environment
 
 
 def pytest_collection_modifyitems(config, items):
@@ -177,21 +180,51 @@ def single_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture(autouse=True)
+def _launch_environment_read_afresh():
+    """Each test starts from the launch variables as they are now (the package reads them once:
+    launch/environment.py)."""
+    reload_launch_environment()
+
+
 @pytest.fixture
-def no_launch_env(monkeypatch):
+def launch_env():
+    """set(name, value or None): set or unset a launch variable (REPLAYSSM_LAUNCH,
+    REPLAYSSM_TUNING) and have the package read it again; each is restored after the test."""
+    saved: dict[str, str | None] = {}
+
+    def set_variable(name: str, value: str | None) -> None:
+        saved.setdefault(name, os.environ.get(name))
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+        reload_launch_environment()
+
+    yield set_variable
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    reload_launch_environment()
+
+
+@pytest.fixture
+def no_launch_env(launch_env):
     """No REPLAYSSM_LAUNCH from the caller's environment: the launch policy's own choices."""
     from replayssm_jit.launch.config import LAUNCH_ENV
 
-    monkeypatch.delenv(LAUNCH_ENV, raising=False)
+    launch_env(LAUNCH_ENV, None)
 
 
 @pytest.fixture(params=["split", "per-item"])
-def replay_kernel(request, monkeypatch):
+def replay_kernel(request, launch_env):
     """Run the test once per ReplaySSM kernel (REPLAYSSM_LAUNCH="kernel=...", which fills the
     kernel of every plan whose LaunchConfig leaves it "auto")."""
     from replayssm_jit.launch.config import LAUNCH_ENV
 
-    monkeypatch.setenv(LAUNCH_ENV, f"kernel={request.param}")
+    launch_env(LAUNCH_ENV, f"kernel={request.param}")
     return request.param
 
 
@@ -200,7 +233,6 @@ def replay_kernel(request, monkeypatch):
 # tests/test_fuzz_entries.py well under two minutes on two cores, "long" runs many more examples.
 # ---------------------------------------------------------------------------------------------
 
-import os  # noqa: E402
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

@@ -243,7 +243,7 @@ def assert_kernels_agree(
         )
         assert w.kernel == kernel
         if kernel == kernels[0]:
-            flags = w.decode_plan.flags
+            flags = w.decode_plan.flag_bits
             assert flags & launch_flags == launch_flags, (flags, launch_flags)
         runs[kernel] = (cache, w)
     order = torch.randperm(num_slots, generator=torch.Generator().manual_seed(2))[: batch - 2]

@@ -26,8 +26,8 @@ def qwen4b(**kw):
 
 
 @pytest.fixture(autouse=True)
-def no_tuning_env(monkeypatch):
-    monkeypatch.delenv(tuning.TUNING_ENV, raising=False)
+def no_tuning_env(launch_env):
+    launch_env(tuning.TUNING_ENV, None)
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
@@ -66,7 +66,7 @@ def fake_timer(fastest):
     return lambda plan, config: 1.0 if (config.kernel, config.rows_per_cta) == fastest else 10.0
 
 
-def test_tune_keeps_the_fastest_and_plan_reads_it(tmp_path, monkeypatch):
+def test_tune_keeps_the_fastest_and_plan_reads_it(tmp_path, monkeypatch, launch_env):
     layout = super120b(window=16)
     fastest = ("per-item", 16)
     result = autotune.tune(layout, "replay", [8, 64], torch.device("cpu"), fake_timer(fastest))
@@ -90,7 +90,7 @@ def test_tune_keeps_the_fastest_and_plan_reads_it(tmp_path, monkeypatch):
     monkeypatch.setattr("replayssm_jit.ops.plan.tuned_config", spy)
     plan_decode(layout, 32, device="cpu", tuning=str(path))
     assert (seen[-1].kernel, seen[-1].rows_per_cta) == fastest
-    monkeypatch.setenv(tuning.TUNING_ENV, str(path))
+    launch_env(tuning.TUNING_ENV, str(path))
     plan_decode(layout, 64, device="cpu")
     assert (seen[-1].kernel, seen[-1].rows_per_cta) == fastest
     # Above the largest timed batch, another spec, another mode: the policy's "auto".

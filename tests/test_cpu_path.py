@@ -169,7 +169,7 @@ class Mamba2Case(Case):
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
         r = pool.rings
-        setup = cpu.StepSetup(replay, fes, self.window,
+        setup = cpu.StepScalars(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
         cpu.mamba2_step(
             setup, state=pool.state,
@@ -259,7 +259,7 @@ class GDNCase(Case):
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
         r, p = pool.rings, self.params
-        setup = cpu.StepSetup(replay, fes, self.window,
+        setup = cpu.StepScalars(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
         cpu.gdn_step(
             setup, state=pool.state,
@@ -335,7 +335,7 @@ class KDACase(GDNCase):
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
         r, p = pool.rings, self.params
-        setup = cpu.StepSetup(replay, fes, self.window,
+        setup = cpu.StepScalars(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
         cpu.kda_step(
             setup, state=pool.state,
@@ -780,7 +780,8 @@ def test_corrupted_cursor_faults_only_its_row(family, corrupt):
 
 
 def test_fast_path_imports_no_reference():
-    """ops/cpu.py imports torch and the standard library only (never the float64 oracles)."""
+    """ops/cpu.py imports torch, the standard library and the leaf cursor_words only (never the
+    float64 oracles)."""
     tree = ast.parse(Path(cpu.__file__).read_text())
     modules = set()
     for node in ast.walk(tree):
@@ -789,7 +790,10 @@ def test_fast_path_imports_no_reference():
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, "relative import"
             modules.add(node.module)
-    assert modules <= {"__future__", "collections.abc", "dataclasses", "torch"}, modules
+    assert modules <= {"__future__", "collections.abc", "dataclasses", "torch",
+                       "replayssm_jit.core.cursor_words"}, modules  # fmt: skip
+    words = ast.parse(Path(cpu.__file__).parents[1].joinpath("core", "cursor_words.py").read_text())
+    assert not any(isinstance(n, ast.Import | ast.ImportFrom) for n in ast.walk(words))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -974,7 +978,3 @@ def test_stochastic_rounding_key(family, state_dtype, replay):
         case.run(p, tok, case.out(1), one, -1, replay=False, seed=sd)
     assert not torch.equal(raw(pools[0].state[1]), raw(pools[1].state[1])), "seed ignored"
     assert_same_bits(pools[2].state[1], pools[0].state[1], "same seed")
-
-
-def test_supports_stochastic_rounding():
-    assert cpu.SUPPORTS_STOCHASTIC_ROUNDING is True

@@ -347,14 +347,14 @@ def test_plan_builds_the_expected_spec(jit_cache):
     # on CPU tensors: the PyTorch path, nothing compiled or loaded, no tile and no workspace
     plan = w.decode_plan
     assert plan.backend == "cpu" and w.kernel == plan.kernel == "per-item" and plan.module is None
-    assert plan.rows_per_cta == 0 and plan.flags == 0 and plan.workspace_floats == 0
+    assert plan.rows_per_cta == 0 and plan.flag_bits == 0 and plan.workspace_floats == 0
     assert not build._LOADED and not jit_cache.exists()
-    assert w.decode_plan.options["scale"] == 128**-0.5
+    assert w.decode_plan.family_options["scale"] == 128**-0.5
     # the tile the CUDA plan of this spec would take is one the module compiles
     tile = choose_launch(spec, 2, 32, 132, replay=True).rows_per_cta
     assert tile in [r for r, _ in spec_tilings(spec)]
     spec = w.plan(4, use_qk_l2norm=False, gates_in_kernel=False, scale=0.5)
-    assert spec.flags == () and w.decode_plan.options["scale"] == 0.5 and w.batch_size == 4
+    assert spec.flags == () and w.decode_plan.family_options["scale"] == 0.5 and w.batch_size == 4
     conv = GDNDecodeWrapper(c, mode="conventional")
     assert conv.plan(2).window == 1 and conv.kernel == "conventional"  # no records held
 

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(autouse=True)
-def _no_launch_env(monkeypatch):
+def _no_launch_env(launch_env):
     """Launch choices come from each test's LaunchConfig only (REPLAYSSM_LAUNCH is for
     experiments and would fill the fields a test leaves "auto")."""
-    monkeypatch.delenv(LAUNCH_ENV, raising=False)
+    launch_env(LAUNCH_ENV, None)
 
 
 SHAPES = {  # (H, HV, K, V)

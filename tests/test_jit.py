@@ -331,15 +331,15 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
     for s in specs:
         act, cap = CPP_TYPES[s.act_dtype], s.capacity
         if s.family == "mamba2":
-            dims = f"{s.dim('p')}, {s.dim('n')}, {s.dim('hpg')}, {s.window}, {cap}, {act}, float, true, true, true"
+            dims = f"{s.value_dim}, {s.key_dim}, {s.heads_per_key}, {s.window}, {cap}, {act}, float, true, true, true"
             kern = f"mamba2::Records<{dims}>"
         elif s.family == "gdn":
-            dims = f"{s.dim('k')}, {s.dim('v')}, {s.dim('vph')}, {s.window}, {cap}, {act}, float, true, true"
+            dims = f"{s.key_dim}, {s.value_dim}, {s.heads_per_key}, {s.window}, {cap}, {act}, float, true, true"
             kern = f"gdn::Records<{dims}>"
             few_warps = f"gdn::Records<{dims}, 4>"  # bounded too, not tightly
             lines.append(f'  std::printf("%zu\\n", {few_warps}::kSmemBytes);')
         else:  # KDA: the GDN records kernel with per-channel decays
-            dims = f"{s.dim('k')}, {s.dim('v')}, {s.dim('vph')}, {s.window}, {cap}, {act}, float, true, true"
+            dims = f"{s.key_dim}, {s.value_dim}, {s.heads_per_key}, {s.window}, {cap}, {act}, float, true, true"
             kern = f"gdn::Records<{dims}, 8, true>"
         lines.append(f'  std::printf("%zu\\n", {kern}::kSmemBytes);')
     compiled = _run_nvcc_program(

@@ -36,7 +36,7 @@ def test_uri_and_layout():
     spec = kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1)
     assert spec.uri == "kda_k128_v128_vph1_L16_T1_act-bf16_state-f32_gates_in_kernel_qk_l2norm"
     ctx = spec.template_context()
-    assert ctx["decay_per_channel"] and ctx["split_kernel"] and not ctx["verify"]
+    assert ctx["decay_per_channel"] and not ctx["verify"]
     gdn = gdn_layout(**KIMI, window=8).tensors()
     kda = kda_layout(**KIMI, window=8).tensors()
     assert [t.name for t in kda] == [t.name for t in gdn]
@@ -78,10 +78,10 @@ def test_kda_launches_as_gdn_and_verifies_per_item():
     gdn = gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1)
     for batch in (1, 5, 64, 256, 4096):  # the same policy as GDN's, split step included
         ours, theirs = (choose_launch(s, batch, 32, 132, replay=True) for s in (spec, gdn))
-        assert (ours.kernel, ours.rows_per_cta, ours.flags) == (
+        assert (ours.kernel, ours.rows_per_cta, ours.flag_bits) == (
             theirs.kernel,
             theirs.rows_per_cta,
-            theirs.flags,
+            theirs.flag_bits,
         )
     assert choose_launch(spec, 256, 32, 132, replay=True).kernel == "split"
     forced = choose_launch(spec, 5, 32, 132, replay=True, config=LaunchConfig(kernel="split"))
@@ -109,9 +109,9 @@ def test_plan_rejects_bad_options(options, error, match):
 def test_plan_options():
     layout = kda_layout(**KIMI)
     plan = plan_decode(layout, 2, device="cpu")
-    assert plan.options == {"scale": 128**-0.5, "lower_bound": None}
+    assert plan.family_options == {"scale": 128**-0.5, "lower_bound": None}
     plan = plan_decode(layout, 2, device="cpu", lower_bound=-5, use_qk_l2norm=False)
-    assert plan.options["lower_bound"] == -5.0 and plan.spec.flags == ("gates_in_kernel",)
+    assert plan.family_options["lower_bound"] == -5.0 and plan.spec.flags == ("gates_in_kernel",)
 
 
 # --- the functional op and the wrapper on CPU tensors --------------------------------------------

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(autouse=True)
-def _no_launch_env(monkeypatch):
-    monkeypatch.delenv(LAUNCH_ENV, raising=False)
+def _no_launch_env(launch_env):
+    launch_env(LAUNCH_ENV, None)
 
 
 SHAPES = {  # (H, HV, K, V)

@@ -42,7 +42,7 @@ def launch(spec, batch, heads, *, replay=True, **config) -> Launch:
 
 
 def flags(spec, batch, heads, *, replay=True, **config) -> int:
-    return launch(spec, batch, heads, replay=replay, **config).flags
+    return launch(spec, batch, heads, replay=replay, **config).flag_bits
 
 
 def records_shared_bytes(spec) -> int:
@@ -68,28 +68,28 @@ def qwen122b(**kwargs):
 def test_replay_kernel_heuristic():
     spec = super120b()
     chosen = launch(spec, 256, 128)
-    assert chosen.kernel == "split" and chosen.flags & FLAG_SPLIT and chosen.rows_per_cta == 64
+    assert chosen.kernel == "split" and chosen.flag_bits & FLAG_SPLIT and chosen.rows_per_cta == 64
     # 2048 records CTAs on 132 SMs: only the held ring rows are read
-    assert not chosen.flags & FLAG_SPECULATIVE_RECORDS
+    assert not chosen.flag_bits & FLAG_SPECULATIVE_RECORDS
     assert choose_replay_kernel(spec, 256, 128, SMS, AUTO) == "split"
     # batch 8: 1024 (row, head) pairs, still split, whole heads per state CTA; 64 records CTAs
     chosen = launch(spec, 8, 128)
-    assert chosen.flags & FLAG_SPLIT and chosen.rows_per_cta == 64
-    assert chosen.flags & FLAG_SPECULATIVE_RECORDS
+    assert chosen.flag_bits & FLAG_SPLIT and chosen.rows_per_cta == 64
+    assert chosen.flag_bits & FLAG_SPECULATIVE_RECORDS
     # one sequence (128 pairs on 132 SMs), FP32 checkpoints: the per-item kernel flushing every
     # token, with nothing held to load speculatively
     chosen = launch(spec, 1, 128)
     assert chosen.kernel == "flush-every-step"
-    assert chosen.flags == FLAG_FLUSH_EVERY_STEP | FLAG_OVERLAP_PRIOR_KERNEL
+    assert chosen.flag_bits == FLAG_FLUSH_EVERY_STEP | FLAG_OVERLAP_PRIOR_KERNEL
     assert choose_replay_kernel(spec, 1, 128, SMS, AUTO) == "flush-every-step"
     # low-precision checkpoints keep their window: the per-item kernel, speculative
     chosen = launch(super120b(state_dtype="bf16"), 1, 128)
     assert chosen.kernel == "per-item"
-    assert chosen.flags == FLAG_SPECULATIVE_RECORDS | FLAG_OVERLAP_PRIOR_KERNEL
+    assert chosen.flag_bits == FLAG_SPECULATIVE_RECORDS | FLAG_OVERLAP_PRIOR_KERNEL
     # the conventional step is never split; GDN splits too
     conventional = launch(spec, 256, 128, replay=False)
-    assert conventional.kernel == "conventional" and not conventional.flags & FLAG_SPLIT
-    assert launch(qwen4b(), 256, 32).flags & FLAG_SPLIT
+    assert conventional.kernel == "conventional" and not conventional.flag_bits & FLAG_SPLIT
+    assert launch(qwen4b(), 256, 32).flag_bits & FLAG_SPLIT
 
 
 def test_policy_takes_the_sm_count():
@@ -103,10 +103,10 @@ def test_policy_takes_the_sm_count():
 def test_replay_kernel_override():
     spec = qwen4b()
     chosen = launch(spec, 256, 32, kernel="per-item")
-    assert chosen.kernel == "per-item" and not chosen.flags & FLAG_SPLIT
+    assert chosen.kernel == "per-item" and not chosen.flag_bits & FLAG_SPLIT
     assert chosen.rows_per_cta in [r for r, _ in spec_tilings(spec)]
     chosen = launch(spec, 256, 32, kernel="flush-every-step")
-    assert chosen.flags == FLAG_FLUSH_EVERY_STEP | FLAG_OVERLAP_PRIOR_KERNEL
+    assert chosen.flag_bits == FLAG_FLUSH_EVERY_STEP | FLAG_OVERLAP_PRIOR_KERNEL
     with pytest.raises(
         ValueError, match=r"^config.kernel: expected 'auto' or one of .*, got 'fast'"
     ):
@@ -119,12 +119,12 @@ def test_split_kernel_forced():
     spec = super120b()
     chosen = launch(spec, 256, 128, kernel="split")
     # the state kernel runs on the per-item tiles
-    assert chosen.flags & FLAG_SPLIT and chosen.rows_per_cta == 64
+    assert chosen.flag_bits & FLAG_SPLIT and chosen.rows_per_cta == 64
     assert launch(spec, 1, 128, kernel="split").rows_per_cta == 16
     # the conventional step is never split
     assert not flags(spec, 256, 128, replay=False, kernel="split") & FLAG_SPLIT
     chosen = launch(qwen4b(), 256, 32, kernel="split")
-    assert chosen.flags & FLAG_SPLIT and chosen.rows_per_cta == 64
+    assert chosen.flag_bits & FLAG_SPLIT and chosen.rows_per_cta == 64
 
 
 def test_split_needs_the_records_in_shared_memory():
@@ -277,7 +277,7 @@ def test_lane_values_and_the_bf16_gdn_tile():
 
 def test_bf16_checkpoints_split_too():
     chosen = launch(super120b(state_dtype="bf16"), 256, 128)
-    assert chosen.flags & FLAG_SPLIT and chosen.rows_per_cta == 64
+    assert chosen.flag_bits & FLAG_SPLIT and chosen.rows_per_cta == 64
 
 
 def test_mamba2_conventional_step_takes_smaller_tiles_at_small_batch():
@@ -299,16 +299,16 @@ def test_flush_every_step_tiles():
     # GDN: the largest tile giving every SM one CTA (qwen122b batch 1: 32 rows, 256 CTAs on 132
     # SMs; qwen4b: 16 rows, 256 CTAs, as 32 would give 128)
     chosen = launch(qwen122b(), 1, 64)
-    assert chosen.flags & FLAG_FLUSH_EVERY_STEP and chosen.rows_per_cta == 32
+    assert chosen.flag_bits & FLAG_FLUSH_EVERY_STEP and chosen.rows_per_cta == 32
     chosen = launch(qwen4b(), 1, 32)
-    assert chosen.flags & FLAG_FLUSH_EVERY_STEP and chosen.rows_per_cta == 16
+    assert chosen.flag_bits & FLAG_FLUSH_EVERY_STEP and chosen.rows_per_cta == 16
     # Mamba-2 keeps two CTAs per SM (super120b: 16 rows, 512 CTAs; nano4b: 20 rows, 384)
     chosen = launch(super120b(), 1, 128)
-    assert chosen.flags & FLAG_FLUSH_EVERY_STEP and chosen.rows_per_cta == 16
+    assert chosen.flag_bits & FLAG_FLUSH_EVERY_STEP and chosen.rows_per_cta == 16
     assert launch(nano4b(), 1, 96).rows_per_cta == 20
     # BF16 checkpoints keep the window on the per-item kernel, with the ReplaySSM target
     chosen = launch(qwen122b(state_dtype="bf16"), 1, 64)
-    assert not chosen.flags & (FLAG_FLUSH_EVERY_STEP | FLAG_SPLIT) and chosen.rows_per_cta == 16
+    assert not chosen.flag_bits & (FLAG_FLUSH_EVERY_STEP | FLAG_SPLIT) and chosen.rows_per_cta == 16
 
 
 def test_rows_per_cta_override():
@@ -359,10 +359,10 @@ def test_launch_env_parses():
         ("speculative_records=yes", "speculative_records expected 0, 1, true, false or auto"),
     ],
 )
-def test_launch_env_bad_text_names_the_variable(monkeypatch, text, match):
+def test_launch_env_bad_text_names_the_variable(launch_env, text, match):
     with pytest.raises(ValueError, match=rf"^{LAUNCH_ENV}: .*{match}"):
         parse_launch(text)
-    monkeypatch.setenv(LAUNCH_ENV, text)
+    launch_env(LAUNCH_ENV, text)
     with pytest.raises(ValueError, match=rf"^{LAUNCH_ENV}: .*{match}"):
         resolve_config(None)
     layout = mamba2_layout(num_heads=4, headdim=8, dstate=16, ngroups=2, window=4)
@@ -370,8 +370,8 @@ def test_launch_env_bad_text_names_the_variable(monkeypatch, text, match):
         plan_decode(layout, 2, device="cpu")
 
 
-def test_launch_env_fills_only_auto_fields(monkeypatch):
-    monkeypatch.setenv(LAUNCH_ENV, "kernel=per-item,rows_per_cta=32,speculative_records=0")
+def test_launch_env_fills_only_auto_fields(launch_env):
+    launch_env(LAUNCH_ENV, "kernel=per-item,rows_per_cta=32,speculative_records=0")
     assert resolve_config(None) == LaunchConfig(
         kernel="per-item", rows_per_cta=32, speculative_records=False
     )
@@ -379,18 +379,18 @@ def test_launch_env_fills_only_auto_fields(monkeypatch):
     assert resolve_config(given) == LaunchConfig(
         kernel="split", rows_per_cta=32, speculative_records=False, overlap_prior_kernel=True
     )
-    monkeypatch.setenv(LAUNCH_ENV, "  ")
+    launch_env(LAUNCH_ENV, "  ")
     assert resolve_config(given) == given
     with pytest.raises(TypeError, match="^config: expected a LaunchConfig or None"):
         resolve_config({"kernel": "split"})
 
 
-def test_launch_env_reaches_plan(monkeypatch):
+def test_launch_env_reaches_plan(launch_env):
     """plan_decode reads REPLAYSSM_LAUNCH (the CPU path honours the kernel choice that changes
     its semantics: flush-every-step), and a LaunchConfig field beats it."""
     layout = gdn_layout(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=16, window=4)
     assert plan_decode(layout, 2, device="cpu").kernel == "per-item"
-    monkeypatch.setenv(LAUNCH_ENV, "kernel=flush-every-step")
+    launch_env(LAUNCH_ENV, "kernel=flush-every-step")
     assert plan_decode(layout, 2, device="cpu").kernel == "flush-every-step"
     assert plan_decode(layout, 2, device="cpu", mode="conventional").kernel == "conventional"
     config = LaunchConfig(kernel="per-item")

@@ -14,7 +14,7 @@ import replayssm_jit
 from replayssm_jit import gdn_layout, mamba2_decode, mamba2_layout, plan_decode
 from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops.decode import resolve_workspace
-from replayssm_jit.ops.library import OPS, lookup_plan, plan_handle, release_plan
+from replayssm_jit.ops.library import COMMIT_RING_ARGS, OPS, lookup_plan, plan_handle, release_plan
 
 F32, I32 = torch.float32, torch.int32
 LAYERS, SLOTS, BATCH, L, T = 2, 6, 4, 4, 2
@@ -143,7 +143,7 @@ def test_every_op_is_registered_with_its_written_tensors_declared():
         "mamba2_verify": m2_step,
         "gdn_verify": delta_step,
         "kda_verify": delta_step,
-        "commit_drafts": {"cursors", "ring0", "ring1", "ring2"},
+        "commit_drafts": {"cursors", "value_ring", "key_ring", "decay_ring"},
         "mamba2_snapshot_verify": {"state", "out"},
         "gdn_snapshot_verify": {"state", "out"},
         "kda_snapshot_verify": {"state", "out"},
@@ -256,8 +256,8 @@ def _opcheck_cases():
         ("mamba2_verify", (stack.m2,), {**_layer(m2_pool, 0), **m2_drafts, "out": dout}),
         ("gdn_verify", (stack.gdn,), {**_layer(gdn_pool, 0), **gdn_drafts, "out": dout,
                                       "parents": torch.tensor([[-1, 0]] * BATCH, dtype=I32)}),
-        ("commit_drafts", (stack.m2,), dict(cursors=m2_pool["cursors"][1], ring0=m2_rings[0],
-                                            ring1=m2_rings[1], ring2=m2_rings[2],
+        ("commit_drafts", (stack.m2,), dict(cursors=m2_pool["cursors"][1], value_ring=m2_rings[0],
+                                            key_ring=m2_rings[1], decay_ring=m2_rings[2],
                                             num_accepted=accepted, slot_indices=slots)),
         ("mamba2_snapshot_verify", (stack.m2,), dict(state=m2_pool["state"][0], **m2_drafts,
                                                      out=dout, snapshot_slots=snapshots,
@@ -353,7 +353,7 @@ def test_a_compiled_verify_then_commit_matches_eager():
                 B=dheads[:, :, :2], C=dheads[:, :, 2:], z=dheads, D=stack.D[i],
                 dt_bias=stack.m2_bias[i], slot_indices=slots, out=out,
             )  # fmt: skip
-            rings = {f"ring{j}": pool[name][i] for j, name in enumerate(names)}
+            rings = {arg: pool[name][i] for arg, name in zip(COMMIT_RING_ARGS, names)}
             torch.ops.replayssm.commit_drafts(stack.m2, cursors=pool["cursors"][i], **rings,
                                               num_accepted=accepted, slot_indices=slots)  # fmt: skip
             outs.append(out)
@@ -445,7 +445,7 @@ def test_workspace_is_required_only_where_the_launch_reads_it():
     takes no workspace, and one that reads it must get workspace_floats elements."""
     m2, _ = _layouts()
     cpu_plan = plan_decode(m2, 2, device="cpu")
-    step_split = dataclasses.replace(cpu_plan, flags=FLAG_SPLIT, workspace_floats=64,
+    step_split = dataclasses.replace(cpu_plan, flag_bits=FLAG_SPLIT, workspace_floats=64,
                                      verify_kernel="per-item")  # fmt: skip
     verify_split = dataclasses.replace(cpu_plan, workspace_floats=64, verify_kernel="split")
     assert step_split.reads_workspace() and not step_split.reads_workspace(verify=True)
@@ -458,3 +458,18 @@ def test_workspace_is_required_only_where_the_launch_reads_it():
     for plan, verify in ((step_split, False), (verify_split, True)):
         with pytest.raises(ValueError, match=r"^workspace: expected at least 64 float32 elements"):
             resolve_workspace(plan, empty, verify=verify)
+
+
+def test_commit_ring_args_name_every_familys_rings():
+    """commit_drafts' rings by role hold for every family's first three rings (those with drafts)."""
+    from replayssm_jit.families import FAMILIES
+
+    for fam in FAMILIES.values():
+        value, key, decay = fam.rings[:3]
+        assert (value.heads, value.width, key.heads, key.width) == (
+            "value",
+            "value_dim",
+            "key",
+            "key_dim",
+        ), fam.name
+        assert decay.heads == "value" and not decay.read_copy_only, fam.name

@@ -622,7 +622,7 @@ def test_device_values_are_clamped_by_the_cpu_path(fam):
     L, T = 4, 3
     gen, layout, tensors, plans = _setup(fam, L, T, 5)
     twin = clone(tensors)
-    setup = cpu.StepSetup(True, False, L, frozenset(plans(2).spec.flags), -1, 0, T)
+    setup = cpu.StepScalars(True, False, L, frozenset(plans(2).spec.flags), -1, 0, T)
     tok = fam.tokens(gen, 2, T)
     op = {"mamba2": cpu.mamba2_verify, "gdn": cpu.gdn_verify, "kda": cpu.kda_verify}[fam.name]
     inputs = _cpu_inputs(fam, tok)

@@ -79,12 +79,9 @@ class Family:
     tile_targets: per step ("conventional", "split", "per-item", "flush-every-step") the CTAs
         per SM its row tile aims for, tried in order.
     decay_per_channel: the decay is a vector over key_dim (KDA), not a scalar per head.
-    split_kernel: the module compiles the split step (else the policy never picks it).
-    speculative_kernels: the module compiles verify and commit (else drafts must be 1).
     read_copy: the module compiles separate mode's read copy (Mamba-2 and GDN, whose flush
-        recomputes each held u from the carried copy; KDA has none).
-    split_read_copy: the split step is built for separate mode too (True for both families
-        above, so separate mode runs per item and split).
+        recomputes each held u from the carried copy; KDA has none); separate mode runs per
+        item and split.
     nvfp4: the module compiles NVFP4 checkpoints (whole heads per CTA, for the head scale).
     verify_split_min_pairs_per_sm: from this many (batch row, head) pairs per SM the split
         verify beats the per-item one (docs/tuning.md).
@@ -102,10 +99,7 @@ class Family:
     flush_every_step_kernel: bool
     tile_targets: Mapping[str, tuple[int, ...]] = field(hash=False, compare=False)
     decay_per_channel: bool = False
-    split_kernel: bool = True
-    speculative_kernels: bool = True
     read_copy: bool = False
-    split_read_copy: bool = True
     nvfp4: bool = False
     verify_split_min_pairs_per_sm: float = 8.0
 
@@ -158,14 +152,6 @@ class Family:
         return next(k for k, r, _ in self.spec_dims if r == role)
 
     # --- what a spec of this family compiles -------------------------------------------------
-    def builds_split(self, read_dtype: str | None) -> bool:
-        """Whether a spec with this read copy (None: none) compiles the split step."""
-        return self.split_kernel and (read_dtype is None or self.split_read_copy)
-
-    def records_heads(self, dims: Mapping[str, int]) -> int:
-        """Value heads one records CTA of the split step serves (those of one key head)."""
-        return dims[self.role_key("heads_per_key")]
-
     def records_shared_bytes(self, spec) -> int:
         """Upper bound on the split step's records-kernel shared memory for `spec`."""
         raise NotImplementedError
@@ -191,7 +177,6 @@ class Family:
             "capped_state_registers": self.capped_state_registers,
             "flush_every_step_kernel": self.flush_every_step_kernel,
             "decay_per_channel": self.decay_per_channel,
-            "split_kernel": self.split_kernel,
         }
 
     # --- planning -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ class DeltaFamily(Family):
         bounds it too)."""
         act, cap = DTYPE_BYTES[spec.act_dtype], spec.capacity
         ring = max(cap - 1, 1)
-        heads, k, v = spec.dim("vph"), spec.dim("k"), spec.dim("v")
+        heads, k, v = spec.heads_per_key, spec.key_dim, spec.value_dim
         base = (ring + 2) * k * act + 4 * (4 * heads * cap + 3 * cap + 1 + 3 * heads)
         base += 4 * self.channel_decay_words(heads, cap, k)
         base += 8 * 16  # 16-byte alignment of the record arrays
@@ -34,9 +34,9 @@ class DeltaFamily(Family):
     def verify_records_shared_bytes(self, spec) -> int | None:
         """VerifyRecords::Smem of templates/gdn/verify_split_kernel.cuh: k and q rows, dots,
         norms, per-value-head decays and weights, all 4-byte words."""
-        if not self.speculative_kernels or self.decay_per_channel:
+        if self.decay_per_channel:
             return None  # (per channel: the per-item verify kernel only)
-        T, k, heads = spec.drafts, spec.dim("k"), spec.dim("vph")
+        T, k, heads = spec.drafts, spec.key_dim, spec.heads_per_key
         records = spec.capacity - 1 + T
         words = (records + T) * k + 2 * T * records + records + T
         words += 2 * heads * records + heads * T + 2 * heads * T * records + heads * T + heads

@@ -25,6 +25,7 @@ from replayssm_jit.core.checks import (
     check_tensor,
     resolve_device,
 )
+from replayssm_jit.core.cursor_words import CURSOR_WORDS
 from replayssm_jit.core.dtypes import (
     BLOCK_SCALED_DTYPES,
     DTYPE_NAMES,
@@ -37,7 +38,6 @@ from replayssm_jit.families import get_family
 from replayssm_jit.families.base import Family, HeadShape
 from replayssm_jit.families.spec import make_spec
 
-CURSOR_WORDS = 4
 # Slot ids are int32 (slot_indices), and so is the kernels' slot count.
 MAX_SLOTS = 2**31 - 1
 

@@ -13,7 +13,7 @@ class Mamba2Family(Family):
         this token's x, the scalars, and the held x rows where they fit."""
         act, cap = DTYPE_BYTES[spec.act_dtype], spec.capacity
         ring = max(cap - 1, 1)
-        heads, p, n = spec.dim("hpg"), spec.dim("p"), spec.dim("n")
+        heads, p, n = spec.heads_per_key, spec.value_dim, spec.key_dim
         base = heads * p * act + (ring + 2) * n * act + 4 * (3 * heads * cap + cap + 4 * heads)
         base += 6 * 16  # 16-byte alignment of the record arrays
         return self.held_rows_where_they_fit(base, heads * ring * p * act, p * act)
@@ -21,7 +21,7 @@ class Mamba2Family(Family):
     def verify_records_shared_bytes(self, spec) -> int | None:
         """VerifyRecords::Smem of templates/mamba2/verify_split_kernel.cuh: B and C rows, dots,
         per-head decays and weights, all 4-byte words."""
-        T, n, heads = spec.drafts, spec.dim("n"), spec.dim("hpg")
+        T, n, heads = spec.drafts, spec.key_dim, spec.heads_per_key
         records = spec.capacity - 1 + T
         words = (records + T) * n + T * records + 3 * heads * records + heads * T * records
         words += heads * T + heads + 3 * T  # path sums, committed sums, the draft tree

@@ -30,7 +30,10 @@ from replayssm_jit.families.base import Family, HeadShape
 class KernelSpec:
     """One specialization: family, head dims, window, drafts, dtypes and flags.
 
-    dims: ordered (name, value) pairs, e.g. (("p", 64), ("n", 128), ("hpg", 16)).
+    dims: ordered (URI key, value) pairs, e.g. (("p", 64), ("n", 128), ("hpg", 16)). The short
+        keys are part of every module URI (and so of AOT names); read them by role instead:
+        value_dim (Mamba-2 headdim "p", GDN/KDA "v"), key_dim ("n", "k") and heads_per_key
+        ("hpg", "vph"; Family.spec_dims maps each key to its role and argument name).
     window: replay window L (1 = conventional only). drafts: draft tokens T the ring also
     holds (capacity L + T). state_dtype: the checkpoint the recurrence is carried in (f32, bf16,
     f16, e4m3 with a scale per row, or nvfp4 with e4m3 scales per 16 values and an FP32 scale
@@ -91,13 +94,31 @@ class KernelSpec:
         return 2 <= self.drafts <= MAX_VERIFY_DRAFTS
 
     def dim(self, name: str) -> int:
+        """The dim under URI key `name` (prefer value_dim, key_dim, heads_per_key)."""
         return dict(self.dims)[name]
+
+    def _dim_of_role(self, role: str) -> int:
+        return self.dim(get_family(self.family).role_key(role))
+
+    @property
+    def value_dim(self) -> int:
+        """Rows of one head's state: Mamba-2's headdim P, GDN/KDA's head_v_dim V."""
+        return self._dim_of_role("value_dim")
+
+    @property
+    def key_dim(self) -> int:
+        """Columns of one head's state: Mamba-2's dstate N, GDN/KDA's head_k_dim K."""
+        return self._dim_of_role("key_dim")
+
+    @property
+    def heads_per_key(self) -> int:
+        """Value heads per key head: Mamba-2's heads per group, GDN/KDA's per key head."""
+        return self._dim_of_role("heads_per_key")
 
     @property
     def state_rows_cols(self) -> tuple[int, int]:
         """(rows, cols) of one head's state: (value_dim, key_dim)."""
-        fam = get_family(self.family)
-        return self.dim(fam.role_key("value_dim")), self.dim(fam.role_key("key_dim"))
+        return self.value_dim, self.key_dim
 
     def template_context(self) -> dict:
         fam = get_family(self.family)
@@ -115,7 +136,6 @@ class KernelSpec:
             "flags": set(self.flags),
             "tilings": spec_tilings(self),
             **fam.template_context(),
-            "split_kernel": fam.builds_split(self.read_dtype),
         }
 
 
@@ -247,11 +267,6 @@ def make_spec(
         flags=tuple(flags),
         read_dtype=read,
     )
-    if drafts != 1 and not fam.speculative_kernels:
-        raise ValueError(
-            f"drafts: expected 1 for {fam.name} (its speculative kernels are not built), "
-            f"got {drafts}"
-        )
     rows, cols = spec.state_rows_cols
     row_arg, col_arg = fam.dim_arg(fam.role_key("value_dim")), fam.dim_arg(fam.role_key("key_dim"))
     vec = max(CHUNK_VALUES[d] for d in (state, read or state))

@@ -288,7 +288,7 @@ def gdn_fused_recurrent(
             f"use_qk_l2norm_in_kernel: expected {'qk_l2norm' in plan.spec.flags} (as planned: "
             f"plan_decode(..., use_qk_l2norm=...)), got {use_qk_l2norm_in_kernel}"
         )
-    planned = plan.options["scale"]
+    planned = plan.family_options["scale"]
     if scale is not None and abs(float(scale) - planned) > 1e-6 * abs(planned):
         raise ValueError(
             f"scale: expected {planned} (as planned: plan_decode(..., scale=...)), got {scale}"

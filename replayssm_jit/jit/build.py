@@ -34,6 +34,8 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -134,25 +136,53 @@ def cuda_flags(archs: list[str]) -> list[str]:
     return flags
 
 
-def _tvm_ffi_build(name: str, source: Path, build_dir: Path, archs: list[str]) -> Path:
+# Runs tvm_ffi.cpp.build in a child process: the request comes as JSON on stdin, the .so path
+# goes back on stdout, and an OSError comes back as its errno (exit status 3).
+_BUILD_CHILD = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO)  # tvm_ffi logs the ninja output under its LOG_BUILD
+request = json.load(sys.stdin)
+try:
     import tvm_ffi.cpp
+    path = tvm_ffi.cpp.build(**request)
+except OSError as exc:
+    print(json.dumps({"errno": exc.errno, "strerror": exc.strerror, "filename": exc.filename}))
+    sys.exit(3)
+print(json.dumps({"path": path}))
+"""
 
+
+def _tvm_ffi_build(name: str, source: Path, build_dir: Path, archs: list[str]) -> Path:
+    """Compile `source` with tvm_ffi's ninja build in a child process, whose environment carries
+    the settings tvm_ffi reads (CUDA_HOME, TVM_FFI_CUDA_ARCH_LIST) from our own: this process's
+    environment is never written, and concurrent builds for other archs do not race."""
     cuda_home = env.cuda_home()
-    # tvm_ffi reads these; set them from our own settings so users never meet its guesses.
-    os.environ["CUDA_HOME"] = cuda_home
-    os.environ["TVM_FFI_CUDA_ARCH_LIST"] = " ".join(archs)
+    child_env = {**os.environ, "CUDA_HOME": cuda_home, "TVM_FFI_CUDA_ARCH_LIST": " ".join(archs)}
     if env.verbose():
-        os.environ["TVM_FFI_CPP_EXTENSION_LOG_BUILD"] = "1"
-    out = tvm_ffi.cpp.build(
-        name,
-        cuda_files=[str(source)],
-        extra_cuda_cflags=cuda_flags(archs),
-        extra_ldflags=[f"-Wl,-rpath,{cuda_home}/lib64"],
-        extra_include_paths=[str(template_root())],
-        build_directory=str(build_dir),
-        backend="cuda",
-    )
-    return Path(out)
+        child_env["TVM_FFI_CPP_EXTENSION_LOG_BUILD"] = "1"
+    request = {
+        "name": name,
+        "cuda_files": [str(source)],
+        "extra_cuda_cflags": cuda_flags(archs),
+        "extra_ldflags": [f"-Wl,-rpath,{cuda_home}/lib64"],
+        "extra_include_paths": [str(template_root())],
+        "build_directory": str(build_dir),
+        "backend": "cuda",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _BUILD_CHILD], input=json.dumps(request), env=child_env,
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode == 3:
+        error = json.loads(done.stdout.strip().splitlines()[-1])
+        raise OSError(error["errno"], error["strerror"], error["filename"])
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"building {name} failed (exit status {done.returncode}):\n{done.stderr}"
+        )
+    if env.verbose() and done.stderr.strip():
+        logger.warning("build of %s:\n%s", name, done.stderr)
+    return Path(json.loads(done.stdout.strip().splitlines()[-1])["path"])
 
 
 def _cache_error(folder: Path, action: str, error: object) -> JITCacheError:

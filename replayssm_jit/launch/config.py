@@ -1,17 +1,19 @@
 """LaunchConfig: the launch choices a plan() may fix, each "auto" by default.
 
 `REPLAYSSM_LAUNCH` (for experiments, e.g. "kernel=split,rows_per_cta=16") supplies values for
-the fields a caller left "auto"; production code passes a LaunchConfig instead.
+the fields a caller left "auto"; production code passes a LaunchConfig instead. The variable is
+read once per process (launch/environment.py).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
+
+from replayssm_jit.launch.environment import LAUNCH_ENV, launch_environment
 
 AUTO = "auto"
 REPLAY_KERNELS = ("split", "per-item", "flush-every-step")
-LAUNCH_ENV = "REPLAYSSM_LAUNCH"
 
 _BOOL_FIELDS = ("capped_state_registers", "overlap_prior_kernel", "speculative_records")
 
@@ -101,11 +103,18 @@ def parse_launch(text: str, source: str = LAUNCH_ENV) -> LaunchConfig:
         raise ValueError(f"{source}: {exc}") from None
 
 
+@lru_cache(maxsize=4)
+def _environment_config(text: str) -> LaunchConfig:
+    # Parsed once per text; a bad text raises at every plan (exceptions are not cached).
+    return parse_launch(text)
+
+
 def resolve_config(config: LaunchConfig | None) -> LaunchConfig:
-    """`config` (checked) with REPLAYSSM_LAUNCH filling its "auto" fields."""
+    """`config` (checked) with REPLAYSSM_LAUNCH (as read once, launch/environment.py) filling
+    its "auto" fields."""
     if config is None:
         config = LaunchConfig()
     elif not isinstance(config, LaunchConfig):
         raise TypeError(f"config: expected a LaunchConfig or None, got {type(config).__name__}")
-    raw = os.environ.get(LAUNCH_ENV, "")
-    return config.with_defaults(parse_launch(raw)) if raw.strip() else config
+    raw = launch_environment().launch
+    return config.with_defaults(_environment_config(raw)) if raw.strip() else config

@@ -57,11 +57,11 @@ DEFAULT_SM_COUNT = 132
 @dataclass(frozen=True)
 class Launch:
     """What plan() chose: the kernel ("conventional", "split", "per-item" or
-    "flush-every-step"), its row tile, and the flags word the module's bindings take."""
+    "flush-every-step"), its row tile, and the flags word (flag_bits) the module's bindings take."""
 
     kernel: str
     rows_per_cta: int
-    flags: int
+    flag_bits: int
 
 
 @cache
@@ -82,41 +82,30 @@ def can_split(spec: KernelSpec) -> bool:
     """Whether `spec`'s split step fits: at most SPLIT_RECORDS_THREADS heads per key head, and
     their records within one CTA's shared memory."""
     fam = get_family(spec.family)
-    if not fam.builds_split(spec.read_dtype):
-        return False
-    heads = fam.records_heads(dict(spec.dims))
+    heads = spec.heads_per_key
     return heads <= SPLIT_RECORDS_THREADS and fam.records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
 
 
 def choose_replay_kernel(
     spec: KernelSpec, batch: int, heads: int, sms: int, config: LaunchConfig
 ) -> str:
-    """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split (a family that
-    compiles no split step keeps its window on the per-item kernel there); below it the
-    per-item kernel, flushing every token for FP32 checkpoints (with nothing held, the step is
-    the conventional one plus a cursor read; narrower checkpoints keep the window so that they
-    are rounded once per L tokens, and so does a read copy, which only non-flush steps read)."""
+    """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split; below it (or
+    where it cannot) the per-item kernel, flushing every token for FP32 checkpoints (with
+    nothing held, the step is the conventional one plus a cursor read; narrower checkpoints
+    keep the window so that they are rounded once per L tokens, and so does a read copy, which
+    only non-flush steps read)."""
     if config.kernel == "split" and not can_split(spec):
         fam = get_family(spec.family)
-        if not fam.builds_split(spec.read_dtype):
-            what = "with a read copy " if fam.split_kernel else ""
-            raise ValueError(
-                f"config.kernel: expected 'auto', 'per-item' or 'flush-every-step' for "
-                f"{fam.name} {what}(its split step is not built), got 'split'"
-            )
         raise ValueError(
             f"config.kernel: 'split' needs at most {SPLIT_RECORDS_THREADS} heads per key head and "
             f"{MAX_CTA_SHARED_BYTES} bytes of shared memory for their records; got "
-            f"{fam.records_heads(dict(spec.dims))} heads and {fam.records_shared_bytes(spec)} "
+            f"{spec.heads_per_key} heads and {fam.records_shared_bytes(spec)} "
             f"bytes ({spec.uri})"
         )
     if config.kernel != AUTO:
         return config.kernel
-    if batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms:
-        if can_split(spec):
-            return "split"
-        if not get_family(spec.family).builds_split(spec.read_dtype):
-            return "per-item"
+    if batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms and can_split(spec):
+        return "split"
     wide = spec.state_dtype == "f32" and spec.read_dtype is None
     return "flush-every-step" if wide else "per-item"
 
@@ -207,7 +196,7 @@ def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int, config: Lau
     key head's value heads fit 4 warps' threads, from FEW_RECORDS_WARPS_MIN_CTAS_PER_SM records
     CTAs per SM with at most FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD value rows per thread."""
     fam = get_family(spec.family)
-    heads = fam.records_heads(dict(spec.dims))
+    heads = spec.heads_per_key
     possible = 4 in fam.records_warps and heads <= FEW_RECORDS_THREADS
     if config.records_warps != AUTO:
         allowed = [w for w in fam.records_warps if w != 4 or possible]
@@ -249,12 +238,11 @@ def choose_launch(spec: KernelSpec, batch: int, heads: int, sms: int, *, replay:
     """The launch of a step of `spec` at `batch` rows over a pool of `heads` value heads on
     `sms` SMs; every override in `config` is checked whether or not the step uses it."""
     config = config or LaunchConfig()
-    fam = get_family(spec.family)
     kernel = choose_replay_kernel(spec, batch, heads, sms, config) if replay else "conventional"
     step = kernel
     rows = spec.state_rows_cols[0]
     tile = choose_rows_per_cta(spec, step, batch, heads, sms, config)
-    records_ctas = batch * (heads // fam.records_heads(dict(spec.dims)))
+    records_ctas = batch * (heads // spec.heads_per_key)
     # The conventional step launches the per-item kernel with its flags.
     flags = launch_flags(kernel if replay else "per-item", records_ctas, sms, config)
     few = few_records_warps(spec, records_ctas, sms, config)
@@ -264,3 +252,42 @@ def choose_launch(spec: KernelSpec, batch: int, heads: int, sms: int, *, replay:
     if flags & FLAG_SPLIT and capped:
         flags |= FLAG_CAPPED_STATE_REGISTERS
     return Launch(kernel, tile, flags)
+
+
+@dataclass(frozen=True)
+class PlannedLaunch:
+    """Every launch choice of a plan: the step's kernel, row tile and flags word, and the
+    verify step's kernel ("split" or "per-item") and row tile ("" and 0 where the spec has no
+    drafts). On the CPU the tiles and flags are 0: the torch path takes only the kernel."""
+
+    kernel: str
+    rows_per_cta: int
+    flag_bits: int
+    verify_kernel: str = ""
+    verify_rows_per_cta: int = 0
+
+
+def cpu_kernel(replay: bool, config: LaunchConfig) -> str:
+    """The torch path's kernel: one step serves every kernel's semantics, so only an asked-for
+    flush-every-step differs (the policy's small-batch choice of it is a GPU latency rule)."""
+    if not replay:
+        return "conventional"
+    return "flush-every-step" if config.kernel == "flush-every-step" else "per-item"
+
+
+def plan_launch(spec: KernelSpec, batch: int, heads: int, device: torch.device, *, replay: bool,
+                config: LaunchConfig) -> PlannedLaunch:  # fmt: skip
+    """The launch choices of a plan of `spec` at `batch` rows over `heads` value heads on
+    `device`; `config`'s overrides are checked on every device (a CPU plan as an H200's)."""
+    sms = sm_count(device)
+    launch = choose_launch(spec, batch, heads, sms, replay=replay, config=config)
+    if device.type != "cuda":
+        return PlannedLaunch(cpu_kernel(replay, config), 0, 0)
+    if not spec.has_verify:
+        return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits)
+    verify = choose_verify_kernel(spec, batch, heads, sms, config) if replay else "per-item"
+    # The split verify's state kernel takes the split step's tiles; a conventional plan's
+    # snapshot takes the conventional step's.
+    step = verify if replay else "conventional"
+    verify_rows = choose_rows_per_cta(spec, step, batch, heads, sms, config)
+    return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits, verify, verify_rows)

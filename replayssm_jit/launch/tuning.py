@@ -21,9 +21,9 @@ import torch
 
 from replayssm_jit.families.spec import KernelSpec, spec_tilings
 from replayssm_jit.launch.config import AUTO, LaunchConfig
+from replayssm_jit.launch.environment import TUNING_ENV, launch_environment
 from replayssm_jit.launch.policy import can_split
 
-TUNING_ENV = "REPLAYSSM_TUNING"
 FORMAT_VERSION = 1
 
 __all__ = [
@@ -104,9 +104,10 @@ def load_tuning(path: object) -> Tuning:
 def tuned_config(config: LaunchConfig, tuning: object, spec: KernelSpec, mode: str, batch: int,
                  device: torch.device) -> LaunchConfig:  # fmt: skip
     """`config` with its "auto" fields taken from the tuning file (the argument, else
-    REPLAYSSM_TUNING, else none) where the file covers this step."""
+    REPLAYSSM_TUNING as read once (launch/environment.py), else none) where the file covers
+    this step."""
     if tuning is None:
-        tuning = os.environ.get(TUNING_ENV) or None
+        tuning = launch_environment().tuning
         if tuning is None:
             return config
     loaded = tuning if isinstance(tuning, Tuning) else load_tuning(tuning)

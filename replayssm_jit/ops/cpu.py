@@ -51,9 +51,15 @@ from dataclasses import dataclass
 
 import torch
 
+from replayssm_jit.core.cursor_words import (
+    CURSOR_ARRIVALS,
+    CURSOR_EPOCH,
+    CURSOR_HELD,
+    CURSOR_PENDING,
+)
+
 __all__ = [
-    "SUPPORTS_STOCHASTIC_ROUNDING",
-    "StepSetup",
+    "StepScalars",
     "commit",
     "gdn_snapshot",
     "gdn_step",
@@ -65,8 +71,6 @@ __all__ = [
     "round_stochastic",
     "rounding_bits",
 ]
-
-SUPPORTS_STOCHASTIC_ROUNDING = True
 
 NORM_EPS = 1e-6  # GDN's L2 norm: x * rsqrt(sum x^2 + eps)
 
@@ -393,12 +397,13 @@ def _with_current(ring: torch.Tensor | None, slots, held: int, current: torch.Te
     return torch.cat([ring[slots, :, :held].to(_F32), current], dim=2)
 
 
-# compute(rows, slots, held, flush, epochs): one group's math and its state / ring / out writes.
-_Compute = Callable[[torch.Tensor, torch.Tensor, int, bool, torch.Tensor], None]
+# compute(rows, slots, held, flush, epochs): the math of one group of rows that hold the same
+# record count, and its state / ring / out writes.
+_GroupCompute = Callable[[torch.Tensor, torch.Tensor, int, bool, torch.Tensor], None]
 
 
 @dataclass(frozen=True)
-class StepSetup:
+class StepScalars:
     """The scalars a step takes besides its tensors, as the module's bindings do: ReplaySSM or
     conventional, flush-every-step mode, the window L, the spec's flags, the pad slot id, the
     stochastic-rounding seed and the layout's drafts T (the ring holds L + T rows)."""
@@ -419,13 +424,13 @@ class StepSetup:
 
 
 def _run_rows(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     sr: bool,
     cursors: torch.Tensor | None,
     out: torch.Tensor,
     slot_indices: torch.Tensor,
-    compute: _Compute,
+    compute: _GroupCompute,
 ) -> None:
     """Pad rows, then `compute` once per group of rows with the same held count (read from the
     cursors before anything is written), then the cursor words as finish_step_cursor leaves
@@ -444,7 +449,7 @@ def _run_rows(
     if cursors is None:
         raise ValueError("cursors: required in replay mode")
     words = cursors[slots].to(torch.int64)
-    held_of_row, epoch_of_row = words[:, 0], words[:, 1]
+    held_of_row, epoch_of_row = words[:, CURSOR_HELD], words[:, CURSOR_EPOCH]
     # A corrupted cursor, as the kernels see it.
     faulted = (held_of_row < 0) | (held_of_row >= setup.held_limit)
     out[pad] = 0
@@ -459,20 +464,22 @@ def _run_rows(
         epochs = epoch_of_row[members] if sr else torch.zeros_like(group_slots)
         compute(group_rows, group_slots, held, flush, epochs)
         if not sr and flush_every_step and records == 1:
-            cursors[group_slots, 1] = cursors[group_slots, 1] + 1  # epoch only (int32 wraps)
+            cursors[group_slots, CURSOR_EPOCH] = (
+                cursors[group_slots, CURSOR_EPOCH] + 1
+            )  # epoch only (int32 wraps)
         else:
-            cursors[group_slots, 0] = 0 if flush else records
+            cursors[group_slots, CURSOR_HELD] = 0 if flush else records
             if flush:
-                cursors[group_slots, 1] = cursors[group_slots, 1] + 1
-            cursors[group_slots, 2] = 0
-        cursors[group_slots, 3] = 0  # pending drafts dropped, never committed
+                cursors[group_slots, CURSOR_EPOCH] = cursors[group_slots, CURSOR_EPOCH] + 1
+            cursors[group_slots, CURSOR_ARRIVALS] = 0
+        cursors[group_slots, CURSOR_PENDING] = 0  # pending drafts dropped, never committed
 
 
 def _check_flags(flags: frozenset[str], known: set[str], family: str) -> bool:
     unknown = set(flags) - known
     if unknown:
         raise ValueError(f"flags: unknown {family} flags {sorted(unknown)}")
-    return "sr" in flags and SUPPORTS_STOCHASTIC_ROUNDING
+    return "sr" in flags
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,7 +490,7 @@ _MAMBA2_FLAGS = {"d", "z", "dt_bias", "dt_softplus", "sr", "read_rn", "device_se
 
 
 def mamba2_step(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     state_scale: torch.Tensor | None = None,
@@ -579,7 +586,7 @@ _GDN_FLAGS = {"qk_l2norm", "gates_in_kernel", "sr", "read_rn", "device_seed"}
 
 
 def gdn_step(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     state_scale: torch.Tensor | None = None,
@@ -651,7 +658,7 @@ def _kda_gates(gate_a, gate_b, A_log, dt_bias, lower_bound: float, gates_in_kern
 
 
 def kda_step(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     state_scale: torch.Tensor | None = None,
@@ -698,7 +705,7 @@ def kda_step(
     )  # fmt: skip
 
 
-def _delta_step(setup: StepSetup, family: str, gates, *, copies, read_copy, rec_u,
+def _delta_step(setup: StepScalars, family: str, gates, *, copies, read_copy, rec_u,
                 rec_k, rec_g, rec_v, rec_beta, cursors, q, k, v, scale: float, out,
                 slot_indices) -> None:  # fmt: skip
     """The delta-rule step of gdn_step and kda_step: `gates(rows)` gives (g, beta), g a log-decay
@@ -783,7 +790,7 @@ def _delta_step(setup: StepSetup, family: str, gates, *, copies, read_copy, rec_
 #     Draft j's record goes to ring row n + j. Cursor: (n, e, 0, t).
 
 
-def _cursor_valid(held: torch.Tensor, pending: torch.Tensor, setup: StepSetup) -> torch.Tensor:
+def _cursor_valid(held: torch.Tensor, pending: torch.Tensor, setup: StepScalars) -> torch.Tensor:
     """Whether each cursor is one a launch may leave (else corrupted): 0 <= n, 0 <= p <= T and
     n + p < L + T."""
     capacity = setup.window + setup.drafts
@@ -814,7 +821,7 @@ _DraftCompute = Callable[
 
 
 def _run_verify_rows(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     sr: bool,
     cursors: torch.Tensor,
@@ -833,7 +840,7 @@ def _run_verify_rows(
     rows = torch.nonzero(~pad).flatten()
     slots = slot_of_row[rows]
     words = cursors[slots].to(torch.int64)
-    held, epoch, pending = words[:, 0], words[:, 1], words[:, 3]
+    held, epoch, pending = words[:, CURSOR_HELD], words[:, CURSOR_EPOCH], words[:, CURSOR_PENDING]
     valid = _cursor_valid(held, pending, setup)
     out[pad] = 0
     out[rows[~valid]] = float("nan")
@@ -853,11 +860,13 @@ def _run_verify_rows(
         group_slots = slots[members]
         epochs = epoch[members] if sr else torch.zeros_like(group_slots)
         compute(rows[members], group_slots, n, f, epochs, drafts[members], anc[members])
-        cursors[group_slots, 0] = 0 if f else n
+        cursors[group_slots, CURSOR_HELD] = 0 if f else n
         if f:
-            cursors[group_slots, 1] = cursors[group_slots, 1] + 1  # (int32 wraps)
-        cursors[group_slots, 2] = 0
-        cursors[group_slots, 3] = drafts[members].to(cursors.dtype)
+            cursors[group_slots, CURSOR_EPOCH] = (
+                cursors[group_slots, CURSOR_EPOCH] + 1
+            )  # (int32 wraps)
+        cursors[group_slots, CURSOR_ARRIVALS] = 0
+        cursors[group_slots, CURSOR_PENDING] = drafts[members].to(cursors.dtype)
 
 
 def _live_drafts(drafts: torch.Tensor, T: int) -> torch.Tensor:
@@ -912,7 +921,7 @@ def mamba2_fold(s, xs, bs, dts, a, per_group) -> torch.Tensor:
 
 
 def mamba2_verify(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     rec_x: torch.Tensor,
@@ -1059,7 +1068,7 @@ def delta_fold(s, us, ks, gs, l2norm: bool, per_key: int) -> torch.Tensor:
 
 
 def gdn_verify(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     rec_u: torch.Tensor,
@@ -1105,7 +1114,7 @@ def gdn_verify(
 
 
 def kda_verify(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     rec_u: torch.Tensor,
@@ -1147,7 +1156,7 @@ def kda_verify(
     )  # fmt: skip
 
 
-def _delta_verify(setup: StepSetup, family: str, gates, *, state, rec_u, rec_k, rec_g, cursors,
+def _delta_verify(setup: StepScalars, family: str, gates, *, state, rec_u, rec_k, rec_g, cursors,
                   q, k, v, scale: float, out, slot_indices, num_drafts, parents,
                   num_accepted) -> None:  # fmt: skip
     """The body of gdn_verify and kda_verify: `gates(rows, live)` gives the drafts' (g, beta)
@@ -1221,7 +1230,7 @@ def _delta_verify(setup: StepSetup, family: str, gates, *, state, rec_u, rec_k, 
 
 
 def commit(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     cursors: torch.Tensor,
     rings: list[torch.Tensor],
@@ -1241,7 +1250,7 @@ def commit(
     rows = torch.nonzero(slot_of_row != setup.pad_slot_id).flatten()
     slots = slot_of_row[rows]
     words = cursors[slots].to(torch.int64)
-    held, pending = words[:, 0], words[:, 3]
+    held, pending = words[:, CURSOR_HELD], words[:, CURSOR_PENDING]
     valid = _cursor_valid(held, pending, setup)
     rows, slots, held, pending = rows[valid], slots[valid], held[valid], pending[valid]
     accepted = num_accepted.to(cursors.device, torch.int64)[rows].clamp(min=0)
@@ -1256,12 +1265,12 @@ def commit(
             src, dst = held[m] + path[m, i], held[m] + i
             for ring in rings:  # (the gather copies before the row is written)
                 ring[slots[m], :, dst] = ring[slots[m], :, src]
-    cursors[slots, 0] = (held + accepted).to(cursors.dtype)
-    cursors[slots, 3] = 0
+    cursors[slots, CURSOR_HELD] = (held + accepted).to(cursors.dtype)
+    cursors[slots, CURSOR_PENDING] = 0
 
 
 def _run_snapshot_rows(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     out: torch.Tensor,
@@ -1297,7 +1306,7 @@ def _run_snapshot_rows(
 
 
 def mamba2_snapshot(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     x: torch.Tensor,
@@ -1344,7 +1353,7 @@ def mamba2_snapshot(
 
 
 def gdn_snapshot(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     q: torch.Tensor,
@@ -1376,7 +1385,7 @@ def gdn_snapshot(
 
 
 def kda_snapshot(
-    setup: StepSetup,
+    setup: StepScalars,
     *,
     state: torch.Tensor,
     q: torch.Tensor,
@@ -1406,7 +1415,7 @@ def kda_snapshot(
     )  # fmt: skip
 
 
-def _delta_snapshot(setup: StepSetup, family: str, gates, *, state, q, k, v, scale: float, out,
+def _delta_snapshot(setup: StepScalars, family: str, gates, *, state, q, k, v, scale: float, out,
                     slot_indices, snapshot_slots, num_drafts) -> None:  # fmt: skip
     """The body of gdn_snapshot and kda_snapshot: `gates(rows, live, j)` gives draft j's (g,
     beta), g [r, HV] per head or [r, HV, K] per key channel."""

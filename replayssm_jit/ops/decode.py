@@ -71,11 +71,13 @@ def check_slot_tensors(
     return num_slots
 
 
-def cpu_setup(plan: DecodePlan, seed_value: int, seed_tensor: torch.Tensor | None) -> cpu.StepSetup:
+def cpu_setup(
+    plan: DecodePlan, seed_value: int, seed_tensor: torch.Tensor | None
+) -> cpu.StepScalars:
     """The CPU path's scalars for `plan` (a device seed tensor is read here: no sync to save)."""
     if seed_tensor is not None:
         seed_value = int(seed_tensor.item()) & (2**63 - 1)
-    return cpu.StepSetup(
+    return cpu.StepScalars(
         replay=plan.replay, flush_every_step=plan.kernel == "flush-every-step",
         window=plan.spec.window, flags=frozenset(plan.spec.flags),
         pad_slot_id=plan.pad_slot_id, seed=seed_value, drafts=plan.layout.drafts,
@@ -137,7 +139,7 @@ def run_step(
         seed_value,
         seed_tensor,
         plan.rows_per_cta,
-        plan.flags,
+        plan.flag_bits,
     )
     state = [tensors.get(k) for k in ("state", "state_scale", "state_block_scale")]
     state[2] = _raw_bytes(state[2])

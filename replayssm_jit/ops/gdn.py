@@ -95,10 +95,10 @@ def check_inputs(
         check_aligned_rows(name, t)
     inputs = {
         "q": q, "k": k, "v": v, "gate_a": gate_a, "gate_b": gate_b,
-        "A_log": A_log, "dt_bias": dt_bias, "scale": plan.options["scale"],
+        "A_log": A_log, "dt_bias": dt_bias, "scale": plan.family_options["scale"],
     }  # fmt: skip
     if plan.family.decay_per_channel:
-        inputs["lower_bound"] = plan.options["lower_bound"] or 0.0
+        inputs["lower_bound"] = plan.family_options["lower_bound"] or 0.0
     return inputs
 
 

@@ -17,7 +17,7 @@ allocates nothing. `workspace` may be left out where the op's launch reads none 
 split step and the split verify do; a zero-element tensor made at plan_handle() stands in), so
 no op allocates. A seed comes as an
 int (`seed`) or an int64 device tensor (`seed_tensor`), not both. commit_drafts takes the
-layout's rings by position: ring0..ring2 in plan.layout.ring_names order.
+layout's rings by role (COMMIT_RING_ARGS): value_ring, key_ring, decay_ring.
 """
 
 from __future__ import annotations
@@ -211,12 +211,17 @@ def _step(fn: Callable, verify: bool = False) -> Callable[[DecodePlan, int, dict
     return lambda plan, handle, kw: fn(plan, **_seeded(_with_workspace(plan, handle, kw, verify)))
 
 
-def _plain(fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
+def _without_workspace_or_seed(fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
     return lambda plan, handle, kw: fn(plan, **kw)
 
 
+# commit_drafts' ring arguments in every family's ring order (families/*, rings): the rows on
+# value heads (Mamba-2 x, GDN/KDA u), the rows on key heads (B, k), the decay inputs (dt, g).
+COMMIT_RING_ARGS = ("value_ring", "key_ring", "decay_ring")
+
+
 def _commit_drafts(plan: DecodePlan, handle: int, kw: dict) -> None:
-    rings = [kw.pop(f"ring{i}") for i in range(len(plan.layout.ring_names))]
+    rings = [kw.pop(arg) for arg in COMMIT_RING_ARGS]
     tensors = {"cursors": kw.pop("cursors"), **dict(zip(plan.layout.ring_names, rings))}
     commit_drafts(plan, tensors, **kw)
 
@@ -279,9 +284,7 @@ OPS = {
         "commit_drafts",
         (
             "cursors!",
-            "ring0!",
-            "ring1!",
-            "ring2!",
+            *(f"{arg}!" for arg in COMMIT_RING_ARGS),
             "num_accepted",
             "slot_indices",
             "accepted_path?",
@@ -291,21 +294,21 @@ OPS = {
     "mamba2_snapshot_verify": register_op(
         "mamba2_snapshot_verify",
         ("state!", *_MAMBA2_TOKEN, "snapshot_slots", "num_drafts?"),
-        _plain(mamba2_snapshot_verify),
+        _without_workspace_or_seed(mamba2_snapshot_verify),
     ),
     "gdn_snapshot_verify": register_op(
         "gdn_snapshot_verify",
         ("state!", *_GDN_TOKEN, "snapshot_slots", "num_drafts?"),
-        _plain(gdn_snapshot_verify),
+        _without_workspace_or_seed(gdn_snapshot_verify),
     ),
     "kda_snapshot_verify": register_op(
         "kda_snapshot_verify",
         ("state!", *_GDN_TOKEN, "snapshot_slots", "num_drafts?"),
-        _plain(kda_snapshot_verify),
+        _without_workspace_or_seed(kda_snapshot_verify),
     ),
     "commit_snapshots": register_op(
         "commit_snapshots",
         ("state!", "snapshot_slots", "num_accepted", "slot_indices"),
-        _plain(commit_snapshots),
+        _without_workspace_or_seed(commit_snapshots),
     ),
 }

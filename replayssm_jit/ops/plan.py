@@ -16,13 +16,7 @@ from replayssm_jit.core.checks import (
 from replayssm_jit.families.layout import CacheLayout
 from replayssm_jit.families.spec import KernelSpec, make_spec
 from replayssm_jit.launch.config import resolve_config
-from replayssm_jit.launch.policy import (
-    FLAG_SPLIT,
-    choose_launch,
-    choose_rows_per_cta,
-    choose_verify_kernel,
-    sm_count,
-)
+from replayssm_jit.launch.policy import FLAG_SPLIT, plan_launch
 from replayssm_jit.launch.tuning import tuned_config
 
 MODES = ("replay", "conventional")
@@ -44,7 +38,8 @@ class DecodePlan:
     hand-over between their two launches; 0 otherwise). verify_kernel: "split" or "per-item"
     for the verify step ("" on the CPU or without drafts). verify_rows_per_cta: the row tile of
     the speculative kernels (verify and snapshot steps; 0 on the CPU or without them).
-    options: per-family scalars (GDN: scale).
+    flag_bits: the flags word the module's bindings take (launch/policy.py FLAG_*).
+    family_options: the family's plan() scalars (GDN: scale; KDA: scale, lower_bound).
     """
 
     layout: CacheLayout
@@ -55,14 +50,14 @@ class DecodePlan:
     backend: str
     kernel: str
     rows_per_cta: int
-    flags: int
+    flag_bits: int
     workspace_floats: int
     pad_slot_id: int
     seed: int
     check_slot_values: bool
     verify_rows_per_cta: int = 0
     verify_kernel: str = ""
-    options: dict = field(default_factory=dict, compare=False)
+    family_options: dict = field(default_factory=dict, compare=False)
     module: object = field(default=None, compare=False, repr=False)
 
     @property
@@ -78,7 +73,7 @@ class DecodePlan:
         workspace: only the split kernels do, and they need workspace_floats elements."""
         if verify:
             return self.verify_kernel == "split"
-        return bool(self.flags & FLAG_SPLIT)
+        return bool(self.flag_bits & FLAG_SPLIT)
 
 
 def check_pad_slot_id(pad_slot_id: object) -> int:
@@ -139,41 +134,21 @@ def plan_decode(
     )  # fmt: skip
     config = tuned_config(resolve_config(config), tuning, spec, mode, batch_size, device)
     heads = layout.shape.value_heads
-    # The policy's checks of `config` hold on every device (a CPU plan checks as for an H200).
-    launch = choose_launch(spec, batch_size, heads, sm_count(device), replay=replay, config=config)
+    launch = plan_launch(spec, batch_size, heads, device, replay=replay, config=config)
+    module, floats = None, 0
     if device.type == "cuda":
         from replayssm_jit.jit.build import load_module
 
         module = load_module(spec)
-        floats = (
-            int(module.split_workspace_floats(batch_size, heads))
-            if launch.flags & FLAG_SPLIT
-            else 0
-        )
-        kernel, rows, bits = launch.kernel, launch.rows_per_cta, launch.flags
-        verify_rows, verify_kernel = 0, ""
-        if spec.has_verify:
-            sms = sm_count(device)
-            verify_kernel = (
-                choose_verify_kernel(spec, batch_size, heads, sms, config) if replay else "per-item"
-            )
-            # The split verify's state kernel takes the split step's tiles.
-            step = "conventional" if not replay else verify_kernel
-            verify_rows = choose_rows_per_cta(spec, step, batch_size, heads, sms, config)
-            if verify_kernel == "split":
-                floats = max(floats, int(module.verify_workspace_floats(batch_size, heads)))
-    else:
-        # One PyTorch step serves every kernel's semantics; only an asked-for flush-every-step
-        # differs (the policy's small-batch choice of it is a GPU latency rule).
-        module, floats, rows, bits, verify_rows, verify_kernel = None, 0, 0, 0, 0, ""
-        kernel = (
-            "conventional"
-            if not replay
-            else ("flush-every-step" if config.kernel == "flush-every-step" else "per-item")
-        )
-    choice = dict(kernel=kernel, rows_per_cta=rows, flags=bits, workspace_floats=floats,
-                  verify_rows_per_cta=verify_rows, verify_kernel=verify_kernel)  # fmt: skip
+        if launch.flag_bits & FLAG_SPLIT:
+            floats = int(module.split_workspace_floats(batch_size, heads))
+        if launch.verify_kernel == "split":
+            floats = max(floats, int(module.verify_workspace_floats(batch_size, heads)))
+    choice = dict(kernel=launch.kernel, rows_per_cta=launch.rows_per_cta, flag_bits=launch.flag_bits,
+                  workspace_floats=floats, verify_rows_per_cta=launch.verify_rows_per_cta,
+                  verify_kernel=launch.verify_kernel)  # fmt: skip
     return DecodePlan(
         layout, spec, mode, batch_size, device, device.type, **choice, pad_slot_id=pad_slot_id,
-        seed=seed & (2**63 - 1), check_slot_values=check_slot_values, options=extras, module=module,
+        seed=seed & (2**63 - 1), check_slot_values=check_slot_values, family_options=extras,
+        module=module,
     )  # fmt: skip

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from replayssm_jit.core.checks import check_tensor
+from replayssm_jit.core.cursor_words import CURSOR_HELD
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops.lifecycle import slot_id_list
 from replayssm_jit.ops.plan import DecodePlan
@@ -104,7 +105,7 @@ def materialize_slots(
     cursors = tensors["cursors"][ids].tolist() if ids else []
     out = []
     for slot, words in zip(ids, cursors):
-        held = words[0]
+        held = words[CURSOR_HELD]
         if not 0 <= held <= held_limit:
             raise ValueError(
                 f"slots: expected cursors holding 0..{held_limit} records, got {held} in slot "

@@ -35,6 +35,7 @@ from itertools import pairwise
 import torch
 
 from replayssm_jit.core.checks import check_tensor
+from replayssm_jit.core.cursor_words import CURSOR_HELD, CURSOR_PENDING
 from replayssm_jit.core.dtypes import MAX_VERIFY_DRAFTS
 from replayssm_jit.families import GDN, KDA, MAMBA2
 from replayssm_jit.families.base import Family
@@ -128,7 +129,7 @@ def _cursor_words(cursors: torch.Tensor, live: list[tuple[int, int]]) -> dict[in
 
 def _cursor_valid(plan: DecodePlan, words: list[int]) -> bool:
     """A cursor that no step leaves is faulted by the kernels (NaN outputs), not checked here."""
-    n, p, T = words[0], words[3], plan.layout.drafts
+    n, p, T = words[CURSOR_HELD], words[CURSOR_PENDING], plan.layout.drafts
     return n >= 0 and 0 <= p <= T and n + p < plan.layout.capacity
 
 
@@ -396,7 +397,7 @@ def commit_drafts(
             for b, _ in live:
                 if not _cursor_valid(plan, words[b]):
                     continue
-                path, p = paths[b][: accepted[b]], words[b][3]
+                path, p = paths[b][: accepted[b]], words[b][CURSOR_PENDING]
                 ok = all(0 <= i < p for i in path) and all(i < j for i, j in pairwise(path))
                 if not ok:
                     raise ValueError(

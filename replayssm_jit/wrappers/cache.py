@@ -16,6 +16,7 @@ from replayssm_jit.core.checks import (
     check_positive_int,
     check_tensor,
 )
+from replayssm_jit.core.cursor_words import CURSOR_HELD
 from replayssm_jit.families.layout import MAX_SLOTS, CacheLayout
 from replayssm_jit.ops.lifecycle import copy_slots, reset_slots, slot_id_list
 from replayssm_jit.ops.plan import check_pad_slot_id, resolve_device
@@ -153,7 +154,7 @@ class SlotCache:
     def records_held(self, slots: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """Records held since the last flush, per slot (int32 on the cache's device)."""
         index = torch.tensor(self._slot_ids("slots", slots), dtype=torch.long, device=self.device)
-        return self.cursors[index, 0]
+        return self.cursors[index, CURSOR_HELD]
 
 
 def _check_tensors(

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 from hypothesis import strategies as st
 
+from replayssm_jit.launch.environment import reload_launch_environment
+
 DEVICES = ("cpu", "cuda")
 # FUZZ_TRACE=1: print every fuzzed call's outcome (run pytest with -s).
 TRACE = os.environ.get("FUZZ_TRACE") == "1"
@@ -220,7 +222,8 @@ def cuda_usable() -> bool:
 
 @dataclass
 class EnvPatch:
-    """Environment variables set for the span of a `with` block (and restored after)."""
+    """Environment variables set for the span of a `with` block (and restored after); the
+    launch variables are read again on entry and exit (launch/environment.py reads them once)."""
 
     values: dict[str, str | None] = field(default_factory=dict)
 
@@ -231,6 +234,7 @@ class EnvPatch:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        reload_launch_environment()
         return self
 
     def __exit__(self, *exc):
@@ -239,3 +243,4 @@ class EnvPatch:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        reload_launch_environment()

@@ -14,7 +14,6 @@ from fuzz.core import Call, Validity, entry, snapshot, tensors_identical
 from fuzz.families import ADAPTERS, Adapter, adapters_on
 from fuzz.values import INT32_MAX, slot_tensor_variant, tensor_variant
 from replayssm_jit import LaunchConfig, SlotCache
-from replayssm_jit.families import FAMILIES
 from replayssm_jit.families.spec import spec_tilings
 
 DTYPES = {"cpu": (torch.float32, torch.bfloat16, torch.float16), "cuda": (torch.bfloat16,)}
@@ -120,7 +119,7 @@ def draw_scenario(draw, device: str, *, route: str | None = None) -> Scenario:
         window, drafts = 4, 1
     else:
         window = draw(st.sampled_from([1, 2, 3, 4, 5, 8]))
-        drafts = draw(st.integers(1, 3)) if FAMILIES[fam.name].speculative_kernels else 1
+        drafts = draw(st.integers(1, 3))
     act = draw(st.sampled_from(DTYPES[device]))
     state_dtype = draw(st.sampled_from(STATE_DTYPES))
     mode = draw(st.sampled_from(["replay", "replay", "conventional"]))
@@ -150,7 +149,7 @@ def draw_scenario(draw, device: str, *, route: str | None = None) -> Scenario:
     batch = draw(st.integers(1, free + 1))
     config = None
     kernels = ["auto", "auto", "flush-every-step", "per-item"]
-    kernel = draw(st.sampled_from(kernels + ["split"] * FAMILIES[fam.name].split_kernel))
+    kernel = draw(st.sampled_from([*kernels, "split"]))
     if kernel != "auto" or draw(st.booleans()):
         spec_rows = None
         if draw(st.booleans()):

@@ -109,7 +109,7 @@ def build_layout(draw, device):
     window, ok = draw_int(draw, 1, MAX_WINDOW, likely=st.sampled_from([1, 4, 16, 256]), v=v)
     v.mark(ok, f"window={window!r}")
     drafts, ok = draw_int(draw, 1, MAX_DRAFTS, likely=st.sampled_from([1, 2, 16]), v=v)
-    v.mark(ok and (drafts == 1 or fam.speculative_kernels), f"drafts={drafts!r}")
+    v.mark(ok, f"drafts={drafts!r}")
     kwargs.update(window=window, drafts=drafts, state_dtype=state, act_dtype=act)
     extra = draw(st.sampled_from(["missing", "unknown"])) if v.spend(draw) else None
     if extra == "missing":
@@ -154,7 +154,7 @@ def draw_small_layout(draw, fam_name: str | None = None):
     fam_name = fam_name or draw(st.sampled_from(sorted(SMALL)))
     return family_layout(
         fam_name, **SMALL[fam_name], window=draw(st.sampled_from([1, 3, 4])),
-        drafts=draw(st.sampled_from([1, 2] if FAMILIES[fam_name].speculative_kernels else [1])),
+        drafts=draw(st.sampled_from([1, 2])),
         state_dtype=draw(st.sampled_from(["f32", "bf16"])),
         act_dtype=draw(st.sampled_from(["f32", "bf16", "f16"])),
     )  # fmt: skip
@@ -265,7 +265,7 @@ def build_spec(draw, device):
     window, ok = draw_int(draw, 1, MAX_WINDOW, likely=st.sampled_from([1, 4, 16, 256]), v=v)
     v.mark(ok, f"window={window!r}")
     drafts, ok = draw_int(draw, 1, MAX_DRAFTS, likely=st.sampled_from([1, 2, 16]), v=v)
-    v.mark(ok and (drafts == 1 or fam.speculative_kernels), f"drafts={drafts!r}")
+    v.mark(ok, f"drafts={drafts!r}")
     flags = None
     if draw(st.booleans()):
         pool = sorted(fam.flags) + (["bogus", "Z"] if v.spend(draw) else [])

@@ -102,9 +102,8 @@ def draw_config(draw, fam, layout, replay: bool, device: str, v: Validity):
     if kernel != "auto":
         fields["kernel"] = kernel
         if kernel == "split" and replay:
-            splits = FAMILIES[fam.name].split_kernel
             # (the sanitizer shapes split)
-            v.mark((True if device == "cuda" else None) if splits else False, "split")
+            v.mark(True if device == "cuda" else None, "split")
     s = layout.shape
     dtypes = (layout.state_dtype, layout.read_dtype)
     names = tuple(DTYPE_NAMES[d] if d is not None else None for d in dtypes)
@@ -157,9 +156,9 @@ def check_plan_result(plan, *, fam, layout, device, batch, mode, pad, check_valu
         scale = opts.get("scale")
         want = layout.shape.key_dim**-0.5 if scale is None else float(scale)
         extra = {"lower_bound": None} if fam.name == "kda" else {}
-        assert plan.options == {"scale": want, **extra}
+        assert plan.family_options == {"scale": want, **extra}
     else:
-        assert plan.options == {}
+        assert plan.family_options == {}
     if not replay:
         assert plan.kernel == "conventional"
     elif device == "cpu":
