@@ -23,7 +23,7 @@ Public API:
     python -m replayssm_jit demo | aot      the main job and AOT builds
 """
 
-from replayssm_jit.core.version import __version__
+from replayssm_jit.core.version import __version__ as __version__
 from replayssm_jit.families.layout import (
     CacheLayout,
     TensorLayout,
@@ -69,7 +69,6 @@ __all__ = [
     "Mamba2DecodeWrapper",
     "SlotCache",
     "TensorLayout",
-    "__version__",
     "commit_drafts",
     "commit_snapshots",
     "copy_slots",

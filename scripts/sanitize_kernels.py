@@ -408,7 +408,7 @@ def family_configs(family: str, quick: bool) -> list[list[Config]]:
                             f"sanitize_kernels: the launch policy plans {got} for {cfg.name}, "
                             f"expected {want}"
                         )
-                    cfg = replace(cfg, flags=launch.flags)
+                    cfg = replace(cfg, flags=launch.flag_bits)
                     order = ((ti - si) % len(rows), si)
                     groups.setdefault(tuple(sorted(variant.items())), []).append((order, cfg))
     return [[cfg for _, cfg in sorted(group, key=lambda e: e[0])] for group in groups.values()]
@@ -778,10 +778,10 @@ def run_spec_config(cfg: SpecConfig, *, device: torch.device, steps: int, output
 def check_preset(configs: list[Config], complete: bool) -> int:
     """Every URI the configs load is in the AOT preset (and, for the complete set, nothing
     else is); with REPLAYSSM_AOT_DIR set, each is also built there with the current sources."""
-    from replayssm_jit.cli.aot import load_presets
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    import aot_presets  # the test suites' presets (the same module the tests import)
 
-    presets = load_presets(Path(__file__).resolve().parent.parent / "tests" / "aot_presets.py")
-    preset = {s.uri: s for s in presets[PRESET]()}
+    preset = {s.uri: s for s in aot_presets.PRESETS[PRESET]()}
     needed = {c.uri: c.spec for c in configs}
     missing = sorted(set(needed) - set(preset))
     extra = sorted(set(preset) - set(needed)) if complete else []

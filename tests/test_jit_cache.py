@@ -27,8 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from replayssm_jit.cli.aot import parse_spec
 from replayssm_jit.jit import build
-from replayssm_jit.jit.aot import build_aot, parse_spec
+from replayssm_jit.jit.aot import build_aot
 
 # A small spec (Mamba-2 P = 24, N = 64, L = 1, FP32, no flags): a quick real nvcc build.
 SMALL = (

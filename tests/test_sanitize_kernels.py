@@ -7,10 +7,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import aot_presets as aot
 import pytest
 
 from replayssm_jit.families import FAMILIES
-from replayssm_jit.jit import aot
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "sanitize_kernels.py"
 SPECULATIVE = list(FAMILIES)

@@ -423,8 +423,10 @@ class Schedule:
         fam = self.fam
         tok = fam.tokens(self.gen, len(rows))
         before = clone(self.tensors)
+        # num_accepted=0: pending drafts rejected explicitly (a plain step refuses to drop them)
         out = fam.decode_op(self.plans(len(rows)), **self.tensors, **tok, **fam.layer(),
-                            slot_indices=torch.tensor(rows, dtype=I32))  # fmt: skip
+                            slot_indices=torch.tensor(rows, dtype=I32),
+                            num_accepted=torch.zeros(len(rows), dtype=I32))  # fmt: skip
         what = f"iter {it} step"
         self.stats["step"] += 1
         for b, s in enumerate(rows):
@@ -557,8 +559,8 @@ def test_tree_commit_compacts_the_path(fam):
 
 @over_families
 def test_uncommitted_verify_then_standard_step(fam):
-    """A verify whose commit never comes: the next standard step drops its drafts (word 3 back to
-    0) and replays only the committed records."""
+    """A verify whose commit never comes: a plain step refuses to drop its drafts silently; with
+    num_accepted=0 it rejects them (word 3 back to 0) and replays only the committed records."""
     L, T = 4, 3
     gen, _, tensors, plans = _setup(fam, L, T, 3, pad=0)
     seq = fam.sequence(tensors["state"][1], L, T)
@@ -571,10 +573,15 @@ def test_uncommitted_verify_then_standard_step(fam):
     assert_rel(out[0], seq.verify(**fam.ref_inputs(tok, 0)), "drafts")
     assert tensors["cursors"][1].tolist() == [1, 0, 0, T]
     seq.drop_pending()
-    for _ in range(3):  # held 1 -> 2 -> 3 -> flush (n + 1 >= L)
+    step = fam.tokens(gen, 1)
+    with pytest.raises(ValueError, match="num_accepted: expected the accepted counts"):
+        fam.decode_op(plans(1), **tensors, **step, **fam.layer(),
+                      slot_indices=torch.tensor([1], dtype=I32))  # fmt: skip
+    for i in range(3):  # held 1 -> 2 -> 3 -> flush (n + 1 >= L)
         step = fam.tokens(gen, 1)
+        reject = {"num_accepted": torch.zeros(1, dtype=I32)} if i == 0 else {}
         out = fam.decode_op(plans(1), **tensors, **step, **fam.layer(),
-                            slot_indices=torch.tensor([1], dtype=I32))  # fmt: skip
+                            slot_indices=torch.tensor([1], dtype=I32), **reject)  # fmt: skip
         assert_rel(out[0], seq.step(**fam.ref_inputs(step, 0)), "step")
         assert tensors["cursors"][1].tolist() == [seq.n, int(seq.n == 0), 0, 0]
     assert_rel(tensors["state"][1], seq.checkpoint, "checkpoint")
@@ -582,9 +589,10 @@ def test_uncommitted_verify_then_standard_step(fam):
 
 @over_families
 def test_corrupted_cursors_fault_only_their_rows(fam):
-    """n outside [0, L + T), p outside [0, T], or n + p > L + T - 1: NaN outputs and nothing of
-    the slot touched, by verify, commit and the standard step (which checks n only); n = L + T - 1
-    with p = 0 is a state commits leave, not a fault."""
+    """n outside [0, L + T), p outside [0, T], or n + p > L + T - 1: in eager mode the ops raise
+    a ValueError naming cursors and change nothing; the CPU path itself (what runs inside a
+    graph's kernels) gives those rows NaN outputs and touches nothing of their slots. n = L + T
+    - 1 with p = 0 is a state commits leave, not a fault."""
     L, T = 2, 3
     gen, layout, tensors, plans = _setup(fam, L, T, 4)
     bad = {1: [L + T, 0], 2: [0, T + 1], 3: [L, T], 4: [-1, 0]}
@@ -593,25 +601,35 @@ def test_corrupted_cursors_fault_only_their_rows(fam):
     tensors["cursors"][5, 0] = L + T - 1  # valid: n + p = L + T - 1
     for name in layout.ring_names:  # records to hold (the steps below read slots 3 and 5's)
         tensors[name].copy_(0.3 * torch.randn(tensors[name].shape, generator=gen))
-    rows = [1, 2, 3, 4, 5]
     before = clone(tensors)
-    _, out = _verify(fam, plans, tensors, gen, rows, num_accepted=torch.zeros(5, dtype=I32))
+    for s in bad:
+        with pytest.raises(
+            ValueError, match=rf"^cursors: expected a cursor a step leaves in slot {s}"
+        ):
+            _verify(fam, plans, tensors, gen, [s, 5], num_accepted=torch.zeros(2, dtype=I32))
+        with pytest.raises(
+            ValueError, match=rf"^cursors: expected a cursor a step leaves in slot {s}"
+        ):
+            commit_drafts(plans(1), tensors, num_accepted=torch.zeros(1, dtype=I32),
+                          slot_indices=torch.tensor([s], dtype=I32))  # fmt: skip
+    assert all(same_bits(tensors[k], before[k]) for k in tensors), "a failed call wrote"
+    rows = [1, 2, 3, 4, 5]
+    setup = cpu.StepScalars(True, False, L, frozenset(plans(5).spec.flags), -1, 0, T)
+    op = {"mamba2": cpu.mamba2_verify, "gdn": cpu.gdn_verify, "kda": cpu.kda_verify}[fam.name]
+    out = torch.empty(5, T, *fam.out_row)
+    op(setup, **{n: tensors[n] for n in ("state", *layout.ring_names, "cursors")},
+       **_cpu_inputs(fam, fam.tokens(gen, 5, T)), out=out,
+       slot_indices=torch.tensor(rows, dtype=I32), num_drafts=None, parents=None,
+       num_accepted=torch.zeros(5, dtype=I32))  # fmt: skip
     assert bool(torch.isnan(out[:4]).all()) and bool(torch.isfinite(out[4]).all())
     assert_slots_unchanged(tensors, before, [1, 2, 3, 4, 6, 7], "verify")
     assert tensors["cursors"][5].tolist() == [0, 1, 0, T]  # L + T - 1 + T >= L + T: flushed
     before = clone(tensors)
-    commit_drafts(plans(5), tensors, num_accepted=torch.tensor([0, 0, 0, 0, 1], dtype=I32),
-                  slot_indices=torch.tensor(rows, dtype=I32))  # fmt: skip
+    cpu.commit(setup, cursors=tensors["cursors"], rings=[tensors[n] for n in layout.ring_names],
+               num_accepted=torch.tensor([0, 0, 0, 0, 1], dtype=I32), accepted_path=None,
+               slot_indices=torch.tensor(rows, dtype=I32))  # fmt: skip
     assert_slots_unchanged(tensors, before, [1, 2, 3, 4, 6, 7], "commit")
     assert tensors["cursors"][5].tolist() == [1, 1, 0, 0]
-    before = clone(tensors)
-    step = fam.tokens(gen, 4)
-    out = fam.decode_op(plans(4), **tensors, **step, **fam.layer(),
-                        slot_indices=torch.tensor([1, 4, 2, 3], dtype=I32))  # fmt: skip
-    assert bool(torch.isnan(out[:2]).all()) and bool(torch.isfinite(out[2:]).all())
-    assert_slots_unchanged(tensors, before, [1, 4, 5, 6, 7], "step")
-    assert tensors["cursors"][2].tolist() == [1, 0, 0, 0]  # a bad p alone: dropped by a step
-    assert tensors["cursors"][3].tolist() == [0, 1, 0, 0]  # n = L: flushed
 
 
 @over_families

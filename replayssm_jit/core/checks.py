@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -212,3 +213,59 @@ def check_disjoint(written: Mapping[str, torch.Tensor | None]) -> None:
                 f"{second}: expected memory disjoint from {first} (every tensor a step writes "
                 f"needs its own), got overlapping storage"
             )
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int, int]:
+    """(device, first byte, one past the last byte) of a view (torch strides are >= 0)."""
+    start = t.data_ptr()
+    span = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.get_device(), start, start + (span + 1) * t.element_size()
+
+
+def check_no_alias(written: Mapping[str, torch.Tensor | None], read: Mapping[str, object]) -> None:
+    """No tensor a call writes (out, workspace, slot tensors) shares memory with one it only
+    reads (token inputs, parameters, index tensors): a launch would read values it has already
+    overwritten. Inputs may overlap each other (B and C as views of one buffer, say)."""
+    spans = [
+        (_byte_span(t), name)
+        for name, t in written.items()
+        if isinstance(t, torch.Tensor) and t.numel()
+    ]
+    for rname, r in read.items():
+        if not isinstance(r, torch.Tensor) or not r.numel():
+            continue
+        device, start, end = _byte_span(r)
+        for (wdevice, wstart, wend), wname in spans:
+            if device == wdevice and start < wend and wstart < end:
+                raise ValueError(
+                    f"{wname}: expected memory disjoint from the input {rname} (a tensor the "
+                    f"call writes may not alias one it reads), got overlapping storage"
+                )
+
+
+class TensorTags:
+    """A value per tensor, kept only while that tensor object lives (a freed pool's address
+    reused by a new one finds nothing). Host-side only: no device read."""
+
+    def __init__(self) -> None:
+        self._tags: dict[tuple, tuple[weakref.ref, object]] = {}
+
+    @staticmethod
+    def _key(t: torch.Tensor) -> tuple:
+        return (str(t.device), t.data_ptr(), tuple(t.shape), t.stride())
+
+    def set(self, t: torch.Tensor, value: object) -> None:
+        self._tags[self._key(t)] = (weakref.ref(t), value)
+
+    def get(self, t: torch.Tensor, default: object = None) -> object:
+        entry = self._tags.get(self._key(t))
+        if entry is None:
+            return default
+        ref, value = entry
+        if ref() is None:  # (that tensor died; its address now belongs to another)
+            del self._tags[self._key(t)]
+            return default
+        return value
+
+    def discard(self, t: torch.Tensor) -> None:
+        self._tags.pop(self._key(t), None)

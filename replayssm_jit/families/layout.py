@@ -19,6 +19,7 @@ from functools import cached_property
 import torch
 
 from replayssm_jit.core.checks import (
+    TensorTags,
     check_at_most,
     check_positive_int,
     check_slot_pool,
@@ -40,6 +41,24 @@ from replayssm_jit.families.spec import make_spec
 
 # Slot ids are int32 (slot_indices), and so is the kernels' slot count.
 MAX_SLOTS = 2**31 - 1
+# The layout each pool was allocated or reset with, by its cursors: rings of two layouts can
+# have the same shapes (L=5, T=2 and L=4, T=3 both hold 7 rows), so shapes alone cannot tell.
+POOL_LAYOUTS = TensorTags()
+
+
+def check_pool_layout(layout: CacheLayout, cursors: object, name: str = "plan") -> None:
+    """`layout` (a plan's) is the one `cursors`' pool was allocated or reset with, where known
+    (layout.allocate and reset_slots record it); a host-side lookup, no device read."""
+    if not isinstance(cursors, torch.Tensor):
+        return
+    known = POOL_LAYOUTS.get(cursors)
+    if known is not None and known != layout:
+        raise ValueError(
+            f"{name}: expected a plan of the pool's layout (window={known.window}, "
+            f"drafts={known.drafts}, {known.family.name}, state {known.state_dtype}: "
+            f"layout.allocate or reset_slots recorded it), got window={layout.window}, "
+            f"drafts={layout.drafts}, {layout.family.name}, state {layout.state_dtype}"
+        )
 
 
 @dataclass(frozen=True)
@@ -199,7 +218,7 @@ class CacheLayout:
         check_at_most("num_slots", num_slots, MAX_SLOTS, "slot ids are int32")
         device = resolve_device(device)
         # (as bytes: torch has no fill for float4_e2m1fn_x2; zero bytes are zero codes)
-        return {
+        pool = {
             t.name: torch.zeros(
                 (*t.shape(num_slots)[:-1], t.shape(num_slots)[-1] * t.dtype.itemsize),
                 dtype=torch.uint8,
@@ -207,6 +226,8 @@ class CacheLayout:
             ).view(t.dtype)
             for t in self.tensors()
         }
+        POOL_LAYOUTS.set(pool["cursors"], self)
+        return pool
 
 
 # lp_format names (the issue's vocabulary) and the checkpoint dtypes they store.

@@ -57,6 +57,7 @@ def mamba2_decode_step(
     check_tied: bool = True,
 ) -> torch.Tensor:
     """vllm.mamba2_selective_state_update with SGLang's pad id (-1) and cache indices."""
+    cache_indices = vllm.slot_ids("cache_indices", cache_indices, plan)  # (errors name ours)
     return vllm.mamba2_selective_state_update(
         plan, pool, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices=cache_indices,
         null_block_id=PAD_SLOT_ID, out=out, num_accepted_tokens=num_accepted_tokens,
@@ -81,6 +82,7 @@ def gdn_decode_step(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """vllm.gdn_fused_recurrent with SGLang's pad id (-1) and cache indices."""
+    cache_indices = vllm.slot_ids("cache_indices", cache_indices, plan)  # (errors name ours)
     return vllm.gdn_fused_recurrent(
         plan, pool, q, k, v, g, beta, scale, ssm_state_indices=cache_indices,
         num_accepted_tokens=num_accepted_tokens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,

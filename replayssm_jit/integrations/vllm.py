@@ -21,7 +21,7 @@ from collections.abc import Mapping
 import torch
 
 from replayssm_jit.families.layout import CacheLayout, family_layout
-from replayssm_jit.ops import commit_drafts, gdn_decode, gdn_verify, mamba2_decode, mamba2_verify
+from replayssm_jit.ops import gdn_decode, gdn_verify, mamba2_decode, mamba2_verify
 from replayssm_jit.ops.decode import reads_device_values
 from replayssm_jit.ops.plan import DecodePlan
 
@@ -69,7 +69,26 @@ def slot_ids(name: str, indices: object, plan: DecodePlan) -> torch.Tensor:
             f"(plan.batch_size), got {list(indices.shape)}"
         )
     # A [batch] int32 copy only where the engine's dtype or column stride differs.
-    return indices.to(torch.int32).contiguous()
+    return _narrow(name, indices, plan, "slot ids")
+
+
+def _narrow(name: str, t: torch.Tensor, plan: DecodePlan, what: str) -> torch.Tensor:
+    """`t` as int32 contiguous; int64 values outside int32 raise in eager mode, and inside a
+    graph become int32's max (an out-of-range slot id the kernels fault, or a count they clamp)
+    rather than wrapping (2**32 + 1 would name slot 1)."""
+    if t.dtype == torch.int64:
+        lo, hi = -(2**31), 2**31 - 1
+        if reads_device_values(plan):
+            values = t.tolist()
+            bad = next(((i, v) for i, v in enumerate(values) if not lo <= v <= hi), None)
+            if bad is not None:
+                raise ValueError(
+                    f"{name}: expected {what} in the int32 range [{lo}, {hi}], got {bad[1]} "
+                    f"in row {bad[0]}"
+                )
+        else:
+            t = torch.where((t < lo) | (t > hi), hi, t)
+    return t.to(torch.int32).contiguous()
 
 
 def accepted_counts(num_accepted_tokens: object, plan: DecodePlan) -> torch.Tensor | None:
@@ -85,7 +104,12 @@ def accepted_counts(num_accepted_tokens: object, plan: DecodePlan) -> torch.Tens
             f"num_accepted_tokens: expected shape [{plan.batch_size}] (plan.batch_size), got "
             f"{list(num_accepted_tokens.shape)}"
         )
-    return num_accepted_tokens.to(torch.int32).contiguous()
+    if num_accepted_tokens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(
+            f"num_accepted_tokens: expected dtype int32 or int64 (accepted token counts), got "
+            f"{num_accepted_tokens.dtype}"
+        )
+    return _narrow("num_accepted_tokens", num_accepted_tokens, plan, "counts")
 
 
 def _check_pool(pool: object) -> Mapping[str, torch.Tensor]:
@@ -212,22 +236,8 @@ def mamba2_selective_state_update(
                 slot_indices=slots)  # fmt: skip
     if spec:
         return mamba2_verify(plan, **args, num_accepted=accepted)
-    if accepted is None:
-        return mamba2_decode(plan, **args)
-    # A standard step after a verify keeps its accepted drafts before the step drops them.
-    return _commit_then(plan, pool, accepted, slots, lambda: mamba2_decode(plan, **args))
-
-
-def _commit_then(plan, pool, accepted, slots, step):
-    """commit_drafts, then `step`; if the step raises, the cursors get their words back, so that
-    a call that raises changes nothing (a chain commit writes the cursors only)."""
-    before = pool["cursors"].clone()
-    commit_drafts(plan, pool, num_accepted=accepted, slot_indices=slots)
-    try:
-        return step()
-    except (ValueError, TypeError):
-        pool["cursors"].copy_(before)
-        raise
+    # A standard step after a verify commits its accepted drafts first (fused).
+    return mamba2_decode(plan, **args, num_accepted=accepted)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,12 +328,10 @@ def gdn_fused_recurrent(
     if T == 1:
         step_out = None if out is None else out.view(batch, *out.shape[-2:])
 
-        def step():
-            return gdn_decode(plan, **pool, q=q[:, 0], k=k[:, 0], v=v[:, 0], g=g[:, 0],
-                              beta=beta[:, 0], slot_indices=slots, out=step_out)  # fmt: skip
-
-        # A standard step after a verify keeps its accepted drafts before the step drops them.
-        o = step() if accepted is None else _commit_then(plan, pool, accepted, slots, step)
+        # A standard step after a verify commits its accepted drafts first (fused).
+        o = gdn_decode(plan, **pool, q=q[:, 0], k=k[:, 0], v=v[:, 0], g=g[:, 0],
+                       beta=beta[:, 0], slot_indices=slots, out=step_out,
+                       num_accepted=accepted)  # fmt: skip
     else:
         if plan.layout.drafts != T:
             raise ValueError(

@@ -980,7 +980,9 @@ def mamba2_verify(
         c_heads = c_d.transpose(1, 2)  # [r, G, T, N]
         dots = (c_heads @ bs.transpose(-1, -2)).repeat_interleave(per_group, dim=1)  # B_i . C_j
         q = c_heads.repeat_interleave(per_group, dim=1)  # [r, H, T, N]
-        y = total[..., None] * (q @ s.transpose(-1, -2)) + (weight * dots) @ xs  # [r, H, T, P]
+        # A select, not a zero weight: a NaN draft outside j's window stays out (0 * NaN = NaN).
+        terms = torch.where(window[..., None], (weight * dots)[..., None] * xs[:, :, None], 0.0)
+        y = total[..., None] * (q @ s.transpose(-1, -2)) + terms.sum(3)  # [r, H, T, P]
         y = y.transpose(1, 2)  # [r, T, H, P]
         if "d" in flags:
             y = y + D.to(_F32)[:, None] * x_d
@@ -1213,8 +1215,9 @@ def _delta_verify(setup: StepScalars, family: str, gates, *, state, rec_u, rec_k
             sq = (s @ (total * query)[..., None]).squeeze(-1) * rq[..., None]  # S (tot q^_j)
             base = torch.where(before, kk * rk * rk_j[..., None], 0.0)
             coef = torch.where(before, kq * rk * rq[..., None], 0.0)
-            pred = (base[..., None] * us).sum(dim=2)  # [r, HV, V]
-            osum = (coef[..., None] * us).sum(dim=2)
+            # Selects, not zero weights: a NaN u outside j's window stays out (0 * NaN = NaN).
+            pred = torch.where(before[..., None], base[..., None] * us, 0.0).sum(dim=2)
+            osum = torch.where(before[..., None], coef[..., None] * us, 0.0).sum(dim=2)
             u_j = beta_d[:, j, :, None] * (v_d[:, j] - (sk + pred))
             u_j = torch.where(live[:, j, None, None], u_j, 0.0)
             o = sq + osum + (kq[..., at] * rk_j * rq)[..., None] * u_j  # dec_j = 1

@@ -7,8 +7,14 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from replayssm_jit.core.checks import check_disjoint, check_slot_indices, check_tensor
+from replayssm_jit.core.checks import (
+    check_disjoint,
+    check_no_alias,
+    check_slot_indices,
+    check_tensor,
+)
 from replayssm_jit.families.base import Family
+from replayssm_jit.families.layout import check_pool_layout
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops.plan import DecodePlan
 
@@ -58,17 +64,110 @@ def check_slot_tensors(
     *,
     optional: tuple[str, ...] = (),
     written: Mapping[str, torch.Tensor | None] | None = None,
+    read: Mapping[str, object] | None = None,
 ) -> int:
-    """The slot tensors against the plan's layout (those in `optional` may be None), the slot
-    ids (values where `reads_device_values`), and that the slot tensors and the other tensors
-    the step writes (`written`: out, workspace) share no memory; returns the slot count."""
+    """The slot tensors against the plan's layout (those in `optional` may be None) and the
+    layout their pool was made with, the slot ids (values where `reads_device_values`), and
+    that the slot tensors and the other tensors the step writes (`written`: out, workspace)
+    share no memory with each other nor with what it reads (`read`); returns the slot count."""
     num_slots = plan.layout.check_tensors(tensors, device=plan.device, optional=optional)
+    check_pool_layout(plan.layout, tensors.get("cursors"))
     check_disjoint({**tensors, **(written or {})})
+    check_no_alias({**tensors, **(written or {})}, {**(read or {}), "slot_indices": slot_indices})
     check_slot_indices(
         slot_indices, plan.batch_size, num_slots, plan.pad_slot_id, plan.device,
         read_values=reads_device_values(plan),
     )  # fmt: skip
     return num_slots
+
+
+def live_cursors(
+    plan: DecodePlan, cursors: torch.Tensor, slot_indices: torch.Tensor
+) -> list[tuple[int, int, list[int]]]:
+    """(row, slot, cursor words) of each non-pad row, read from the device (a host sync on
+    CUDA: call only where `reads_device_values`)."""
+    live = [(b, s) for b, s in enumerate(slot_indices.tolist()) if s != plan.pad_slot_id]
+    words = cursors[[s for _, s in live]].tolist() if live else []
+    return [(b, s, w) for (b, s), w in zip(live, words)]
+
+
+def cursor_fault(plan: DecodePlan, words: list[int], *, step: bool) -> str | None:
+    """Why a cursor is one no launch leaves (None where it is valid): n records held, p pending
+    drafts; a standard step (`step`) checks n only, as the kernels do."""
+    n, p, L, T = words[0], words[3], plan.layout.window, plan.layout.drafts
+    if step:
+        limit = L if T == 1 else L + T
+        return None if 0 <= n < limit else f"n={n} records held, expected 0..{limit - 1}"
+    if n >= 0 and 0 <= p <= T and n + p < L + T:
+        return None
+    return f"n={n} records held and p={p} pending drafts, expected 0 <= p <= {T}, n + p < {L + T}"
+
+
+def check_cursors(
+    plan: DecodePlan, cursors: torch.Tensor, slot_indices: torch.Tensor, *, step: bool
+) -> list[tuple[int, int, list[int]]]:
+    """Eager mode: every live row's cursor is one a launch may leave (the kernels give a bad
+    one NaN outputs; here it is an error). Returns live_cursors'."""
+    rows = live_cursors(plan, cursors, slot_indices)
+    if not plan.check_slot_values:  # the caller asked for the kernels' containment: NaN rows
+        return rows
+    for b, s, w in rows:
+        why = cursor_fault(plan, w, step=step)
+        if why is not None:
+            raise ValueError(
+                f"cursors: expected a cursor a step leaves in slot {s} (row {b}), got {why} "
+                f"(a corrupted cursor, or one of another layout: reset_slots starts a slot)"
+            )
+    return rows
+
+
+def check_step_cursors(
+    plan: DecodePlan,
+    tensors: Mapping[str, torch.Tensor | None],
+    slot_indices: torch.Tensor,
+    num_accepted: torch.Tensor | None,
+) -> None:
+    """Eager mode, before a standard step: valid cursors; a conventional plan only on slots
+    holding no records; pending drafts only with num_accepted (in [0, p]), never dropped."""
+    cursors = tensors.get("cursors")
+    if cursors is None or not plan.check_slot_values:  # (as check_cursors)
+        return
+    if not plan.replay:
+        for b, s, w in live_cursors(plan, cursors, slot_indices):
+            if w[0]:
+                raise ValueError(
+                    f"plan: expected mode='replay' for slot {s} (row {b}), which holds {w[0]} "
+                    f"records (a conventional step would ignore them), got mode='conventional'"
+                )
+        return
+    accepted = None if num_accepted is None else num_accepted.tolist()
+    for b, s, w in check_cursors(plan, cursors, slot_indices, step=True):
+        # (a p no verify leaves is the kernels' to ignore, as a step checks n only)
+        p = w[3] if plan.spec.has_verify and 0 < w[3] <= plan.layout.drafts else 0
+        if num_accepted is None and p:
+            raise ValueError(
+                f"num_accepted: expected the accepted counts of the last verify (slot {s}, row "
+                f"{b}, holds {p} pending drafts, which a plain step would drop: pass "
+                f"num_accepted=, 0 to reject them, or commit_drafts first), got None"
+            )
+        if accepted is not None and not 0 <= accepted[b] <= p:
+            raise ValueError(
+                f"num_accepted: expected values in [0, {p}] (the pending drafts of the last "
+                f"verify, cursor word 3), got {accepted[b]} in row {b}"
+            )
+
+
+def check_step_accepted(plan: DecodePlan, num_accepted: object) -> torch.Tensor | None:
+    """A standard step's num_accepted: None, or int32 [batch] for a replay plan with drafts."""
+    if num_accepted is None:
+        return None
+    if not plan.replay or not plan.spec.has_verify:
+        raise ValueError(
+            f"num_accepted: expected None (a plan of mode={plan.mode!r} with drafts="
+            f"{plan.layout.drafts} has no verify to commit), got a tensor"
+        )
+    return check_tensor("num_accepted", num_accepted, shape=(plan.batch_size,),
+                        dtype=torch.int32, device=plan.device, contiguous=True)  # fmt: skip
 
 
 def cpu_setup(
@@ -111,16 +210,32 @@ def run_step(
     workspace: torch.Tensor | None,
     seed: object,
     cpu_step: Callable[..., None],
+    num_accepted: object = None,
 ) -> torch.Tensor:
-    """Check the slot tensors, slot ids, workspace and seed, then launch. `inputs` holds the
+    """Check the slot tensors, slot ids, workspace and seed (and in eager mode the cursors),
+    then commit num_accepted of the last verify (where given) and launch. `inputs` holds the
     family's token inputs in its bindings' order (already checked)."""
     # A conventional step reads and writes only the state.
     optional = () if plan.replay else (*plan.layout.ring_names, "cursors")
     scratch = workspace if isinstance(workspace, torch.Tensor) else None  # (checked below)
+    num_accepted = check_step_accepted(plan, num_accepted)
+    seed_arg = seed if isinstance(seed, torch.Tensor) else None
     check_slot_tensors(plan, tensors, slot_indices, optional=optional,
-                       written={"out": out, "workspace": scratch})  # fmt: skip
+                       written={"out": out, "workspace": scratch},
+                       read={**inputs, "seed": seed_arg, "num_accepted": num_accepted})  # fmt: skip
     seed_value, seed_tensor = resolve_seed(plan, seed)
     workspace = resolve_workspace(plan, workspace)
+    if reads_device_values(plan):
+        check_step_cursors(plan, tensors, slot_indices, num_accepted)
+    if num_accepted is not None:  # the fused commit: every check above has passed
+        commit_rings = [tensors[name] for name in plan.layout.ring_names]
+        if plan.backend == "cpu":
+            cpu.commit(cpu_setup(plan, plan.seed, None), cursors=tensors["cursors"],
+                       rings=commit_rings, num_accepted=num_accepted, accepted_path=None,
+                       slot_indices=slot_indices)  # fmt: skip
+        else:
+            plan.module.commit_step(tensors["cursors"], *commit_rings, num_accepted, None,
+                                    slot_indices, plan.pad_slot_id)  # fmt: skip
     # Every ring the binding takes, None where the layout has none (separate mode's own).
     names = [r.name for r in plan.family.rings]
     rings = [tensors.get(name) if plan.replay else None for name in names]

@@ -133,6 +133,7 @@ def gdn_decode(
     out: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
     seed: int | torch.Tensor | None = None,
+    num_accepted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One GDN decode step; returns out [batch, HV, V] (allocated when None).
 
@@ -141,7 +142,8 @@ def gdn_decode(
     or nvfp4, state_block_scale where it is nvfp4 (shapes above). Separate mode (a layout with
     read_dtype): read_state (and read_scale, read_block_scale), rec_v and rec_beta too;
     non-flush steps read the read copy, a flush recomputes the held u from state, folds in FP32
-    and stores both copies. workspace (scratch the step overwrites) and seed as in mamba2_decode.
+    and stores both copies. workspace (scratch the step overwrites), seed and num_accepted (the
+    fused commit of the last verify) as in mamba2_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
     copies = checkpoint_tensors(state, state_scale, read_state, read_scale, state_block_scale,
@@ -151,11 +153,11 @@ def gdn_decode(
     tensors.update({k: t for k, t in (("rec_v", rec_v), ("rec_beta", rec_beta)) if t is not None})
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
     return delta_decode(plan, GDN, cpu.gdn_step, tensors, q, k, v, gates, slot_indices, out,
-                        workspace, seed)  # fmt: skip
+                        workspace, seed, num_accepted)  # fmt: skip
 
 
 def delta_decode(plan, family, cpu_step, tensors, q, k, v, gates, slot_indices, out, workspace,
-                 seed) -> torch.Tensor:  # fmt: skip
+                 seed, num_accepted=None) -> torch.Tensor:  # fmt: skip
     """The body of gdn_decode and kda_decode (their families' checks, then one step)."""
     check_plan(plan, family)
     shape = plan.layout.shape
@@ -163,5 +165,5 @@ def delta_decode(plan, family, cpu_step, tensors, q, k, v, gates, slot_indices, 
     out = output_buffer(plan, out, (shape.value_heads, shape.value_dim))
     return run_step(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,
-        seed=seed, cpu_step=cpu_step,
+        seed=seed, cpu_step=cpu_step, num_accepted=num_accepted,
     )  # fmt: skip

@@ -59,16 +59,17 @@ def kda_decode(
     out: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
     seed: int | torch.Tensor | None = None,
+    num_accepted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One KDA decode step; returns out [batch, HV, V] (allocated when None).
 
     Gates: a, b with A_log, dt_bias where the plan has gates_in_kernel=True, else g, beta. The
-    rings and cursors are required in replay mode; state_scale, state_block_scale, workspace and
-    seed as in gdn_decode.
+    rings and cursors are required in replay mode; state_scale, state_block_scale, workspace,
+    seed and num_accepted as in gdn_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
     copies = checkpoint_tensors(state, state_scale, None, None, state_block_scale)
     tensors = {**copies, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
     return delta_decode(plan, KDA, cpu.kda_step, tensors, q, k, v, gates, slot_indices, out,
-                        workspace, seed)  # fmt: skip
+                        workspace, seed, num_accepted)  # fmt: skip

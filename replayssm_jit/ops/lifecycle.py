@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from replayssm_jit.core.checks import check_bool, check_disjoint, check_int, check_tensor
-from replayssm_jit.families.layout import CacheLayout
+from replayssm_jit.families.layout import POOL_LAYOUTS, CacheLayout
 from replayssm_jit.ops.cpu import raw_bits, store_checkpoint
 
 __all__ = ["copy_slots", "reset_slots", "slot_id_list"]
@@ -149,8 +149,11 @@ def reset_slots(
     initial_state: None (zero checkpoints) or [n, *S] of a floating dtype on any device, where
         S is the state's per-slot shape (Mamba-2 [H, P, N], GDN [HV, V, K]); converted to the
         state's dtype (round to nearest) and device: e4m3 and nvfp4 via FP32, with their
-        scales, and separate mode's read copy from the same values.
-    Nothing else changes; every slot not named keeps its bits.
+        scales, and separate mode's read copy from the same values. Its values must be
+        finite (ValueError otherwise; not checked with check_slot_values=False, where a
+        non-finite value is the caller's: an e4m3 row or nvfp4 head holding one decodes NaN).
+    Nothing else changes; every slot not named keeps its bits. The pool's cursors are recorded
+    as of `layout`: an op given a plan of another layout on them raises.
     """
     _check_options(pad_slot_id, check_slot_values)
     layout = _check_layout(layout)
@@ -165,6 +168,14 @@ def reset_slots(
         check_tensor("initial_state", initial_state, shape=(index.shape[0], *values_shape))
         if not initial_state.dtype.is_floating_point:
             raise TypeError(f"initial_state: expected a floating dtype, got {initial_state.dtype}")
+        # (a host read: skipped with check_slot_values=False, as the slot ids' is)
+        if check_slot_values and not bool(torch.isfinite(initial_state).all()):
+            bad = (~torch.isfinite(initial_state)).nonzero()[0].tolist()
+            raise ValueError(
+                f"initial_state: expected finite values (e4m3 and nvfp4 scales would turn one "
+                f"inf or NaN into a NaN row or head), got {initial_state[tuple(bad)].item()} "
+                f"at {bad}"
+            )
     if initial_state is None:
         for name in layout.checkpoint_names:
             raw_bits(tensors[name]).index_fill_(0, index, 0)
@@ -175,6 +186,7 @@ def reset_slots(
         else:
             store_checkpoint(tensors, index, values.to(torch.float32))
     tensors["cursors"].index_fill_(0, index, 0)
+    POOL_LAYOUTS.set(tensors["cursors"], layout)
 
 
 def copy_slots(

@@ -98,6 +98,7 @@ def mamba2_decode(
     out: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
     seed: int | torch.Tensor | None = None,
+    num_accepted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One Mamba-2 decode step; returns out [batch, H, P] (allocated when None).
 
@@ -108,7 +109,12 @@ def mamba2_decode(
     split kernel hands its per-row values over in it), its contents afterwards unspecified; a
     call that raises leaves it unchanged. seed: overrides the plan's
     stochastic-rounding seed; an int64 device tensor of one element is read on the device.
-    Everything is checked before the launch; a failed call changes nothing.
+    num_accepted [batch] int32: commits the last verify's drafts first, as the verifies' fused
+    commit does (a layout with drafts); a step never drops pending drafts silently: in eager
+    mode (CPU, or check_slot_values outside a graph capture) a row with pending drafts and no
+    num_accepted raises (pass 0 to reject them); inside a CUDA graph the kernels drop them.
+    out (and workspace) may share no memory with an input. Everything is checked before the
+    launch; a failed call changes nothing.
     """
     check_plan(plan, MAMBA2)
     shape = plan.layout.shape
@@ -121,5 +127,5 @@ def mamba2_decode(
                "rec_b": rec_b, "rec_dt": rec_dt, "cursors": cursors}  # fmt: skip
     return run_step(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,
-        seed=seed, cpu_step=cpu.mamba2_step,
+        seed=seed, cpu_step=cpu.mamba2_step, num_accepted=num_accepted,
     )  # fmt: skip

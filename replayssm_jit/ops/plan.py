@@ -106,8 +106,12 @@ def plan_decode(
     dt_softplus, stochastic_rounding; GDN: use_qk_l2norm, gates_in_kernel, scale,
     stochastic_rounding). tuning: a file of `python -m replayssm_jit autotune` (default:
     the REPLAYSSM_TUNING environment variable; none: the built-in policy), whose choice for this
-    device, spec, mode and batch fills the fields `config` leaves "auto". On a CUDA device the
-    module is loaded (AOT, else JIT); on the CPU nothing is compiled.
+    device, spec, mode and batch fills the fields `config` leaves "auto". check_slot_values:
+    eager steps read slot ids and cursors on the host and refuse bad ones (corrupted cursors,
+    pending drafts a plain step would drop, records a conventional plan would ignore); False
+    reads none (as inside a CUDA graph; the CPU path still range-checks slot ids), and a bad
+    row gets the kernels' containment instead: NaN outputs, nothing written. On a CUDA device
+    the module is loaded (AOT, else JIT); on the CPU nothing is compiled.
     """
     if not isinstance(layout, CacheLayout):
         raise TypeError(f"layout: expected a CacheLayout, got {type(layout).__name__}")

@@ -17,6 +17,7 @@ import torch
 
 from replayssm_jit.core.checks import check_tensor
 from replayssm_jit.core.cursor_words import CURSOR_HELD
+from replayssm_jit.families.layout import check_pool_layout
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops.lifecycle import slot_id_list
 from replayssm_jit.ops.plan import DecodePlan
@@ -93,9 +94,17 @@ def materialize_slots(
     for name in sorted(set(names) - set(params)):
         raise TypeError(f"{name}: expected a tensor ({family}'s records need it), got None")
     num_slots = plan.layout.check_tensors(tensors, device=plan.device)
+    check_pool_layout(plan.layout, tensors.get("cursors"))
     check_params(plan, tensors, params)
     ids = slot_id_list("slots", slots, num_slots, distinct=False)
     if not plan.replay:
+        for slot, words in zip(ids, tensors["cursors"][ids].tolist() if ids else []):
+            if words[0]:
+                raise ValueError(
+                    f"plan: expected mode='replay' for slot {slot}, which holds {words[0]} "
+                    f"records (a conventional plan's state would leave them out), got "
+                    f"mode='conventional'"
+                )
         return (
             torch.cat([cpu.checkpoint_values(tensors, slice(s, s + 1)) for s in ids])
             if ids

@@ -29,12 +29,13 @@ outside a graph capture; otherwise the kernels clamp them as docs/speculative.md
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from itertools import pairwise
 
 import torch
 
-from replayssm_jit.core.checks import check_tensor
+from replayssm_jit.core.checks import TensorTags, check_tensor
 from replayssm_jit.core.cursor_words import CURSOR_HELD, CURSOR_PENDING
 from replayssm_jit.core.dtypes import MAX_VERIFY_DRAFTS
 from replayssm_jit.families import GDN, KDA, MAMBA2
@@ -44,6 +45,7 @@ from replayssm_jit.ops import cpu
 from replayssm_jit.ops import gdn as gdn_ops
 from replayssm_jit.ops import mamba2 as mamba2_ops
 from replayssm_jit.ops.decode import (
+    check_cursors,
     check_plan,
     check_slot_tensors,
     cpu_setup,
@@ -68,6 +70,10 @@ __all__ = [
 # ---------------------------------------------------------------------------------------------
 # Checks shared by the ops
 # ---------------------------------------------------------------------------------------------
+
+# The num_accepted each pool's last verify took (by its cursors): commit_drafts given that same
+# tensor would commit the previous verify's counts a second time, to this verify's drafts.
+FUSED_FORM = TensorTags()
 
 
 def _check_speculative_plan(plan: object, family: Family | None, mode: str | None, op: str) -> int:
@@ -173,15 +179,19 @@ def _verify(
     where read), then launch."""
     T = plan.layout.drafts
     scratch = workspace if isinstance(workspace, torch.Tensor) else None  # (checked below)
-    check_slot_tensors(plan, tensors, slot_indices, written={"out": out, "workspace": scratch})
     num_drafts = _check_index(plan, "num_drafts", num_drafts, ())
     parents = _check_index(plan, "parents", parents, (T,))
     num_accepted = _check_index(plan, "num_accepted", num_accepted, ())
+    index = {"num_drafts": num_drafts, "parents": parents, "num_accepted": num_accepted}
+    seed_arg = seed if isinstance(seed, torch.Tensor) else None
+    check_slot_tensors(plan, tensors, slot_indices, written={"out": out, "workspace": scratch},
+                       read={**inputs, **index, "seed": seed_arg})  # fmt: skip
     seed_value, seed_tensor = resolve_seed(plan, seed)
     # Only the split verify reads a workspace: the per-item one allocates none per call.
     if workspace is not None or plan.verify_kernel == "split":
         workspace = resolve_workspace(plan, workspace, verify=True)
     if reads_device_values(plan):
+        check_cursors(plan, tensors["cursors"], slot_indices, step=False)
         live = _live_rows(plan, slot_indices)
         drafts = _draft_counts(plan, live, num_drafts)
         if parents is not None:
@@ -196,7 +206,10 @@ def _verify(
         if num_accepted is not None:
             _check_accepted(plan, num_accepted, _cursor_words(tensors["cursors"], live))
     rings = [tensors[name] for name in plan.layout.ring_names]
-    index = {"num_drafts": num_drafts, "parents": parents, "num_accepted": num_accepted}
+    if num_accepted is None:
+        FUSED_FORM.discard(tensors["cursors"])
+    else:
+        FUSED_FORM.set(tensors["cursors"], weakref.ref(num_accepted))
     if plan.backend == "cpu":
         ring_args = dict(zip(plan.layout.ring_names, rings))
         cpu_verify(cpu_setup(plan, seed_value, seed_tensor), state=tensors["state"], **ring_args,
@@ -360,22 +373,38 @@ def _delta_verify(plan, family, op, cpu_verify, tensors, q, k, v, gates, slot_in
 @torch.no_grad()
 def commit_drafts(
     plan: DecodePlan,
-    tensors: Mapping[str, torch.Tensor],
+    tensors: Mapping[str, torch.Tensor] | None = None,
+    /,
     *,
     num_accepted: torch.Tensor,
     slot_indices: torch.Tensor,
     accepted_path: torch.Tensor | None = None,
+    parents: torch.Tensor | None = None,
+    **pool: torch.Tensor,
 ) -> None:
     """Commit the accepted drafts of each row's last verify (either family).
 
-    tensors: the layout's cursors and rings by name (the checkpoint may be there too; it is not
-    touched). num_accepted [batch]: a in [0, p], p the row's pending drafts. Chain (no
-    accepted_path): drafts 0..a-1 become committed records. Tree: accepted_path[b, :a] lists the
-    accepted root-to-node path, strictly increasing within [0, p); its records are first moved
-    to the rows right after the committed ones. Pad rows and rejected drafts change nothing;
-    nothing flushes.
+    The pool as keyword tensors, as the verify and decode ops take it
+    (`commit_drafts(plan, **pool, num_accepted=, slot_indices=)`): the layout's cursors and
+    rings by name (the checkpoint may be there too; it is not touched). A mapping as the second
+    positional argument is still accepted, in place of the keywords. num_accepted [batch]: a in
+    [0, p], p the row's pending drafts. Chain (no accepted_path): drafts 0..a-1 become
+    committed records. Tree: accepted_path[b, :a] lists the accepted root-to-node path, strictly
+    increasing within [0, p), and with `parents` (the verify's [batch, T]; pass them) checked
+    against the tree: path[0]'s parent is -1, path[i]'s is path[i - 1]; its records are first
+    moved to the rows right after the committed ones. Pad rows and rejected drafts change
+    nothing; nothing flushes. num_accepted may not be the tensor the last verify took as its
+    fused commit (that would commit those counts twice; a host-side check, graphs included).
+    Values on the device (counts, paths, parents, cursors) are checked in eager mode only, as
+    in the verify ops.
     """
     _check_speculative_plan(plan, None, "replay", "commit_drafts")
+    if tensors is not None and pool:
+        raise TypeError(
+            f"tensors: expected the pool either as a mapping or as keyword tensors, got both "
+            f"(a mapping and {sorted(pool)})"
+        )
+    tensors = pool if tensors is None else tensors
     if not isinstance(tensors, Mapping):
         raise TypeError(
             f"tensors: expected a mapping of the layout's tensors by name, "
@@ -384,26 +413,27 @@ def commit_drafts(
     for name in (*plan.layout.ring_names, "cursors"):
         if tensors.get(name) is None:
             raise ValueError(f"tensors: expected the layout's {name!r} tensor, got none")
-    check_slot_tensors(plan, tensors, slot_indices, optional=("state",))
     T = plan.layout.drafts
     num_accepted = _check_index(plan, "num_accepted", num_accepted, (), required=True)
     accepted_path = _check_index(plan, "accepted_path", accepted_path, (T,))
+    parents = _check_index(plan, "parents", parents, (T,))
+    index = {"num_accepted": num_accepted, "accepted_path": accepted_path, "parents": parents}
+    check_slot_tensors(plan, tensors, slot_indices, optional=("state",), read=index)
+    fused = FUSED_FORM.get(tensors["cursors"])
+    fused = fused() if fused is not None else None  # (None once that tensor is freed)
+    if fused is not None and _tensor_key(fused) == _tensor_key(num_accepted):
+        raise ValueError(
+            "num_accepted: expected the counts of the last verify's drafts, got the tensor that "
+            "verify took as its fused num_accepted (the previous verify's counts: committing "
+            "them again would commit twice; pass num_accepted to the next step instead)"
+        )
     if reads_device_values(plan):
-        live = _live_rows(plan, slot_indices)
-        words = _cursor_words(tensors["cursors"], live)
+        rows = check_cursors(plan, tensors["cursors"], slot_indices, step=False)
+        words = {b: w for b, _, w in rows}
         accepted = _check_accepted(plan, num_accepted, words)
         if accepted_path is not None:
-            paths = accepted_path.tolist()
-            for b, _ in live:
-                if not _cursor_valid(plan, words[b]):
-                    continue
-                path, p = paths[b][: accepted[b]], words[b][CURSOR_PENDING]
-                ok = all(0 <= i < p for i in path) and all(i < j for i, j in pairwise(path))
-                if not ok:
-                    raise ValueError(
-                        f"accepted_path: expected row {b}'s first {accepted[b]} entries strictly "
-                        f"increasing within [0, {p}) (the pending drafts), got {path}"
-                    )
+            tree = None if parents is None else parents.tolist()
+            _check_paths(accepted_path.tolist(), tree, accepted, words)
     rings = [tensors[name] for name in plan.layout.ring_names]
     if plan.backend == "cpu":
         cpu.commit(cpu_setup(plan, plan.seed, None), cursors=tensors["cursors"], rings=rings,
@@ -412,6 +442,30 @@ def commit_drafts(
         return
     plan.module.commit_step(tensors["cursors"], *rings, num_accepted, accepted_path,
                             slot_indices, plan.pad_slot_id)  # fmt: skip
+
+
+def _check_paths(paths, parents, accepted: dict[int, int], words: dict[int, list[int]]) -> None:
+    """Each row's first a path entries: within [0, p), strictly increasing and, with the tree's
+    parents, a root-to-node path of it."""
+    for b, a in accepted.items():
+        path, p = paths[b][:a], words[b][3]
+        ok = all(0 <= i < p for i in path) and all(i < j for i, j in pairwise(path))
+        if ok and parents is not None:
+            ok = all(parents[b][i] == (path[k - 1] if k else -1) for k, i in enumerate(path))
+        if not ok:
+            tree = (
+                ""
+                if parents is None
+                else f"a root-to-node path of its tree (parents {parents[b][:p]}), "
+            )
+            raise ValueError(
+                f"accepted_path: expected row {b}'s first {a} entries {tree}strictly increasing "
+                f"within [0, {p}) (the pending drafts), got {path}"
+            )
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return (str(t.device), t.data_ptr())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,8 +523,9 @@ def _snapshot(
     T = plan.layout.drafts
     tensors = {"state": state}
     optional = (*plan.layout.ring_names, "cursors")
+    read = {**inputs, "snapshot_slots": snapshot_slots, "num_drafts": num_drafts}
     num_slots = check_slot_tensors(plan, tensors, slot_indices, optional=optional,
-                                   written={"out": out})  # fmt: skip
+                                   written={"out": out}, read=read)  # fmt: skip
     snapshot_slots = _check_index(plan, "snapshot_slots", snapshot_slots, (T,), required=True)
     num_drafts = _check_index(plan, "num_drafts", num_drafts, ())
     if reads_device_values(plan):
@@ -603,7 +658,9 @@ def commit_snapshots(
     """
     T = _check_speculative_plan(plan, None, None, "commit_snapshots")
     optional = (*plan.layout.ring_names, "cursors")
-    num_slots = check_slot_tensors(plan, {"state": state}, slot_indices, optional=optional)
+    read = {"snapshot_slots": snapshot_slots, "num_accepted": num_accepted}
+    num_slots = check_slot_tensors(plan, {"state": state}, slot_indices, optional=optional,
+                                   read=read)  # fmt: skip
     snapshot_slots = _check_index(plan, "snapshot_slots", snapshot_slots, (T,), required=True)
     num_accepted = _check_index(plan, "num_accepted", num_accepted, (), required=True)
     if reads_device_values(plan):

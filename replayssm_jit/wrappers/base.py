@@ -154,10 +154,13 @@ class DecodeWrapper:
         num_accepted: torch.Tensor,
         slot_indices: torch.Tensor,
         accepted_path: torch.Tensor | None = None,
+        parents: torch.Tensor | None = None,
     ) -> None:
         """Commit the accepted drafts of each row's last verify (ops.verify.commit_drafts):
         num_accepted [batch] int32, the count per row; accepted_path [batch, T] int32, a tree's
-        accepted root-to-node path (draft indices, root first), or None for chains. Everything is
+        accepted root-to-node path (draft indices, root first), or None for chains, with the
+        verify's parents [batch, T] int32 (the path is checked against them). Everything is
         checked first; on error nothing is touched."""
-        commit_drafts(self._planned("commit"), self.cache.tensors, num_accepted=num_accepted,
-                      slot_indices=slot_indices, accepted_path=accepted_path)  # fmt: skip
+        commit_drafts(self._planned("commit"), **self.cache.tensors, num_accepted=num_accepted,
+                      slot_indices=slot_indices, accepted_path=accepted_path,
+                      parents=parents)  # fmt: skip

@@ -248,7 +248,7 @@ def build_cache_slots(draw, device):
 
 def draw_initial_state(draw, state: torch.Tensor, values, device: str, v: Validity):
     """None, or an initial state for `values` slots: good (any floating dtype, CPU or the
-    cache's device, NaN allowed) or bad (shape, integer dtype, not a tensor)."""
+    cache's device) or bad (NaN, shape, integer dtype, not a tensor)."""
     if values is None or draw(st.booleans()):
         return None
     k = len(values)
@@ -258,7 +258,8 @@ def draw_initial_state(draw, state: torch.Tensor, values, device: str, v: Validi
     base = torch.randn(k, *state.shape[1:])
     if kind == "good":
         return base.to(device)
-    if kind == "nan":
+    if kind == "nan":  # refused: a non-finite state decodes to NaN rows in e4m3 / nvfp4
+        v.mark(k == 0, "initial_state nan")  # (no rows: nothing to refuse)
         base[..., 0] = float("nan")
         return base
     if kind == "f64":
