@@ -373,3 +373,19 @@ def test_adapters_refuse_int64_slot_ids_outside_int32(module):
 def test_adapters_refuse_float_accepted_counts(module):
     with pytest.raises(TypeError, match="num_accepted_tokens: expected dtype int32 or int64"):
         _adapter_call(module, torch.tensor([1]), torch.tensor([1.7]))
+
+
+def test_tensor_tags_forget_dead_tensors():
+    """The per-pool tags (layouts, fused commits) keep nothing once a pool's tensors die."""
+    import gc
+
+    from replayssm_jit.core.checks import TensorTags
+
+    tags = TensorTags()
+    for i in range(50):
+        tags.set(torch.zeros(4), i)
+    gc.collect()
+    assert tags._tags == {}
+    live = torch.zeros(3)
+    tags.set(live, "kept")
+    assert tags.get(live.view(3)) == "kept"

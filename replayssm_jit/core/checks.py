@@ -255,7 +255,14 @@ class TensorTags:
         return (str(t.device), t.data_ptr(), tuple(t.shape), t.stride())
 
     def set(self, t: torch.Tensor, value: object) -> None:
-        self._tags[self._key(t)] = (weakref.ref(t), value)
+        key = self._key(t)
+
+        def forget(ref: weakref.ref) -> None:  # a dead tensor's entry goes (not a newer one's)
+            entry = self._tags.get(key)
+            if entry is not None and entry[0] is ref:
+                del self._tags[key]
+
+        self._tags[key] = (weakref.ref(t, forget), value)
 
     def get(self, t: torch.Tensor, default: object = None) -> object:
         entry = self._tags.get(self._key(t))
