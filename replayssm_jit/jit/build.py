@@ -8,8 +8,10 @@ manifest.json (URI, source digest, the .so's size and sha256), <uri>.cu and, in 
 
 Guarantees:
 
-- A module is loaded only if its manifest names the spec's URI and the current source digest and
-  the .so's size and sha256 equal the manifest's. The file hashed is the file loaded: JIT-cache
+- A module is loaded only if its manifest names the spec's URI and the current source digest, its
+  arch list holds every arch asked for (REPLAYSSM_CUDA_ARCH_LIST, else the visible GPU's: a
+  module built for 9.0a and 10.0a serves either), and the .so's size and sha256 equal the
+  manifest's. The file hashed is the file loaded: JIT-cache
   loads hold the build lock, and a .so renamed over or deleted between hashing and dlopen raises
   JITCacheError instead of returning what was loaded. A truncated, corrupt or stale module in the
   JIT cache is rebuilt; one in an AOT directory is skipped with a warning, and named in the
@@ -110,8 +112,10 @@ def render(spec: KernelSpec) -> str:
     return f"// {spec.uri}\n// headers {_headers_digest(root, folder)}\n{body}"
 
 
-def source_digest(spec: KernelSpec, archs: list[str]) -> str:
-    text = render(spec) + "|" + " ".join(cuda_flags(archs))
+def source_digest(spec: KernelSpec) -> str:
+    """Digest of the rendered source and the flags other than the targets: the manifest lists
+    the archs apart, so that a module built for more archs than asked for still matches."""
+    text = render(spec) + "|" + " ".join(cuda_flags([]))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -238,9 +242,12 @@ def _sha256(f: BinaryIO) -> str:
     return h.hexdigest()
 
 
-def _read_manifest(folder: Path, uri: str, digest: str) -> tuple[dict | None, str | None]:
-    """(manifest, None) if `folder`'s manifest describes this URI and digest; (None, why not) if
-    something unusable is there; (None, None) if there is no build at all."""
+def _read_manifest(
+    folder: Path, uri: str, digest: str, archs: list[str]
+) -> tuple[dict | None, str | None]:
+    """(manifest, None) if `folder`'s manifest describes this URI and digest and is built for
+    every arch in `archs`; (None, why not) if something unusable is there; (None, None) if there
+    is no build at all."""
     so_path, manifest_path = folder / f"{uri}.so", folder / MANIFEST
     try:
         text = manifest_path.read_text()
@@ -262,6 +269,15 @@ def _read_manifest(folder: Path, uri: str, digest: str) -> tuple[dict | None, st
         return None, (
             f"{so_path} is stale: built from source digest {manifest.get('digest')!r}, the "
             f"current templates and flags give {digest!r}"
+        )
+    built = manifest.get("archs")
+    if not isinstance(built, list) or not all(isinstance(arch, str) for arch in built):
+        return None, f"{manifest_path} records no list of archs (found {built!r}); rebuild it"
+    missing = [arch for arch in archs if arch not in built]
+    if missing:
+        return None, (
+            f"{so_path} is built for {built!r}, which lacks {', '.join(map(repr, missing))} of "
+            f"the archs asked for, {archs!r} (REPLAYSSM_CUDA_ARCH_LIST, else the GPU's)"
         )
     if not isinstance(manifest.get("so_size"), int) or not isinstance(
         manifest.get("so_sha256"), str
@@ -291,10 +307,10 @@ def _dlopen(so_path: Path):
     return tvm_ffi.load_module(str(so_path))
 
 
-def _verified(folder: Path, uri: str, digest: str, load: bool = False):
-    """(the .so path, or its loaded module if `load`, None) for a verified build in `folder`;
-    (None, why not) for an unusable one; (None, None) where there is none."""
-    manifest, problem = _read_manifest(folder, uri, digest)
+def _verified(folder: Path, uri: str, digest: str, archs: list[str], load: bool = False):
+    """(the .so path, or its loaded module if `load`, None) for a verified build in `folder` for
+    (at least) `archs`; (None, why not) for an unusable one; (None, None) where there is none."""
+    manifest, problem = _read_manifest(folder, uri, digest, archs)
     if manifest is None:
         return None, problem
     so_path = folder / f"{uri}.so"
@@ -368,7 +384,7 @@ def _library_size_sha(path: Path) -> tuple[int, str]:
 
 def _build_locked(spec: KernelSpec, folder: Path, archs: list[str], digest: str) -> Path:
     """The verified .so in `folder`, compiled first unless there is one. Hold the lock."""
-    found, problem = _verified(folder, spec.uri, digest)
+    found, problem = _verified(folder, spec.uri, digest, archs)
     if found is not None:
         for entry in folder.glob(f"{_SCRATCH_PREFIX}*"):  # a build killed after publishing
             shutil.rmtree(entry, ignore_errors=True)
@@ -402,7 +418,7 @@ def build(spec: KernelSpec, out_dir: Path | None = None, archs: list[str] | None
     archs = archs or env.cuda_arch_list()
     folder = (out_dir or env.cache_dir() / "build") / spec.uri
     with _locked(folder):
-        return _build_locked(spec, folder, archs, source_digest(spec, archs))
+        return _build_locked(spec, folder, archs, source_digest(spec))
 
 
 _WARNED_PACKAGES: set[str] = set()
@@ -423,9 +439,9 @@ def find_prebuilt(spec: KernelSpec) -> Path | None:
     """A verified AOT or JIT-cache build of `spec` (current source digest, and .so bytes that
     match its manifest); unusable ones are logged and skipped."""
     _refused_cache_package()
-    digest = source_digest(spec, env.cuda_arch_list())
+    digest, archs = source_digest(spec), env.cuda_arch_list()
     for root in [*env.aot_dirs(), env.cache_dir() / "build"]:
-        found, problem = _verified(root / spec.uri, spec.uri, digest)
+        found, problem = _verified(root / spec.uri, spec.uri, digest, archs)
         if found is not None:
             return found
         if problem:
@@ -439,7 +455,7 @@ _LOADED: dict[str, object] = {}
 def _load_jit(spec: KernelSpec, archs: list[str], digest: str, refused: list[str]):
     folder = env.cache_dir() / "build" / spec.uri
     if env.jit_disabled():
-        module, problem = _verified(folder, spec.uri, digest, load=True)
+        module, problem = _verified(folder, spec.uri, digest, archs, load=True)
         if module is None:
             searched = [str(p) for p in env.aot_dirs()] or ["(no AOT directory configured)"]
             refused = [*refused, *([problem] if problem else [])]
@@ -456,12 +472,12 @@ def _load_jit(spec: KernelSpec, archs: list[str], digest: str, refused: list[str
             stack.enter_context(_locked(folder))
         except JITCacheError:
             # A cache that cannot be written can still serve a verified build.
-            module, _ = _verified(folder, spec.uri, digest, load=True)
+            module, _ = _verified(folder, spec.uri, digest, archs, load=True)
             if module is None:
                 raise
             return module
         _build_locked(spec, folder, archs, digest)
-        module, problem = _verified(folder, spec.uri, digest, load=True)
+        module, problem = _verified(folder, spec.uri, digest, archs, load=True)
     if module is None:
         raise RuntimeError(f"the module just built is unusable: {problem}")
     return module
@@ -472,10 +488,10 @@ def load_module(spec: KernelSpec):
     if spec.uri in _LOADED:
         return _LOADED[spec.uri]
     archs = env.cuda_arch_list()
-    digest = source_digest(spec, archs)
+    digest = source_digest(spec)
     refused = _refused_cache_package()
     for root in env.aot_dirs():
-        module, problem = _verified(root / spec.uri, spec.uri, digest, load=True)
+        module, problem = _verified(root / spec.uri, spec.uri, digest, archs, load=True)
         if module is not None:
             break
         if problem:
