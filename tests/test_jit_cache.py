@@ -238,6 +238,38 @@ def test_eight_processes_build_once_and_none_sees_a_partial_module(
     assert manifest["so_sha256"] == _sha(tiny_so) and manifest["so_size"] == full
 
 
+def test_threads_of_one_process_take_the_build_lock_in_turn(jit_cache):
+    """AOT builds run in threads: a second thread asking for a folder's lock waits for the first
+    to let go, and neither holds it after."""
+    folder, order = jit_cache / "build" / "some-uri", []
+    held, second_started = threading.Event(), threading.Event()
+
+    def first():
+        with build._locked(folder):
+            held.set()
+            assert second_started.wait(10)
+            time.sleep(0.3)  # the second thread is waiting on the lock meanwhile
+            order.append("first out")
+
+    def second():
+        assert held.wait(10)
+        second_started.set()
+        with build._locked(folder):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert order == ["first out", "second in"]
+    fd = os.open(folder / build._LOCK, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a thread still held it
+    finally:
+        os.close(fd)
+
+
 # --- 2. damaged or stale modules ------------------------------------------------------------
 
 DAMAGES = ["truncated", "empty", "flipped-byte", "stale", "other-spec", "no-manifest",

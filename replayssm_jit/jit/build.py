@@ -16,8 +16,9 @@ Guarantees:
   JITCacheError instead of returning what was loaded. A truncated, corrupt or stale module in the
   JIT cache is rebuilt; one in an AOT directory is skipped with a warning, and named in the
   JITDisabledError when JIT is disabled.
-- Builds of one folder are serialized by flock(2) on its .lock, which the OS drops when the holder
-  dies: a killed build never blocks the next one (the lock file is never deleted).
+- Builds of one folder are serialized by a `filelock.FileLock` on its .lock (flock(2) on Linux,
+  which the OS drops when the holder dies): a killed build never blocks the next one, and the
+  lock file stays in place, so every waiter locks the same file.
 - A build first deletes whatever an earlier failed, killed or stale build left, compiles in a
   private scratch folder, renames the finished .so into place and then writes the manifest
   (atomically). <uri>.so is never a partial file, and a manifest is written only for a complete one.
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import jinja2
+from filelock import FileLock
 
 from replayssm_jit.families import get_family
 from replayssm_jit.families.spec import KernelSpec
@@ -206,33 +207,18 @@ def _writing(folder: Path, action: str) -> Iterator[None]:
         raise _cache_error(folder, action, exc) from exc
 
 
-def _open_locked(path: Path) -> int:
-    """An fd holding flock(LOCK_EX) on `path`; O_RDONLY so an existing read-only lock file works."""
-    while True:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            # Deleted (say, the cache was removed) while we waited: lock the new file instead.
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                return fd
-        except FileNotFoundError:
-            pass
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """Hold `folder`'s build lock (creating the folder and lock file if needed)."""
+    """Hold `folder`'s build lock (creating the folder and lock file if needed); a folder whose
+    lock file cannot be opened for writing raises JITCacheError, as any unwritable folder does."""
     with _writing(folder, "create it and its lock file"):
         folder.mkdir(parents=True, exist_ok=True)
-        fd = _open_locked(folder / _LOCK)
+        lock = FileLock(folder / _LOCK)
+        lock.acquire()
     try:
         yield
     finally:
-        os.close(fd)  # drops the lock
+        lock.release()
 
 
 def _sha256(f: BinaryIO) -> str:
