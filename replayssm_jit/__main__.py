@@ -1,4 +1,4 @@
-"""`python -m replayssm_jit {demo,aot,autotune} ...`"""
+"""`python -m replayssm_jit {demo,aot,autotune} ...` and `python -m replayssm_jit --version`"""
 
 from __future__ import annotations
 
@@ -16,10 +16,15 @@ def main(argv: list[str] | None = None) -> int:
         "aot": "replayssm_jit.cli.aot",
         "autotune": "replayssm_jit.cli.autotune",
     }
+    if argv == ["--version"]:
+        from replayssm_jit.core.version import __version__
+
+        print(f"replayssm-jit {__version__}")
+        return 0
     if not argv or argv[0] not in commands:
         helped = bool(argv) and argv[0] in ("-h", "--help")
         print(
-            "usage: python -m replayssm_jit {demo,aot,autotune} [options]   (--help after a command for its options)",
+            "usage: python -m replayssm_jit {demo,aot,autotune} [options] | --version   (--help after a command for its options)",
             file=sys.stdout if helped else sys.stderr,  # (an error's usage goes to stderr)
         )
         if argv and not helped:

@@ -1,5 +1,6 @@
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,6 +30,28 @@ def jit_cache(tmp_path, monkeypatch):
     build._LOADED.clear()
     yield tmp_path / "cache"
     build._LOADED.clear()
+
+
+TINY_SOURCE = """#include <tvm/ffi/function.h>
+int tiny_answer(int x) { return x + 41; }
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(answer, tiny_answer);
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_so(tmp_path_factory) -> bytes:
+    """The bytes of a real tvm-ffi module (answer(x) = x + 41), built once with the host C++
+    compiler (seconds)."""
+    if not (shutil.which("c++") or shutil.which("g++")) or not shutil.which("ninja"):
+        pytest.skip("needs a host C++ compiler and ninja to build a tiny tvm-ffi module")
+    import tvm_ffi.cpp
+
+    root = tmp_path_factory.mktemp("tiny")
+    (root / "tiny.cc").write_text(TINY_SOURCE)
+    path = tvm_ffi.cpp.build(
+        "tiny", cpp_files=[str(root / "tiny.cc")], build_directory=str(root / "build")
+    )
+    return Path(path).read_bytes()
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,15 @@
 """The main job on the CPU: the float64 reference backend and the package's CPU path (the same API
 on CPU tensors), Mamba-2, GDN and KDA models, and the command line's argument errors."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from replayssm_jit.__main__ import main as cli
 from replayssm_jit.cli.demo import run_demo
+from replayssm_jit.core.version import __version__
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")
 
@@ -79,3 +83,23 @@ def test_demo_cuda_backend_without_a_gpu_is_an_argument_error(capsys):
 def test_aot_bogus_preset_is_an_argument_error(capsys):
     err = _argparse_error(capsys, ["aot", "--preset", "bogus"])
     assert "--preset: invalid choice: 'bogus'" in err
+
+
+def test_version_flag_prints_the_one_version(capsys):
+    """`--version` prints core/version.py's version, in process and through `python -m`."""
+    assert cli(["--version"]) == 0
+    assert capsys.readouterr().out == f"replayssm-jit {__version__}\n"
+    run = subprocess.run(
+        [sys.executable, "-m", "replayssm_jit", "--version"], capture_output=True, text=True
+    )
+    assert (run.returncode, run.stdout, run.stderr) == (0, f"replayssm-jit {__version__}\n", "")
+    err = _usage_error(capsys, ["--version", "demo"])
+    assert "expected a command, demo, aot or autotune, got '--version'" in err
+
+
+def _usage_error(capsys, argv) -> str:
+    """`argv` is refused by the dispatcher itself: exit 2, its usage on stderr, nothing on stdout."""
+    assert cli(argv) == 2
+    captured = capsys.readouterr()
+    assert "| --version" in captured.err and not captured.out
+    return captured.err

@@ -40,29 +40,9 @@ OTHER = (
 )
 _FORK = multiprocessing.get_context("fork")
 
-TINY_SOURCE = """#include <tvm/ffi/function.h>
-int tiny_answer(int x) { return x + 41; }
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(answer, tiny_answer);
-"""
-
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture(scope="session")
-def tiny_so(tmp_path_factory) -> bytes:
-    """The bytes of a real tvm-ffi module, built once with the host C++ compiler (seconds)."""
-    if not (shutil.which("c++") or shutil.which("g++")) or not shutil.which("ninja"):
-        pytest.skip("needs a host C++ compiler and ninja to build a tiny tvm-ffi module")
-    import tvm_ffi.cpp
-
-    root = tmp_path_factory.mktemp("tiny")
-    (root / "tiny.cc").write_text(TINY_SOURCE)
-    path = tvm_ffi.cpp.build(
-        "tiny", cpp_files=[str(root / "tiny.cc")], build_directory=str(root / "build")
-    )
-    return Path(path).read_bytes()
 
 
 class FakeCompiler:
@@ -238,6 +218,38 @@ def test_eight_processes_build_once_and_none_sees_a_partial_module(
     assert manifest["so_sha256"] == _sha(tiny_so) and manifest["so_size"] == full
 
 
+def test_threads_of_one_process_take_the_build_lock_in_turn(jit_cache):
+    """AOT builds run in threads: a second thread asking for a folder's lock waits for the first
+    to let go, and neither holds it after."""
+    folder, order = jit_cache / "build" / "some-uri", []
+    held, second_started = threading.Event(), threading.Event()
+
+    def first():
+        with build._locked(folder):
+            held.set()
+            assert second_started.wait(10)
+            time.sleep(0.3)  # the second thread is waiting on the lock meanwhile
+            order.append("first out")
+
+    def second():
+        assert held.wait(10)
+        second_started.set()
+        with build._locked(folder):
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert order == ["first out", "second in"]
+    fd = os.open(folder / build._LOCK, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # raises if a thread still held it
+    finally:
+        os.close(fd)
+
+
 # --- 2. damaged or stale modules ------------------------------------------------------------
 
 DAMAGES = ["truncated", "empty", "flipped-byte", "stale", "other-spec", "no-manifest",
@@ -260,15 +272,15 @@ def _damage(folder: Path, spec, how: str, tiny: bytes) -> str:
         so.write_bytes(bytes(data))
         return f"{so} is corrupt: sha256 {_sha(bytes(data))[:16]}..., its manifest records {_sha(tiny)[:16]}..."
     if how == "stale":
-        # a whole, self-consistent build for other flags: loadable, but not of this source
-        stale, old = tiny + b"\0" * 64, build.source_digest(spec, ["8.0"])
+        # a whole, self-consistent build of other source or flags: loadable, but not this one
+        stale, old = tiny + b"\0" * 64, "0123456789abcdef"  # another source's
         so.write_bytes(stale)
         manifest.update(digest=old, so_size=len(stale), so_sha256=_sha(stale))
         manifest_path.write_text(json.dumps(manifest))
         return f"{so} is stale: built from source digest {old!r}"
     if how == "other-spec":  # another spec's module and manifest copied here
         other = parse_spec(OTHER)
-        manifest.update(uri=other.uri, digest=build.source_digest(other, ["9.0a"]))
+        manifest.update(uri=other.uri, digest=build.source_digest(other))
         manifest_path.write_text(json.dumps(manifest))
         return f"{manifest_path} describes {other.uri!r}, expected {spec.uri!r}"
     if how == "no-manifest":
@@ -332,6 +344,55 @@ def test_damaged_aot_module_is_refused(
             assert build.load_module(spec).answer(1) == 42
         assert f"skipping AOT module: {why}" in caplog.text
         assert loads == [(str(jit_so), _sha(tiny_so))] and len(fake_compiler.builds()) == 2
+
+
+@pytest.mark.parametrize(
+    "requested, usable",
+    [("9.0a", True), ("10.0a", True), ("10.0a 9.0a", True), ("8.0", False), ("9.0a 12.0a", False)],
+)
+def test_multi_arch_aot_module_serves_any_subset_of_its_archs(
+    jit_cache, fake_compiler, loads, tiny_so, tmp_path, monkeypatch, requested, usable
+):
+    """An AOT module built for 9.0a and 10.0a loads with JIT disabled for a request of either or
+    both (a device's own arch is such a request); one asking for an arch it lacks is refused,
+    naming the archs on both sides."""
+    spec = parse_spec(SMALL)
+    aot = tmp_path / "aot"
+    (aot_so,) = build_aot([spec], aot, jobs=1, archs=["9.0a", "10.0a"])
+    monkeypatch.setenv("REPLAYSSM_AOT_DIR", str(aot))
+    monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", "1")
+    monkeypatch.setenv("REPLAYSSM_CUDA_ARCH_LIST", requested)
+    if usable:
+        assert build.find_prebuilt(spec) == aot_so
+        assert build.load_module(spec).answer(1) == 42
+        assert loads == [(str(aot_so), _sha(tiny_so))]
+        return
+    assert build.find_prebuilt(spec) is None
+    with pytest.raises(build.JITDisabledError) as info:
+        build.load_module(spec)
+    assert (
+        f"{aot_so} is built for ['9.0a', '10.0a'], which lacks {requested.split()[-1]!r} of "
+        f"the archs asked for, {requested.split()!r} (REPLAYSSM_CUDA_ARCH_LIST, else the GPU's)"
+    ) in str(info.value), str(info.value)
+    assert loads == []
+
+
+def test_cache_module_lacking_a_requested_arch_is_rebuilt_for_it(
+    jit_cache, fake_compiler, monkeypatch
+):
+    """The JIT cache's module for 9.0a serves 9.0a; a request for 9.0a and 10.0a rebuilds it for
+    both, after which a 10.0a request is served without a build."""
+    spec = parse_spec(SMALL)
+    build.build(spec)
+    monkeypatch.setenv("REPLAYSSM_CUDA_ARCH_LIST", "9.0a 10.0a")
+    assert build.find_prebuilt(spec) is None
+    build.build(spec)
+    monkeypatch.setenv("REPLAYSSM_CUDA_ARCH_LIST", "10.0a")
+    assert build.find_prebuilt(spec) is not None
+    build.build(spec)
+    assert len(fake_compiler.builds()) == 2, fake_compiler.builds()
+    manifest = json.loads((_folder(spec) / build.MANIFEST).read_text())
+    assert manifest["archs"] == ["9.0a", "10.0a"]
 
 
 def test_a_module_replaced_while_loading_is_an_error(jit_cache, fake_compiler, monkeypatch):

@@ -8,14 +8,17 @@ manifest.json (URI, source digest, the .so's size and sha256), <uri>.cu and, in 
 
 Guarantees:
 
-- A module is loaded only if its manifest names the spec's URI and the current source digest and
-  the .so's size and sha256 equal the manifest's. The file hashed is the file loaded: JIT-cache
+- A module is loaded only if its manifest names the spec's URI and the current source digest, its
+  arch list holds every arch asked for (REPLAYSSM_CUDA_ARCH_LIST, else the visible GPU's: a
+  module built for 9.0a and 10.0a serves either), and the .so's size and sha256 equal the
+  manifest's. The file hashed is the file loaded: JIT-cache
   loads hold the build lock, and a .so renamed over or deleted between hashing and dlopen raises
   JITCacheError instead of returning what was loaded. A truncated, corrupt or stale module in the
   JIT cache is rebuilt; one in an AOT directory is skipped with a warning, and named in the
   JITDisabledError when JIT is disabled.
-- Builds of one folder are serialized by flock(2) on its .lock, which the OS drops when the holder
-  dies: a killed build never blocks the next one (the lock file is never deleted).
+- Builds of one folder are serialized by a `filelock.FileLock` on its .lock (flock(2) on Linux,
+  which the OS drops when the holder dies): a killed build never blocks the next one, and the
+  lock file stays in place, so every waiter locks the same file.
 - A build first deletes whatever an earlier failed, killed or stale build left, compiles in a
   private scratch folder, renames the finished .so into place and then writes the manifest
   (atomically). <uri>.so is never a partial file, and a manifest is written only for a complete one.
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import logging
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import jinja2
+from filelock import FileLock
 
 from replayssm_jit.families import get_family
 from replayssm_jit.families.spec import KernelSpec
@@ -110,8 +113,10 @@ def render(spec: KernelSpec) -> str:
     return f"// {spec.uri}\n// headers {_headers_digest(root, folder)}\n{body}"
 
 
-def source_digest(spec: KernelSpec, archs: list[str]) -> str:
-    text = render(spec) + "|" + " ".join(cuda_flags(archs))
+def source_digest(spec: KernelSpec) -> str:
+    """Digest of the rendered source and the flags other than the targets: the manifest lists
+    the archs apart, so that a module built for more archs than asked for still matches."""
+    text = render(spec) + "|" + " ".join(cuda_flags([]))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -202,33 +207,18 @@ def _writing(folder: Path, action: str) -> Iterator[None]:
         raise _cache_error(folder, action, exc) from exc
 
 
-def _open_locked(path: Path) -> int:
-    """An fd holding flock(LOCK_EX) on `path`; O_RDONLY so an existing read-only lock file works."""
-    while True:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            # Deleted (say, the cache was removed) while we waited: lock the new file instead.
-            if os.path.samestat(os.fstat(fd), os.stat(path)):
-                return fd
-        except FileNotFoundError:
-            pass
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
-
-
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """Hold `folder`'s build lock (creating the folder and lock file if needed)."""
+    """Hold `folder`'s build lock (creating the folder and lock file if needed); a folder whose
+    lock file cannot be opened for writing raises JITCacheError, as any unwritable folder does."""
     with _writing(folder, "create it and its lock file"):
         folder.mkdir(parents=True, exist_ok=True)
-        fd = _open_locked(folder / _LOCK)
+        lock = FileLock(folder / _LOCK)
+        lock.acquire()
     try:
         yield
     finally:
-        os.close(fd)  # drops the lock
+        lock.release()
 
 
 def _sha256(f: BinaryIO) -> str:
@@ -238,9 +228,12 @@ def _sha256(f: BinaryIO) -> str:
     return h.hexdigest()
 
 
-def _read_manifest(folder: Path, uri: str, digest: str) -> tuple[dict | None, str | None]:
-    """(manifest, None) if `folder`'s manifest describes this URI and digest; (None, why not) if
-    something unusable is there; (None, None) if there is no build at all."""
+def _read_manifest(
+    folder: Path, uri: str, digest: str, archs: list[str]
+) -> tuple[dict | None, str | None]:
+    """(manifest, None) if `folder`'s manifest describes this URI and digest and is built for
+    every arch in `archs`; (None, why not) if something unusable is there; (None, None) if there
+    is no build at all."""
     so_path, manifest_path = folder / f"{uri}.so", folder / MANIFEST
     try:
         text = manifest_path.read_text()
@@ -262,6 +255,15 @@ def _read_manifest(folder: Path, uri: str, digest: str) -> tuple[dict | None, st
         return None, (
             f"{so_path} is stale: built from source digest {manifest.get('digest')!r}, the "
             f"current templates and flags give {digest!r}"
+        )
+    built = manifest.get("archs")
+    if not isinstance(built, list) or not all(isinstance(arch, str) for arch in built):
+        return None, f"{manifest_path} records no list of archs (found {built!r}); rebuild it"
+    missing = [arch for arch in archs if arch not in built]
+    if missing:
+        return None, (
+            f"{so_path} is built for {built!r}, which lacks {', '.join(map(repr, missing))} of "
+            f"the archs asked for, {archs!r} (REPLAYSSM_CUDA_ARCH_LIST, else the GPU's)"
         )
     if not isinstance(manifest.get("so_size"), int) or not isinstance(
         manifest.get("so_sha256"), str
@@ -291,10 +293,10 @@ def _dlopen(so_path: Path):
     return tvm_ffi.load_module(str(so_path))
 
 
-def _verified(folder: Path, uri: str, digest: str, load: bool = False):
-    """(the .so path, or its loaded module if `load`, None) for a verified build in `folder`;
-    (None, why not) for an unusable one; (None, None) where there is none."""
-    manifest, problem = _read_manifest(folder, uri, digest)
+def _verified(folder: Path, uri: str, digest: str, archs: list[str], load: bool = False):
+    """(the .so path, or its loaded module if `load`, None) for a verified build in `folder` for
+    (at least) `archs`; (None, why not) for an unusable one; (None, None) where there is none."""
+    manifest, problem = _read_manifest(folder, uri, digest, archs)
     if manifest is None:
         return None, problem
     so_path = folder / f"{uri}.so"
@@ -368,7 +370,7 @@ def _library_size_sha(path: Path) -> tuple[int, str]:
 
 def _build_locked(spec: KernelSpec, folder: Path, archs: list[str], digest: str) -> Path:
     """The verified .so in `folder`, compiled first unless there is one. Hold the lock."""
-    found, problem = _verified(folder, spec.uri, digest)
+    found, problem = _verified(folder, spec.uri, digest, archs)
     if found is not None:
         for entry in folder.glob(f"{_SCRATCH_PREFIX}*"):  # a build killed after publishing
             shutil.rmtree(entry, ignore_errors=True)
@@ -402,7 +404,7 @@ def build(spec: KernelSpec, out_dir: Path | None = None, archs: list[str] | None
     archs = archs or env.cuda_arch_list()
     folder = (out_dir or env.cache_dir() / "build") / spec.uri
     with _locked(folder):
-        return _build_locked(spec, folder, archs, source_digest(spec, archs))
+        return _build_locked(spec, folder, archs, source_digest(spec))
 
 
 _WARNED_PACKAGES: set[str] = set()
@@ -423,9 +425,9 @@ def find_prebuilt(spec: KernelSpec) -> Path | None:
     """A verified AOT or JIT-cache build of `spec` (current source digest, and .so bytes that
     match its manifest); unusable ones are logged and skipped."""
     _refused_cache_package()
-    digest = source_digest(spec, env.cuda_arch_list())
+    digest, archs = source_digest(spec), env.cuda_arch_list()
     for root in [*env.aot_dirs(), env.cache_dir() / "build"]:
-        found, problem = _verified(root / spec.uri, spec.uri, digest)
+        found, problem = _verified(root / spec.uri, spec.uri, digest, archs)
         if found is not None:
             return found
         if problem:
@@ -439,7 +441,7 @@ _LOADED: dict[str, object] = {}
 def _load_jit(spec: KernelSpec, archs: list[str], digest: str, refused: list[str]):
     folder = env.cache_dir() / "build" / spec.uri
     if env.jit_disabled():
-        module, problem = _verified(folder, spec.uri, digest, load=True)
+        module, problem = _verified(folder, spec.uri, digest, archs, load=True)
         if module is None:
             searched = [str(p) for p in env.aot_dirs()] or ["(no AOT directory configured)"]
             refused = [*refused, *([problem] if problem else [])]
@@ -456,12 +458,12 @@ def _load_jit(spec: KernelSpec, archs: list[str], digest: str, refused: list[str
             stack.enter_context(_locked(folder))
         except JITCacheError:
             # A cache that cannot be written can still serve a verified build.
-            module, _ = _verified(folder, spec.uri, digest, load=True)
+            module, _ = _verified(folder, spec.uri, digest, archs, load=True)
             if module is None:
                 raise
             return module
         _build_locked(spec, folder, archs, digest)
-        module, problem = _verified(folder, spec.uri, digest, load=True)
+        module, problem = _verified(folder, spec.uri, digest, archs, load=True)
     if module is None:
         raise RuntimeError(f"the module just built is unusable: {problem}")
     return module
@@ -472,10 +474,10 @@ def load_module(spec: KernelSpec):
     if spec.uri in _LOADED:
         return _LOADED[spec.uri]
     archs = env.cuda_arch_list()
-    digest = source_digest(spec, archs)
+    digest = source_digest(spec)
     refused = _refused_cache_package()
     for root in env.aot_dirs():
-        module, problem = _verified(root / spec.uri, spec.uri, digest, load=True)
+        module, problem = _verified(root / spec.uri, spec.uri, digest, archs, load=True)
         if module is not None:
             break
         if problem:

@@ -52,8 +52,9 @@ CACHE_DISTRIBUTION = "replayssm-jit-cache"
 
 def cache_package() -> tuple[list[Path], str | None]:
     """The module directories of the installed `replayssm_jit_cache` package and None; or no
-    directories and why the package is refused (its version is not this replayssm_jit's, whose
-    templates its modules were built from); ([], None) where none is installed."""
+    directories and why the package is refused (its public version is not this replayssm_jit's,
+    whose templates its modules were built from; the local label after '+' names CUDA and the
+    archs, which the manifests check); ([], None) where none is installed."""
     try:
         import replayssm_jit_cache  # type: ignore[import-not-found]
     except ImportError:
@@ -61,11 +62,12 @@ def cache_package() -> tuple[list[Path], str | None]:
 
     where = ", ".join(replayssm_jit_cache.__path__)
     found = getattr(replayssm_jit_cache, "__version__", None)
-    if found != __version__:
+    if not isinstance(found, str) or found.partition("+")[0] != __version__:
         what = "records no __version__" if found is None else f"is version {found!r}"
         return [], (
             f"the installed {CACHE_DISTRIBUTION} at {where} {what}, expected {__version__!r} "
-            f"(this replayssm_jit's); install {CACHE_DISTRIBUTION}=={__version__} or uninstall it"
+            f"(with any local label), this replayssm_jit's; install "
+            f"{CACHE_DISTRIBUTION}=={__version__} or uninstall it"
         )
     return [Path(p) / "modules" for p in replayssm_jit_cache.__path__], None
 
