@@ -327,10 +327,12 @@ class ExpertBank:
 
 def grouped_experts(x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, offs) -> torch.Tensor:
     """x [rows, in] sorted by expert, w [E, out, in]: each row through its expert. CUDA: one
-    torch._grouped_mm (offs: int32 cumulative row counts, on the device); CPU: a loop over the
-    experts that got rows (the loop reads the counts on the host)."""
-    if x.is_cuda:
+    torch._grouped_mm (offs: int32 cumulative row counts, on the device) in BF16, a gathered bmm
+    otherwise; CPU: a loop over the experts that got rows (it reads the ids on the host)."""
+    if x.is_cuda and x.dtype == torch.bfloat16:
         return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+    if x.is_cuda:  # (FP32 correctness runs: _grouped_mm is BF16-only; gather each row's expert)
+        return torch.bmm(w[ids], x[:, :, None]).squeeze(2)
     out = x.new_empty(x.shape[0], w.shape[1])
     for e in torch.unique(ids).tolist():
         sel = (ids == e).nonzero().squeeze(1)

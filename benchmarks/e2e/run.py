@@ -222,7 +222,11 @@ def run_point(weights: Weights, mode: str, batch: int, context: int, args, wbyte
     why = refusal(weights.cfg, get_mode(mode))
     if why:
         return {**row, "refused": why}
-    replica = Replica(weights, mode, batch, context, seed=args.seed)
+    try:
+        replica = Replica(weights, mode, batch, context, seed=args.seed)
+    except torch.cuda.OutOfMemoryError as e:  # (a large batch at a long context: say so, go on)
+        torch.cuda.empty_cache()
+        return {**row, "out_of_memory": str(e).splitlines()[0]}
     row["memory"] = memory_row(replica, wbytes, args.memory_gib * GIB, args.reserve_gib * GIB)
     row.update(profile_step(replica))
     row["tokens_per_step_expected"] = batch * (
@@ -393,13 +397,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.check_steps:
             bar.set_postfix_str(f"{cfg.name} correctness")
             check_w = weights
-            if args.check_dtype != args.dtype:
-                del weights
+            if args.check_dtype != args.dtype:  # (free the timing weights first)
+                check_w = weights = None
                 check_w = Weights(cfg, args.device, args.check_dtype, seed=0,
                                   share_experts=bool(share))  # fmt: skip
             result["correctness"] += correctness(check_w, args.modes, batch=args.check_batch,
                                                  context=args.contexts[0], steps=args.check_steps,
                                                  graphs=args.graphs)  # fmt: skip
+            del check_w
             bar.update(1)
         del weights
         if args.device.type == "cuda":
