@@ -18,7 +18,10 @@ def delta_inputs(decay: tuple[str, ...], decay_strides: str, dt_bias: str) -> tu
     """A delta-rule family's token inputs in the bindings' order: q, k, v, then the gates,
     raw (a, b, A_log, dt_bias; gates_in_kernel) or precomputed (g, beta), a and g filling the
     binding's gate_a and b and beta its gate_b. decay: the per-head shape of a and g."""
-    raw, pre = ("gates_in_kernel", "gates_in_kernel", True), ("gates_in_kernel", "gates_in_kernel", False)
+    raw, pre = (
+        ("gates_in_kernel", "gates_in_kernel", True),
+        ("gates_in_kernel", "gates_in_kernel", False),
+    )
     return (
         Input("q", ("lead", "key_heads", "key_dim"), "act", "inner", aligned=True),
         Input("k", ("lead", "key_heads", "key_dim"), "act", "inner", aligned=True),
@@ -30,7 +33,6 @@ def delta_inputs(decay: tuple[str, ...], decay_strides: str, dt_bias: str) -> tu
         Input("g", ("lead", *decay), "f32", decay_strides, planned=pre, binds="gate_a"),
         Input("beta", ("lead", "value_heads"), "f32", planned=pre, binds="gate_b"),
     )
-
 
 
 class DeltaFamily(Family):

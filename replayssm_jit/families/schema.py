@@ -97,9 +97,14 @@ def _int(name: str) -> Param:
 
 CHECKPOINT = (_t("state", True), _opt("state_scale", True), _opt("state_block_scale", True))
 READ_COPY = (_opt("read_state", True), _opt("read_scale", True), _opt("read_block_scale", True))
+CHECKPOINT_NAMES = tuple(p.name for p in (*CHECKPOINT, *READ_COPY))
 CURSORS = _t("cursors", True)
 STEP_TAIL = (
-    _t("out", True), _t("slot_indices"), _int("pad_slot_id"), _int("seed"), _opt("seed_tensor")
+    _t("out", True),
+    _t("slot_indices"),
+    _int("pad_slot_id"),
+    _int("seed"),
+    _opt("seed_tensor"),
 )
 LAUNCH = (_int("rows"), _int("flags"))
 DRAFT_INDEX = (_opt("num_drafts"), _opt("parents"), _opt("num_accepted"))
@@ -271,9 +276,7 @@ def op_args(family, op: str) -> tuple[Param, ...]:
     """The arguments of the public op `<family>_<op>` after the plan (its keyword names), the
     required ones first: the slot tensors, the token inputs as the caller names them, then the
     op's own."""
-    inputs = tuple(
-        _t(a.name) if a.planned is None else _opt(a.name) for a in family.inputs
-    )
+    inputs = tuple(_t(a.name) if a.planned is None else _opt(a.name) for a in family.inputs)
     # out is required in the custom ops (they allocate nothing); the Python ops make it if None.
     token = (*inputs, _t("slot_indices"), _t("out", True))
     if op == "decode":
@@ -301,5 +304,8 @@ COMMIT_DRAFTS_ARGS = (
     _opt("accepted_path"), _opt("parents"),
 )  # fmt: skip
 COMMIT_SNAPSHOTS_ARGS = (
-    _t("state", True), _t("snapshot_slots"), _t("num_accepted"), _t("slot_indices")
+    _t("state", True),
+    _t("snapshot_slots"),
+    _t("num_accepted"),
+    _t("slot_indices"),
 )

@@ -14,7 +14,7 @@ from functools import cache
 import torch
 
 # The modules' flag bits are defined once, in core (rendered into every module from there).
-from replayssm_jit.core.launch_flags import (  # noqa: F401  (re-exported for scripts and tests)
+from replayssm_jit.core.launch_flags import (
     FLAG_CAPPED_STATE_REGISTERS,
     FLAG_FEW_RECORDS_WARPS,
     FLAG_FLUSH_EVERY_STEP,
@@ -30,7 +30,6 @@ from replayssm_jit.core.tiles import (
 from replayssm_jit.families import get_family
 from replayssm_jit.families.spec import KernelSpec, spec_tilings
 from replayssm_jit.launch.config import AUTO, LaunchConfig
-
 
 # 4-warp tiles beat 8-warp tiles of twice the rows.
 PREFERRED_WARPS = 4
