@@ -4,11 +4,14 @@ Python and CUDA."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 
 import pytest
+import torch
 
+from replayssm_jit import commit_drafts, gdn_layout, kda_layout, mamba2_layout, plan_decode
 from replayssm_jit.core import launch_flags
 from replayssm_jit.families import FAMILIES, get_family
 from replayssm_jit.families.schema import (
@@ -18,6 +21,7 @@ from replayssm_jit.families.schema import (
     SEED,
     bind,
     binding_params,
+    expected_shape,
     op_args,
 )
 from replayssm_jit.jit import build
@@ -111,3 +115,79 @@ def test_bind_takes_each_argument_by_name_and_names_a_missing_one():
     values.pop("cursors")
     with pytest.raises(KeyError, match="replay_step: expected a value for 'cursors'"):
         bind(fam, "replay_step", values)
+
+
+class Recorder:
+    """A stand-in module: each binding checks its positional arguments against the schema's
+    parameter types (what tvm-ffi would convert) and records the call."""
+
+    def __init__(self, family):
+        self.family, self.calls = family, []
+
+    def __getattr__(self, binding):
+        params = binding_params(self.family, binding)
+
+        def call(*args):
+            assert len(args) == len(params), binding
+            for p, value in zip(params, args):
+                want = {"int64_t": int, "double": float}.get(p.cpp, torch.Tensor)
+                assert isinstance(value, want) or (p.optional and value is None), (binding, p)
+            self.calls.append(binding)
+
+        return call
+
+
+def _as_cuda_path(plan):
+    """`plan` as the CUDA backend would hold it, its module a Recorder (the ops' CUDA branch
+    run on CPU tensors)."""
+    return dataclasses.replace(plan, backend="cuda", module=Recorder(plan.family))
+
+
+SHAPES = {
+    "mamba2": (mamba2_layout, dict(num_heads=4, headdim=16, dstate=16, ngroups=2)),
+    "gdn": (gdn_layout, dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16)),
+    "kda": (kda_layout, dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=16)),
+}
+
+
+def _token_inputs(fam, plan, lead, gen):
+    """Random token inputs of the shapes the schema declares, those the plan takes."""
+    shape, flags = plan.layout.shape, plan.spec.flags
+    given = {}
+    for arg in fam.inputs:
+        if arg.present(flags):
+            dtype = plan.layout.act_dtype if arg.dtype == "act" else torch.float32
+            size = expected_shape(arg, shape, lead)
+            given[arg.name] = (0.1 * torch.randn(size, generator=gen)).to(dtype)
+    return given
+
+
+@pytest.mark.parametrize("family", sorted(SHAPES))
+def test_the_cuda_path_passes_each_binding_its_parameters(family, monkeypatch):
+    """decode (replay and conventional), verify, commit and the snapshot verify, run through
+    the ops' CUDA branch with a Recorder for the module: every binding gets its schema's
+    parameters, in number and type."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # (no GPU here)
+    fam, gen = get_family(family), torch.Generator().manual_seed(0)
+    make_layout, dims = SHAPES[family]
+    layout = make_layout(**dims, window=4, drafts=2, act_dtype=torch.float32)
+    slots, batch = 5, 3
+    pool = {t.name: torch.zeros(t.shape(slots), dtype=t.dtype) for t in layout.tensors()}
+    ids = torch.tensor([3, 0, 1], dtype=torch.int32)
+    for mode in ("replay", "conventional"):
+        plan = _as_cuda_path(plan_decode(layout, batch, device="cpu", mode=mode))
+        given = {**pool} if mode == "replay" else {"state": pool["state"]}
+        FUNCTIONS[f"{family}_decode"](plan, **given, **_token_inputs(fam, plan, (batch,), gen),
+                                      slot_indices=ids)  # fmt: skip
+        assert plan.module.calls == [f"{mode}_step"]
+    plan = _as_cuda_path(plan_decode(layout, batch, device="cpu"))
+    FUNCTIONS[f"{family}_verify"](plan, **pool, **_token_inputs(fam, plan, (batch, 2), gen),
+                                  slot_indices=ids)  # fmt: skip
+    commit_drafts(plan, **pool, num_accepted=torch.zeros(3, dtype=torch.int32),
+                  slot_indices=ids)  # fmt: skip
+    snapshot = torch.tensor([[2, 4]] * 3, dtype=torch.int32)  # (slots no row holds)
+    FUNCTIONS[f"{family}_snapshot_verify"](
+        plan, state=pool["state"], **_token_inputs(fam, plan, (batch, 2), gen), slot_indices=ids,
+        snapshot_slots=snapshot, num_drafts=torch.tensor([1, 0, 0], dtype=torch.int32),
+    )  # fmt: skip
+    assert plan.module.calls == ["verify_step", "commit_step", "snapshot_step"]
