@@ -2,12 +2,12 @@
 REPLAYSSM_LAUNCH variable (policy sms = 132, an H200)."""
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
 from replayssm_jit import LaunchConfig, gdn_layout, mamba2_layout, plan_decode
+from replayssm_jit.core.launch_flags import cpp_flag_constants
 from replayssm_jit.core.tiles import MAX_CTA_SHARED_BYTES, lane_values
 from replayssm_jit.families import get_family
 from replayssm_jit.families.spec import gdn_spec, mamba2_spec, spec_tilings
@@ -250,8 +250,9 @@ def test_overlap_prior_kernel_by_default_and_override():
 
 
 def test_launch_flag_bits_match_the_kernels():
-    """launch/policy.py's FLAG_* constants are the bindings' kFlag* bits (common/launch.cuh)."""
-    header = (Path(__file__).resolve().parents[1] / "templates/common/launch.cuh").read_text()
+    """launch/policy.py's FLAG_* constants are the bindings' kFlag* bits (rendered into every
+    module from core/launch_flags.py; tests/test_schema.py reads them from rendered modules)."""
+    header = cpp_flag_constants()
     bits = {
         re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper(): int(value)
         for name, value in re.findall(r"constexpr int64_t kFlag(\w+) = (\d+);", header)

@@ -7,6 +7,7 @@ CAP = L + T rows, each on the key or the value heads.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from replayssm_jit.core.tiles import (
     SHARED_BYTES_RESERVED_PER_CTA,
     SPLIT_RECORDS_FULL_SM_CTAS,
 )
+from replayssm_jit.families.schema import Input, cpp_params
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,9 @@ class Family:
     nvfp4: the module compiles NVFP4 checkpoints (whole heads per CTA, for the head scale).
     verify_split_min_pairs_per_sm: from this many (batch row, head) pairs per SM the split
         verify beats the per-item one (docs/tuning.md).
+    inputs: the token inputs of the family's ops, in the order its bindings take them
+        (families/schema.py derives the checks, the bindings and the custom-op schemas).
+    bound_scalars: the per-plan scalars (plan_scalars) the bindings take after the inputs.
     """
 
     name: str
@@ -102,6 +107,8 @@ class Family:
     read_copy: bool = False
     nvfp4: bool = False
     verify_split_min_pairs_per_sm: float = 8.0
+    inputs: tuple[Input, ...] = ()
+    bound_scalars: tuple[str, ...] = ()
 
     @property
     def flags(self) -> frozenset[str]:
@@ -177,6 +184,8 @@ class Family:
             "capped_state_registers": self.capped_state_registers,
             "flush_every_step_kernel": self.flush_every_step_kernel,
             "decay_per_channel": self.decay_per_channel,
+            # params(binding, indent): a binding's C++ parameters, rendered from the schema.
+            "params": functools.partial(cpp_params, self),
         }
 
     # --- planning -------------------------------------------------------------------------

@@ -11,6 +11,28 @@ from collections.abc import Mapping
 from replayssm_jit.core.dtypes import DTYPE_BYTES
 from replayssm_jit.core.tiles import TARGET_CTAS_PER_SM
 from replayssm_jit.families.base import Family, HeadShape, RingLayout
+from replayssm_jit.families.schema import Input
+
+
+def delta_inputs(decay: tuple[str, ...], decay_strides: str, dt_bias: str) -> tuple[Input, ...]:
+    """A delta-rule family's token inputs in the bindings' order: q, k, v, then the gates,
+    raw (a, b, A_log, dt_bias; gates_in_kernel) or precomputed (g, beta), a and g filling the
+    binding's gate_a and b and beta its gate_b. decay: the per-head shape of a and g."""
+    raw, pre = (
+        ("gates_in_kernel", "gates_in_kernel", True),
+        ("gates_in_kernel", "gates_in_kernel", False),
+    )
+    return (
+        Input("q", ("lead", "key_heads", "key_dim"), "act", "inner", aligned=True),
+        Input("k", ("lead", "key_heads", "key_dim"), "act", "inner", aligned=True),
+        Input("v", ("lead", "value_heads", "value_dim"), "act", "inner", aligned=True),
+        Input("a", ("lead", *decay), "f32", decay_strides, planned=raw, binds="gate_a"),
+        Input("b", ("lead", "value_heads"), "f32", planned=raw, binds="gate_b"),
+        Input("A_log", ("value_heads",), "f32", "contiguous", planned=raw),
+        Input("dt_bias", (dt_bias,), "f32", "contiguous", planned=raw),
+        Input("g", ("lead", *decay), "f32", decay_strides, planned=pre, binds="gate_a"),
+        Input("beta", ("lead", "value_heads"), "f32", planned=pre, binds="gate_b"),
+    )
 
 
 class DeltaFamily(Family):
@@ -99,6 +121,8 @@ GDN = DeltaFamily(
     verify_split_min_pairs_per_sm=1.5,
     read_copy=True,
     nvfp4=True,
+    inputs=delta_inputs(("value_heads",), "any", "value_heads"),
+    bound_scalars=("scale",),
 )
 
 
@@ -146,4 +170,7 @@ KDA = KimiDeltaFamily(
     tile_targets=GDN.tile_targets,
     decay_per_channel=True,
     nvfp4=True,
+    # A log-decay per key channel: a and g [.., HV, K], dt_bias [HV * K]; lower_bound 0 for none.
+    inputs=delta_inputs(("value_heads", "key_dim"), "inner", "value_heads*key_dim"),
+    bound_scalars=("scale", "lower_bound"),
 )

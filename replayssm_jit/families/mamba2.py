@@ -5,6 +5,21 @@ from __future__ import annotations
 from replayssm_jit.core.dtypes import DTYPE_BYTES
 from replayssm_jit.core.tiles import TARGET_CTAS_PER_SM
 from replayssm_jit.families.base import Family, RingLayout
+from replayssm_jit.families.schema import Input
+
+# Mamba-2's token inputs, in the bindings' order (x, z [.., H, P]; dt [.., H]; B, C [.., G, N]).
+MAMBA2_INPUTS = (
+    Input("x", ("lead", "value_heads", "value_dim"), "act", "inner", aligned=True),
+    Input("z", ("lead", "value_heads", "value_dim"), "act", "inner", aligned=True,
+          planned=("has_z", "z", True)),
+    Input("dt", ("lead", "value_heads"), "f32"),
+    Input("A", ("value_heads",), "f32", "contiguous"),
+    Input("D", ("value_heads",), "f32", "contiguous", planned=("has_D", "d", True)),
+    Input("dt_bias", ("value_heads",), "f32", "contiguous",
+          planned=("has_dt_bias", "dt_bias", True)),
+    Input("B", ("lead", "key_heads", "key_dim"), "act", "inner", aligned=True),
+    Input("C", ("lead", "key_heads", "key_dim"), "act", "inner", aligned=True),
+)  # fmt: skip
 
 
 class Mamba2Family(Family):
@@ -58,6 +73,7 @@ MAMBA2 = Mamba2Family(
     flush_every_step_kernel=True,
     read_copy=True,
     nvfp4=True,
+    inputs=MAMBA2_INPUTS,
     # The conventional step wants more, smaller tiles; where no tile gives 16 CTAs per SM
     # (batch 1), the largest giving 2 (docs/tuning.md, tile_targets).
     tile_targets={

@@ -21,6 +21,7 @@ from replayssm_jit.core.dtypes import (
     MAX_WINDOW,
     dtype_name,
 )
+from replayssm_jit.core.launch_flags import cpp_flag_constants
 from replayssm_jit.core.tiles import rows_tilings
 from replayssm_jit.families import FAMILIES, get_family
 from replayssm_jit.families.base import Family, HeadShape
@@ -135,6 +136,7 @@ class KernelSpec:
             "read_t": CPP_TYPES[self.read_dtype] if self.read_dtype else "void",
             "flags": set(self.flags),
             "tilings": spec_tilings(self),
+            "launch_flags": cpp_flag_constants(),
             **fam.template_context(),
         }
 

@@ -13,6 +13,15 @@ from functools import cache
 
 import torch
 
+# The modules' flag bits are defined once, in core (rendered into every module from there).
+from replayssm_jit.core.launch_flags import (
+    FLAG_CAPPED_STATE_REGISTERS,
+    FLAG_FEW_RECORDS_WARPS,
+    FLAG_FLUSH_EVERY_STEP,
+    FLAG_OVERLAP_PRIOR_KERNEL,
+    FLAG_SPECULATIVE_RECORDS,
+    FLAG_SPLIT,
+)
 from replayssm_jit.core.tiles import (
     MAX_CTA_SHARED_BYTES,
     SPLIT_RECORDS_THREADS,
@@ -21,14 +30,6 @@ from replayssm_jit.core.tiles import (
 from replayssm_jit.families import get_family
 from replayssm_jit.families.spec import KernelSpec, spec_tilings
 from replayssm_jit.launch.config import AUTO, LaunchConfig
-
-# Bits of the modules' `flags` argument (templates/common/launch.cuh).
-FLAG_SPECULATIVE_RECORDS = 1
-FLAG_SPLIT = 4
-FLAG_FLUSH_EVERY_STEP = 8
-FLAG_FEW_RECORDS_WARPS = 16
-FLAG_CAPPED_STATE_REGISTERS = 32
-FLAG_OVERLAP_PRIOR_KERNEL = 64
 
 # 4-warp tiles beat 8-warp tiles of twice the rows.
 PREFERRED_WARPS = 4

@@ -15,6 +15,12 @@ from replayssm_jit.core.checks import (
 )
 from replayssm_jit.families.base import Family
 from replayssm_jit.families.layout import check_pool_layout
+from replayssm_jit.families.schema import (
+    CHECKPOINT_NAMES,
+    COMMIT_RING_PARAMS,
+    bind,
+    check_token_inputs,
+)
 from replayssm_jit.ops import cpu
 from replayssm_jit.ops.plan import DecodePlan
 
@@ -234,39 +240,74 @@ def run_step(
                        rings=commit_rings, num_accepted=num_accepted, accepted_path=None,
                        slot_indices=slot_indices)  # fmt: skip
         else:
-            plan.module.commit_step(tensors["cursors"], *commit_rings, num_accepted, None,
-                                    slot_indices, plan.pad_slot_id)  # fmt: skip
-    # Every ring the binding takes, None where the layout has none (separate mode's own).
-    names = [r.name for r in plan.family.rings]
-    rings = [tensors.get(name) if plan.replay else None for name in names]
+            plan.module.commit_step(*commit_args(plan, tensors, num_accepted, None, slot_indices))
     if plan.backend == "cpu":
         setup = cpu_setup(plan, seed_value, seed_tensor)
-        ring_args = dict(zip(names, rings))
+        # Every ring the step takes, None where the layout has none (separate mode's own).
+        names = [r.name for r in plan.family.rings]
+        ring_args = {name: tensors.get(name) if plan.replay else None for name in names}
         cursors = tensors.get("cursors") if plan.replay else None
         copies = {k: tensors.get(k) for k in plan.layout.checkpoint_names}
         cpu_step(setup, **copies, **ring_args, cursors=cursors, **inputs, out=out,
                  slot_indices=slot_indices)  # fmt: skip
         return out
-    tail = (
-        out,
-        slot_indices,
-        plan.pad_slot_id,
-        seed_value,
-        seed_tensor,
-        plan.rows_per_cta,
-        plan.flag_bits,
-    )
-    state = [tensors.get(k) for k in ("state", "state_scale", "state_block_scale")]
-    state[2] = _raw_bytes(state[2])
+    values = {
+        **tensors, **inputs, "state_block_scale": _raw_bytes(tensors.get("state_block_scale")),
+        "read_block_scale": _raw_bytes(tensors.get("read_block_scale")), "out": out,
+        "slot_indices": slot_indices, "pad_slot_id": plan.pad_slot_id, "seed": seed_value,
+        "seed_tensor": seed_tensor, "rows": plan.rows_per_cta, "flags": plan.flag_bits,
+        "workspace": workspace,
+    }  # fmt: skip
     if plan.replay:
-        read = [tensors.get(k) for k in ("read_state", "read_scale", "read_block_scale")]
-        read[2] = _raw_bytes(read[2])
-        plan.module.replay_step(
-            *state, *read, *rings, tensors["cursors"], *inputs.values(), *tail, workspace
-        )
+        plan.module.replay_step(*bind(plan.family, "replay_step", values))
     else:
-        plan.module.conventional_step(*state, *inputs.values(), *tail)
+        plan.module.conventional_step(*bind(plan.family, "conventional_step", values))
     return out
+
+
+def commit_args(
+    plan: DecodePlan,
+    tensors: Mapping[str, torch.Tensor | None],
+    num_accepted: torch.Tensor,
+    accepted_path: torch.Tensor | None,
+    slot_indices: torch.Tensor,
+) -> list[object]:
+    """commit_step's arguments, bound by name (the layout's rings by role, in ring order)."""
+    rings = dict(zip(COMMIT_RING_PARAMS, (tensors[name] for name in plan.layout.ring_names)))
+    values = {**rings, "cursors": tensors["cursors"], "num_accepted": num_accepted,
+              "accepted_path": accepted_path, "slot_indices": slot_indices,
+              "pad_slot_id": plan.pad_slot_id}  # fmt: skip
+    return bind(plan.family, "commit_step", values)
+
+
+def check_inputs(
+    plan: DecodePlan, lead: tuple[int, ...], given: Mapping[str, object]
+) -> dict[str, object]:
+    """The family's token inputs from `given` (by name), checked against its schema, as the
+    binding parameters they fill, then the plan scalars the bindings take (None binds as 0).
+    lead: the per-token dims, (batch,) for a step or (batch, T) for drafts."""
+    fam = plan.family
+    inputs: dict[str, object] = check_token_inputs(
+        fam, {arg.name: given.get(arg.name) for arg in fam.inputs}, shape=plan.layout.shape,
+        act_dtype=plan.layout.act_dtype, device=plan.device, flags=plan.spec.flags, lead=lead,
+    )  # fmt: skip
+    for name in fam.bound_scalars:
+        value = plan.family_options[name]
+        inputs[name] = 0.0 if value is None else value
+    return inputs
+
+
+def slot_tensors(family: Family, given: Mapping[str, object], names: tuple[str, ...]) -> dict:
+    """The slot tensors of a call by name: `names` (state, cursors, the checkpoint's scales and
+    read copy) and the family's rings, those given (state, cursors and the rings every layout
+    has always, so that the layout's check names what is missing)."""
+    tensors = {
+        n: given.get(n) for n in names if given.get(n) is not None or n in ("state", "cursors")
+    }
+    for ring in family.rings:
+        if not ring.read_copy_only or given.get(ring.name) is not None:
+            tensors[ring.name] = given.get(ring.name)
+    return tensors
 
 
 def _raw_bytes(blocks: torch.Tensor | None) -> torch.Tensor | None:
@@ -274,19 +315,21 @@ def _raw_bytes(blocks: torch.Tensor | None) -> torch.Tensor | None:
     return None if blocks is None else blocks.view(torch.uint8)
 
 
-def checkpoint_tensors(
-    state: torch.Tensor,
-    state_scale: torch.Tensor | None,
-    read_state: torch.Tensor | None,
-    read_scale: torch.Tensor | None,
-    state_block_scale: torch.Tensor | None = None,
-    read_block_scale: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
-    """A step's checkpoint tensors by name, those given (the layout says which it needs)."""
-    named = {"state": state, "state_scale": state_scale, "state_block_scale": state_block_scale,
-             "read_state": read_state, "read_scale": read_scale,
-             "read_block_scale": read_block_scale}  # fmt: skip
-    return {k: v for k, v in named.items() if v is not None or k == "state"}
+def run_decode(
+    plan: DecodePlan, family: Family, cpu_step: Callable[..., None], args: Mapping[str, object]
+) -> torch.Tensor:
+    """The body of every family's decode op: `args` are the op's arguments by name (its
+    token inputs as the family's schema names them)."""
+    check_plan(plan, family)
+    shape = plan.layout.shape
+    inputs = check_inputs(plan, (plan.batch_size,), args)
+    out = output_buffer(plan, args.get("out"), (shape.value_heads, shape.value_dim))
+    tensors = slot_tensors(family, args, (*CHECKPOINT_NAMES, "cursors"))
+    return run_step(
+        plan, tensors, inputs, out=out, slot_indices=args["slot_indices"],
+        workspace=args.get("workspace"), seed=args.get("seed"), cpu_step=cpu_step,
+        num_accepted=args.get("num_accepted"),
+    )  # fmt: skip
 
 
 def output_buffer(

@@ -32,74 +32,10 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_jit.core.checks import check_aligned_rows, check_tensor
 from replayssm_jit.families import GDN
 from replayssm_jit.ops import cpu
-from replayssm_jit.ops.decode import check_plan, checkpoint_tensors, output_buffer, run_step
+from replayssm_jit.ops.decode import run_decode
 from replayssm_jit.ops.plan import DecodePlan
-
-
-def _check_gates(
-    plan: DecodePlan, given: dict[str, torch.Tensor | None], lead: tuple[int, ...]
-) -> tuple:
-    """(gate_a, gate_b, A_log, dt_bias) in the bindings' order, from the named gates. With a
-    decay per key channel (KDA) a and g are [*lead, HV, K] (unit stride in K) and dt_bias
-    [HV * K]."""
-    shape, dev = plan.layout.shape, plan.device
-    HV, K = shape.value_heads, shape.key_dim
-    per_channel = plan.family.decay_per_channel
-    decay_shape = (*lead, HV, K) if per_channel else (*lead, HV)
-    raw = "gates_in_kernel" in plan.spec.flags
-    wanted = ("a", "b", "A_log", "dt_bias") if raw else ("g", "beta")
-    for name, t in given.items():
-        if (t is not None) != (name in wanted):
-            raise ValueError(
-                f"{name}: expected {'a tensor' if name in wanted else 'None'} (plan() had "
-                f"gates_in_kernel={raw}: pass {', '.join(wanted)}), "
-                f"got {'a tensor' if t is not None else 'None'}"
-            )
-    check_tensor(wanted[0], given[wanted[0]], shape=decay_shape, dtype=torch.float32, device=dev,
-                 inner_contiguous=per_channel)  # fmt: skip
-    check_tensor(wanted[1], given[wanted[1]], shape=(*lead, HV), dtype=torch.float32, device=dev)
-    for name in wanted[2:]:
-        length = HV * K if per_channel and name == "dt_bias" else HV
-        check_tensor(
-            name, given[name], shape=(length,), dtype=torch.float32, device=dev, contiguous=True
-        )
-    if raw:
-        return given["a"], given["b"], given["A_log"], given["dt_bias"]
-    return given["g"], given["beta"], None, None
-
-
-def check_inputs(
-    plan: DecodePlan,
-    lead: tuple[int, ...],
-    *,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    gates: dict[str, torch.Tensor | None],
-) -> dict[str, object]:
-    """The token inputs, each checked, in the bindings' order (the plan's scale, then KDA's
-    lower_bound, 0 for none, last). lead: the
-    per-token dims, (batch,) for a step or (batch, T) for drafts; gates: a, b, A_log, dt_bias, g
-    and beta by name (None where not given)."""
-    shape = plan.layout.shape
-    H, HV, K, V = shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim
-    act, dev = plan.layout.act_dtype, plan.device
-    check_tensor("q", q, shape=(*lead, H, K), dtype=act, device=dev, inner_contiguous=True)
-    check_tensor("k", k, shape=(*lead, H, K), dtype=act, device=dev, inner_contiguous=True)
-    check_tensor("v", v, shape=(*lead, HV, V), dtype=act, device=dev, inner_contiguous=True)
-    gate_a, gate_b, A_log, dt_bias = _check_gates(plan, gates, lead)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_aligned_rows(name, t)
-    inputs = {
-        "q": q, "k": k, "v": v, "gate_a": gate_a, "gate_b": gate_b,
-        "A_log": A_log, "dt_bias": dt_bias, "scale": plan.family_options["scale"],
-    }  # fmt: skip
-    if plan.family.decay_per_channel:
-        inputs["lower_bound"] = plan.family_options["lower_bound"] or 0.0
-    return inputs
 
 
 # A decode step is inference: the kernels ignore autograd, and so does the CPU path (an
@@ -146,24 +82,5 @@ def gdn_decode(
     fused commit of the last verify) as in mamba2_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
-    copies = checkpoint_tensors(state, state_scale, read_state, read_scale, state_block_scale,
-                                read_block_scale)  # fmt: skip
-    tensors = {**copies, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
-    # Separate mode's rings, named only where given (other layouts have none).
-    tensors.update({k: t for k, t in (("rec_v", rec_v), ("rec_beta", rec_beta)) if t is not None})
-    gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return delta_decode(plan, GDN, cpu.gdn_step, tensors, q, k, v, gates, slot_indices, out,
-                        workspace, seed, num_accepted)  # fmt: skip
-
-
-def delta_decode(plan, family, cpu_step, tensors, q, k, v, gates, slot_indices, out, workspace,
-                 seed, num_accepted=None) -> torch.Tensor:  # fmt: skip
-    """The body of gdn_decode and kda_decode (their families' checks, then one step)."""
-    check_plan(plan, family)
-    shape = plan.layout.shape
-    inputs = check_inputs(plan, (plan.batch_size,), q=q, k=k, v=v, gates=gates)
-    out = output_buffer(plan, out, (shape.value_heads, shape.value_dim))
-    return run_step(
-        plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,
-        seed=seed, cpu_step=cpu_step, num_accepted=num_accepted,
-    )  # fmt: skip
+    # The arguments by name: the family's schema picks and checks its inputs among them.
+    return run_decode(plan, GDN, cpu.gdn_step, locals())

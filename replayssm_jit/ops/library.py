@@ -10,6 +10,8 @@ and the op looks it up when it runs. Keep the handle a constant of the compiled 
 attribute, a closure value): dynamo then bakes it into the graph like any int constant, and a
 CUDA graph replays the launch the lookup chose at capture. release_plan() drops the entry.
 
+Each op's arguments come from its family's schema (families/schema.py: op_args) and are
+keyword-only after the plan, so that no caller, compiled graphs included, binds by position.
 Every op mutates `out` (required) and the caller's slot tensors in place and returns nothing;
 its schema marks each tensor it may write, so functionalization and reinplacing see them. The
 kernel is the functional op itself (one code path, same checks); the fake kernel writes and
@@ -29,6 +31,16 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from replayssm_jit.families import FAMILIES
+from replayssm_jit.families.schema import (
+    COMMIT_DRAFTS_ARGS,
+    COMMIT_RING_PARAMS,
+    COMMIT_SNAPSHOTS_ARGS,
+    SEED,
+    Param,
+    op_args,
+)
+from replayssm_jit.families.schema import OPS as SCHEMA_OPS
 from replayssm_jit.ops.gdn import gdn_decode
 from replayssm_jit.ops.kda import kda_decode
 from replayssm_jit.ops.mamba2 import mamba2_decode
@@ -96,33 +108,32 @@ def release_plan(handle: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _parse(arg: str) -> tuple[str, str, bool]:
-    """(name, schema type, mutated) of one spec entry: "x" a tensor, "x?" an optional tensor,
-    "x!" / "x!?" a written (optional) tensor, "x:SymInt?" an optional scalar."""
-    name, _, scalar = arg.partition(":")
-    if scalar:
-        return name, scalar, False
-    optional, name = name.endswith("?"), name.rstrip("?")
-    mutated, name = name.endswith("!"), name.rstrip("!")
-    return name, "Tensor?" if optional else "Tensor", mutated
+def _schema_types(args: Sequence[Param]) -> list[tuple[str, str, bool]]:
+    """(name, schema type, written) of each argument (required ones first, as the schema
+    needs); the seed (an int or an int64 device tensor) becomes seed and seed_tensor."""
+    parsed = []
+    for p in args:
+        if p is SEED:
+            parsed += [("seed", "SymInt?", False), ("seed_tensor", "Tensor?", False)]
+        else:
+            parsed.append((p.name, "Tensor?" if p.optional else "Tensor", p.written))
+    return sorted(parsed, key=lambda arg: arg[1].endswith("?"))
 
 
-def _ordered(args: Sequence[str]) -> list[tuple[str, str, bool]]:
-    """The parsed `args`, required ones first (a schema puts no default before a non-default)."""
-    return sorted(map(_parse, args), key=lambda arg: arg[1].endswith("?"))
-
-
-def _schema(args: Sequence[str]) -> tuple[str, list[str]]:
-    """The schema "(int plan, ...) -> ()" of `args` and the names it marks written."""
-    parts, mutated = ["int plan"], []
+def _schema(args: Sequence[Param]) -> tuple[str, list[str], list[str]]:
+    """The schema "(int plan, ...) -> ()" of `args`, its argument names in order, and the
+    names it marks written."""
+    parts, names, mutated = ["int plan"], [], []
     aliases = iter(string.ascii_lowercase)
-    for name, kind, writes in _ordered(args):
+    for name, kind, writes in _schema_types(args):
         if writes:
             base, opt = kind.rstrip("?"), kind[len(kind.rstrip("?")) :]
             kind = f"{base}({next(aliases)}!){opt}"
             mutated.append(name)
         parts.append(f"{kind} {name}" + ("=None" if kind.endswith("?") else ""))
-    return f"({', '.join(parts)}) -> ()", mutated
+        names.append(name)
+    # Keyword-only after the plan: callers (and compiled graphs) bind by name, never by position.
+    return f"({parts[0]}, *, {', '.join(parts[1:])}) -> ()", names, mutated
 
 
 def _seeded(kwargs: dict) -> dict:
@@ -153,12 +164,12 @@ _LIB = torch.library.Library(NAMESPACE, "DEF")
 
 
 def register_op(
-    name: str, args: Sequence[str], call: Callable[[DecodePlan, int, dict], None]
+    name: str, args: Sequence[Param], call: Callable[[DecodePlan, int, dict], None]
 ) -> torch._ops.OpOverloadPacket:
-    """Register replayssm::`name` with a plan handle then `args` (see _parse; callers should
-    pass tensors by keyword); `call(plan, handle, kwargs)` runs the functional op."""
-    schema, written = _schema(args)
-    names = [name for name, _, _ in _ordered(args)]
+    """Register replayssm::`name` with a plan handle then `args` (families/schema.py's op_args;
+    callers should pass tensors by keyword); `call(plan, handle, kwargs)` runs the functional
+    op."""
+    schema, names, written = _schema(args)
 
     def kernel(plan: int, *given, **kwargs) -> None:
         kwargs = {**dict(zip(names, given)), **kwargs}
@@ -186,26 +197,6 @@ def register_op(
 # The ops
 # ---------------------------------------------------------------------------------------------
 
-_SEED = ("seed:SymInt?", "seed_tensor?")
-_MAMBA2_TOKEN = ("x", "dt", "A", "B", "C", "slot_indices", "out!", "D?", "z?", "dt_bias?")
-_GDN_TOKEN = ("q", "k", "v", "slot_indices", "out!", "a?", "b?", "A_log?", "dt_bias?", "g?",
-              "beta?")  # fmt: skip
-_DRAFTS = ("num_drafts?", "parents?", "num_accepted?")
-_M2_SLOTS = ("state!", "rec_x!", "rec_b!", "rec_dt!", "cursors!")
-_GDN_SLOTS = ("state!", "rec_u!", "rec_k!", "rec_g!", "cursors!")
-# A decode step's checkpoint tensors besides state, where the layout has them (e4m3 / nvfp4
-# scales; Mamba-2's separate-mode read copy).
-_M2_CHECKPOINT = ("state_scale!?", "read_state!?", "read_scale!?", "state_block_scale!?",
-                  "read_block_scale!?")  # fmt: skip
-_GDN_CHECKPOINT = ("state_scale!?", "state_block_scale!?")
-# GDN's separate mode: the read copy and the rings a flush recomputes u from.
-_GDN_SEPARATE = ("read_state!?", "read_scale!?", "read_block_scale!?", "rec_v!?", "rec_beta!?")
-
-
-def _optional(args: Sequence[str]) -> tuple[str, ...]:
-    # A conventional step leaves the rings and cursors out.
-    return tuple(f"{arg}?" for arg in args)
-
 
 def _step(fn: Callable, verify: bool = False) -> Callable[[DecodePlan, int, dict], None]:
     return lambda plan, handle, kw: fn(plan, **_seeded(_with_workspace(plan, handle, kw, verify)))
@@ -215,9 +206,9 @@ def _without_workspace_or_seed(fn: Callable) -> Callable[[DecodePlan, int, dict]
     return lambda plan, handle, kw: fn(plan, **kw)
 
 
-# commit_drafts' ring arguments in every family's ring order (families/*, rings): the rows on
-# value heads (Mamba-2 x, GDN/KDA u), the rows on key heads (B, k), the decay inputs (dt, g).
-COMMIT_RING_ARGS = ("value_ring", "key_ring", "decay_ring")
+# commit_drafts' ring arguments by role, in every family's ring order (families/*, rings): the
+# rows on value heads (Mamba-2 x, GDN/KDA u), the rows on key heads (B, k), the decay inputs.
+COMMIT_RING_ARGS = COMMIT_RING_PARAMS
 
 
 def _commit_drafts(plan: DecodePlan, handle: int, kw: dict) -> None:
@@ -226,93 +217,32 @@ def _commit_drafts(plan: DecodePlan, handle: int, kw: dict) -> None:
     commit_drafts(plan, tensors, **kw)
 
 
+# The public ops of each family, by the name <family>_<op>: the functional op of ops/ and its
+# arguments from the family's schema (the registry decides which families there are).
+_FUNCTIONS = {
+    "mamba2_decode": mamba2_decode, "gdn_decode": gdn_decode, "kda_decode": kda_decode,
+    "mamba2_verify": mamba2_verify, "gdn_verify": gdn_verify, "kda_verify": kda_verify,
+    "mamba2_snapshot_verify": mamba2_snapshot_verify, "gdn_snapshot_verify": gdn_snapshot_verify,
+    "kda_snapshot_verify": kda_snapshot_verify,
+}  # fmt: skip
+
+
+def _call(op: str, fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
+    if op == "snapshot_verify":  # (reads no workspace and no seed)
+        return _without_workspace_or_seed(fn)
+    return _step(fn, verify=op == "verify")
+
+
 OPS = {
-    "mamba2_decode": register_op(
-        "mamba2_decode",
-        (
-            _M2_SLOTS[0],
-            *_MAMBA2_TOKEN,
-            *_optional(_M2_SLOTS[1:]),
-            "workspace!?",
-            *_SEED,
-            *_M2_CHECKPOINT,
-            "num_accepted?",
-        ),
-        _step(mamba2_decode),
-    ),
-    "gdn_decode": register_op(
-        "gdn_decode",
-        (
-            _GDN_SLOTS[0],
-            *_GDN_TOKEN,
-            *_optional(_GDN_SLOTS[1:]),
-            "workspace!?",
-            *_SEED,
-            *_GDN_CHECKPOINT,
-            "num_accepted?",
-            *_GDN_SEPARATE,
-        ),
-        _step(gdn_decode),
-    ),
-    # KDA: GDN's arguments (a and g [batch, HV, K], dt_bias [HV * K]).
-    "kda_decode": register_op(
-        "kda_decode",
-        (
-            _GDN_SLOTS[0],
-            *_GDN_TOKEN,
-            *_optional(_GDN_SLOTS[1:]),
-            "workspace!?",
-            *_SEED,
-            *_GDN_CHECKPOINT,
-            "num_accepted?",
-        ),
-        _step(kda_decode),
-    ),
-    "mamba2_verify": register_op(
-        "mamba2_verify",
-        (*_M2_SLOTS, *_MAMBA2_TOKEN, *_DRAFTS, "workspace!?", *_SEED),
-        _step(mamba2_verify, verify=True),
-    ),
-    "gdn_verify": register_op(
-        "gdn_verify",
-        (*_GDN_SLOTS, *_GDN_TOKEN, *_DRAFTS, "workspace!?", *_SEED),
-        _step(gdn_verify, verify=True),
-    ),
-    "kda_verify": register_op(
-        "kda_verify",
-        (*_GDN_SLOTS, *_GDN_TOKEN, *_DRAFTS, "workspace!?", *_SEED),
-        _step(kda_verify, verify=True),
-    ),
-    "commit_drafts": register_op(
-        "commit_drafts",
-        (
-            "cursors!",
-            *(f"{arg}!" for arg in COMMIT_RING_ARGS),
-            "num_accepted",
-            "slot_indices",
-            "accepted_path?",
-            "parents?",
-        ),
-        _commit_drafts,
-    ),
-    "mamba2_snapshot_verify": register_op(
-        "mamba2_snapshot_verify",
-        ("state!", *_MAMBA2_TOKEN, "snapshot_slots", "num_drafts?"),
-        _without_workspace_or_seed(mamba2_snapshot_verify),
-    ),
-    "gdn_snapshot_verify": register_op(
-        "gdn_snapshot_verify",
-        ("state!", *_GDN_TOKEN, "snapshot_slots", "num_drafts?"),
-        _without_workspace_or_seed(gdn_snapshot_verify),
-    ),
-    "kda_snapshot_verify": register_op(
-        "kda_snapshot_verify",
-        ("state!", *_GDN_TOKEN, "snapshot_slots", "num_drafts?"),
-        _without_workspace_or_seed(kda_snapshot_verify),
-    ),
-    "commit_snapshots": register_op(
-        "commit_snapshots",
-        ("state!", "snapshot_slots", "num_accepted", "slot_indices"),
-        _without_workspace_or_seed(commit_snapshots),
-    ),
+    f"{family.name}_{op}": register_op(
+        f"{family.name}_{op}",
+        op_args(family, op),
+        _call(op, _FUNCTIONS[f"{family.name}_{op}"]),
+    )
+    for family in FAMILIES.values()
+    for op in SCHEMA_OPS
 }
+OPS["commit_drafts"] = register_op("commit_drafts", COMMIT_DRAFTS_ARGS, _commit_drafts)
+OPS["commit_snapshots"] = register_op(
+    "commit_snapshots", COMMIT_SNAPSHOTS_ARGS, _without_workspace_or_seed(commit_snapshots)
+)

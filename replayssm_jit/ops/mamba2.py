@@ -23,51 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from replayssm_jit.core.checks import check_aligned_rows, check_planned, check_tensor
 from replayssm_jit.families import MAMBA2
 from replayssm_jit.ops import cpu
-from replayssm_jit.ops.decode import check_plan, checkpoint_tensors, output_buffer, run_step
+from replayssm_jit.ops.decode import run_decode
 from replayssm_jit.ops.plan import DecodePlan
-
-
-def check_inputs(
-    plan: DecodePlan,
-    lead: tuple[int, ...],
-    *,
-    x: torch.Tensor,
-    dt: torch.Tensor,
-    A: torch.Tensor,
-    B: torch.Tensor,
-    C: torch.Tensor,
-    D: torch.Tensor | None,
-    z: torch.Tensor | None,
-    dt_bias: torch.Tensor | None,
-) -> dict[str, torch.Tensor | None]:
-    """The token inputs, each checked, in the bindings' order. lead: the per-token dims, (batch,)
-    for a step or (batch, T) for drafts."""
-    shape = plan.layout.shape
-    H, G, P, N = shape.value_heads, shape.key_heads, shape.value_dim, shape.key_dim
-    act, dev = plan.layout.act_dtype, plan.device
-    flags = plan.spec.flags
-    check_tensor("x", x, shape=(*lead, H, P), dtype=act, device=dev, inner_contiguous=True)
-    check_tensor("dt", dt, shape=(*lead, H), dtype=torch.float32, device=dev)
-    check_tensor("A", A, shape=(H,), dtype=torch.float32, device=dev, contiguous=True)
-    check_tensor("B", B, shape=(*lead, G, N), dtype=act, device=dev, inner_contiguous=True)
-    check_tensor("C", C, shape=(*lead, G, N), dtype=act, device=dev, inner_contiguous=True)
-    for name, t, flag, plan_arg in (
-        ("D", D, "d", "has_D"),
-        ("dt_bias", dt_bias, "dt_bias", "has_dt_bias"),
-        ("z", z, "z", "has_z"),
-    ):
-        check_planned(name, t, flag in flags, f"{plan_arg}={flag in flags}")
-    for name, t in (("D", D), ("dt_bias", dt_bias)):
-        if t is not None:
-            check_tensor(name, t, shape=(H,), dtype=torch.float32, device=dev, contiguous=True)
-    if z is not None:
-        check_tensor("z", z, shape=(*lead, H, P), dtype=act, device=dev, inner_contiguous=True)
-    for name, t in (("x", x), ("B", B), ("C", C), ("z", z)):
-        check_aligned_rows(name, t)
-    return {"x": x, "z": z, "dt": dt, "A": A, "D": D, "dt_bias": dt_bias, "B": B, "C": C}
 
 
 # A decode step is inference: the kernels ignore autograd, and so does the CPU path (an
@@ -116,16 +75,5 @@ def mamba2_decode(
     out (and workspace) may share no memory with an input. Everything is checked before the
     launch; a failed call changes nothing.
     """
-    check_plan(plan, MAMBA2)
-    shape = plan.layout.shape
-    inputs = check_inputs(plan, (plan.batch_size,), x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
-                          dt_bias=dt_bias)  # fmt: skip
-    out = output_buffer(plan, out, (shape.value_heads, shape.value_dim))
-    copies = checkpoint_tensors(state, state_scale, read_state, read_scale, state_block_scale,
-                                read_block_scale)  # fmt: skip
-    tensors = {**copies, "rec_x": rec_x,
-               "rec_b": rec_b, "rec_dt": rec_dt, "cursors": cursors}  # fmt: skip
-    return run_step(
-        plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,
-        seed=seed, cpu_step=cpu.mamba2_step, num_accepted=num_accepted,
-    )  # fmt: skip
+    # The arguments by name: the family's schema picks and checks its inputs among them.
+    return run_decode(plan, MAMBA2, cpu.mamba2_step, locals())

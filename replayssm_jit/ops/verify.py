@@ -40,14 +40,15 @@ from replayssm_jit.core.cursor_words import CURSOR_HELD, CURSOR_PENDING
 from replayssm_jit.core.dtypes import MAX_VERIFY_DRAFTS
 from replayssm_jit.families import GDN, KDA, MAMBA2
 from replayssm_jit.families.base import Family
+from replayssm_jit.families.schema import bind
 from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops import cpu
-from replayssm_jit.ops import gdn as gdn_ops
-from replayssm_jit.ops import mamba2 as mamba2_ops
 from replayssm_jit.ops.decode import (
     check_cursors,
+    check_inputs,
     check_plan,
     check_slot_tensors,
+    commit_args,
     cpu_setup,
     output_buffer,
     reads_device_values,
@@ -205,22 +206,23 @@ def _verify(
                         )
         if num_accepted is not None:
             _check_accepted(plan, num_accepted, _cursor_words(tensors["cursors"], live))
-    rings = [tensors[name] for name in plan.layout.ring_names]
     if num_accepted is None:
         FUSED_FORM.discard(tensors["cursors"])
     else:
         FUSED_FORM.set(tensors["cursors"], weakref.ref(num_accepted))
     if plan.backend == "cpu":
-        ring_args = dict(zip(plan.layout.ring_names, rings))
+        ring_args = {name: tensors[name] for name in plan.layout.ring_names}
         cpu_verify(cpu_setup(plan, seed_value, seed_tensor), state=tensors["state"], **ring_args,
                    cursors=tensors["cursors"], **inputs, out=out, slot_indices=slot_indices,
                    **index)  # fmt: skip
         return out
-    plan.module.verify_step(
-        tensors["state"], *rings, tensors["cursors"], *inputs.values(), out, slot_indices,
-        plan.pad_slot_id, seed_value, seed_tensor, num_drafts, parents, num_accepted,
-        plan.verify_rows_per_cta, FLAG_SPLIT if plan.verify_kernel == "split" else 0, workspace,
-    )  # fmt: skip
+    values = {
+        **tensors, **inputs, **index, "out": out, "slot_indices": slot_indices,
+        "pad_slot_id": plan.pad_slot_id, "seed": seed_value, "seed_tensor": seed_tensor,
+        "rows": plan.verify_rows_per_cta, "workspace": workspace,
+        "flags": FLAG_SPLIT if plan.verify_kernel == "split" else 0,
+    }  # fmt: skip
+    plan.module.verify_step(*bind(plan.family, "verify_step", values))
     return out
 
 
@@ -261,17 +263,8 @@ def mamba2_verify(
     overwrites (allocated when None and plan.verify_kernel is "split"; the per-item verify
     reads none).
     """
-    T = _check_speculative_plan(plan, MAMBA2, "replay", "mamba2_verify")
-    shape = plan.layout.shape
-    inputs = mamba2_ops.check_inputs(plan, (plan.batch_size, T), x=x, dt=dt, A=A, B=B, C=C, D=D,
-                                     z=z, dt_bias=dt_bias)  # fmt: skip
-    out = output_buffer(plan, out, (T, shape.value_heads, shape.value_dim))
-    tensors = {"state": state, "rec_x": rec_x, "rec_b": rec_b, "rec_dt": rec_dt, "cursors": cursors}
-    return _verify(
-        plan, tensors, inputs, out=out, slot_indices=slot_indices, num_drafts=num_drafts,
-        parents=parents, num_accepted=num_accepted, seed=seed, workspace=workspace,
-        cpu_verify=cpu.mamba2_verify,
-    )  # fmt: skip
+    # The arguments by name: the family's schema picks and checks its inputs among them.
+    return _verify_op(plan, MAMBA2, "mamba2_verify", cpu.mamba2_verify, locals())
 
 
 @torch.no_grad()
@@ -305,11 +298,7 @@ def gdn_verify(
     Gates as in gdn_decode, with the draft dim. The rest as in mamba2_verify; each draft's
     correction u is computed along its own root path, so a tree's accepted path commits exactly.
     """
-    tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
-    gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return _delta_verify(plan, GDN, "gdn_verify", cpu.gdn_verify, tensors, q, k, v, gates,
-                         slot_indices, out, num_drafts, parents, num_accepted, seed,
-                         workspace)  # fmt: skip
+    return _verify_op(plan, GDN, "gdn_verify", cpu.gdn_verify, locals())
 
 
 @torch.no_grad()
@@ -344,24 +333,22 @@ def kda_verify(
     (unit stride in K), b or beta [batch, T, HV], dt_bias [HV * K]. KDA verifies with the
     per-item kernel only (it reads no workspace).
     """
-    tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
-    gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return _delta_verify(plan, KDA, "kda_verify", cpu.kda_verify, tensors, q, k, v, gates,
-                         slot_indices, out, num_drafts, parents, num_accepted, seed,
-                         workspace)  # fmt: skip
+    return _verify_op(plan, KDA, "kda_verify", cpu.kda_verify, locals())
 
 
-def _delta_verify(plan, family, op, cpu_verify, tensors, q, k, v, gates, slot_indices, out,
-                  num_drafts, parents, num_accepted, seed, workspace) -> torch.Tensor:  # fmt: skip
-    """The body of gdn_verify and kda_verify (their family's checks, then _verify)."""
+def _verify_op(plan, family, op, cpu_verify, args) -> torch.Tensor:
+    """The body of every family's verify op: `args` are its arguments by name."""
     T = _check_speculative_plan(plan, family, "replay", op)
     shape = plan.layout.shape
-    inputs = gdn_ops.check_inputs(plan, (plan.batch_size, T), q=q, k=k, v=v, gates=gates)
-    out = output_buffer(plan, out, (T, shape.value_heads, shape.value_dim))
+    inputs = check_inputs(plan, (plan.batch_size, T), args)
+    out = output_buffer(plan, args.get("out"), (T, shape.value_heads, shape.value_dim))
+    tensors = {"state": args["state"], **{n: args[n] for n in plan.layout.ring_names},
+               "cursors": args["cursors"]}  # fmt: skip
     return _verify(
-        plan, tensors, inputs, out=out, slot_indices=slot_indices, num_drafts=num_drafts,
-        parents=parents, num_accepted=num_accepted, seed=seed, workspace=workspace,
-        cpu_verify=cpu_verify,
+        plan, tensors, inputs, out=out, slot_indices=args["slot_indices"],
+        num_drafts=args.get("num_drafts"), parents=args.get("parents"),
+        num_accepted=args.get("num_accepted"), seed=args.get("seed"),
+        workspace=args.get("workspace"), cpu_verify=cpu_verify,
     )  # fmt: skip
 
 
@@ -440,8 +427,7 @@ def commit_drafts(
                    num_accepted=num_accepted, accepted_path=accepted_path,
                    slot_indices=slot_indices)  # fmt: skip
         return
-    plan.module.commit_step(tensors["cursors"], *rings, num_accepted, accepted_path,
-                            slot_indices, plan.pad_slot_id)  # fmt: skip
+    plan.module.commit_step(*commit_args(plan, tensors, num_accepted, accepted_path, slot_indices))
 
 
 def _check_paths(paths, parents, accepted: dict[int, int], words: dict[int, list[int]]) -> None:
@@ -537,10 +523,12 @@ def _snapshot(
                      slot_indices=slot_indices, snapshot_slots=snapshot_slots,
                      num_drafts=num_drafts)  # fmt: skip
         return out
-    plan.module.snapshot_step(
-        state, *inputs.values(), out, slot_indices, snapshot_slots, plan.pad_slot_id, num_drafts,
-        plan.verify_rows_per_cta,
-    )  # fmt: skip
+    values = {
+        **inputs, "state": state, "out": out, "slot_indices": slot_indices,
+        "snapshot_slots": snapshot_slots, "pad_slot_id": plan.pad_slot_id,
+        "num_drafts": num_drafts, "rows": plan.verify_rows_per_cta,
+    }  # fmt: skip
+    plan.module.snapshot_step(*bind(plan.family, "snapshot_step", values))
     return out
 
 
@@ -568,14 +556,8 @@ def mamba2_snapshot_verify(
     row's own, each once). Returns out [batch, T, H, P], zero for j >= t. The row's own state is
     not written: commit_snapshots copies the accepted snapshot into it.
     """
-    T = _check_speculative_plan(plan, MAMBA2, None, "mamba2_snapshot_verify")
-    shape = plan.layout.shape
-    inputs = mamba2_ops.check_inputs(plan, (plan.batch_size, T), x=x, dt=dt, A=A, B=B, C=C, D=D,
-                                     z=z, dt_bias=dt_bias)  # fmt: skip
-    out = output_buffer(plan, out, (T, shape.value_heads, shape.value_dim))
-    return _snapshot(plan, state, inputs, out=out, slot_indices=slot_indices,
-                     snapshot_slots=snapshot_slots, num_drafts=num_drafts,
-                     cpu_snapshot=cpu.mamba2_snapshot)  # fmt: skip
+    # The arguments by name: the family's schema picks and checks its inputs among them.
+    return _snapshot_op(plan, MAMBA2, "mamba2_snapshot_verify", cpu.mamba2_snapshot, locals())
 
 
 @torch.no_grad()
@@ -599,9 +581,7 @@ def gdn_snapshot_verify(
 ) -> torch.Tensor:
     """The conventional GDN spec baseline; see mamba2_snapshot_verify. Returns out
     [batch, T, HV, V]."""
-    gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return _delta_snapshot(plan, GDN, "gdn_snapshot_verify", cpu.gdn_snapshot, state, q, k, v,
-                           gates, slot_indices, snapshot_slots, out, num_drafts)  # fmt: skip
+    return _snapshot_op(plan, GDN, "gdn_snapshot_verify", cpu.gdn_snapshot, locals())
 
 
 @torch.no_grad()
@@ -625,20 +605,17 @@ def kda_snapshot_verify(
 ) -> torch.Tensor:
     """The conventional KDA spec baseline; see mamba2_snapshot_verify, gates as kda_verify's.
     Returns out [batch, T, HV, V]."""
-    gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return _delta_snapshot(plan, KDA, "kda_snapshot_verify", cpu.kda_snapshot, state, q, k, v,
-                           gates, slot_indices, snapshot_slots, out, num_drafts)  # fmt: skip
+    return _snapshot_op(plan, KDA, "kda_snapshot_verify", cpu.kda_snapshot, locals())
 
 
-def _delta_snapshot(plan, family, op, cpu_snapshot, state, q, k, v, gates, slot_indices,
-                    snapshot_slots, out, num_drafts) -> torch.Tensor:  # fmt: skip
-    """The body of gdn_snapshot_verify and kda_snapshot_verify."""
+def _snapshot_op(plan, family, op, cpu_snapshot, args) -> torch.Tensor:
+    """The body of every family's snapshot verify: `args` are its arguments by name."""
     T = _check_speculative_plan(plan, family, None, op)
     shape = plan.layout.shape
-    inputs = gdn_ops.check_inputs(plan, (plan.batch_size, T), q=q, k=k, v=v, gates=gates)
-    out = output_buffer(plan, out, (T, shape.value_heads, shape.value_dim))
-    return _snapshot(plan, state, inputs, out=out, slot_indices=slot_indices,
-                     snapshot_slots=snapshot_slots, num_drafts=num_drafts,
+    inputs = check_inputs(plan, (plan.batch_size, T), args)
+    out = output_buffer(plan, args.get("out"), (T, shape.value_heads, shape.value_dim))
+    return _snapshot(plan, args["state"], inputs, out=out, slot_indices=args["slot_indices"],
+                     snapshot_slots=args["snapshot_slots"], num_drafts=args.get("num_drafts"),
                      cpu_snapshot=cpu_snapshot)  # fmt: skip
 
 

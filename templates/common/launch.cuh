@@ -11,13 +11,8 @@ inline cudaStream_t current_stream(const tvm::ffi::TensorView& t) {
   return static_cast<cudaStream_t>(TVMFFIEnvGetStream(t.device().device_type, t.device().device_id));
 }
 
-// Bits of the bindings' `flags` argument (replayssm_jit/ops/tiling.py sets them).
-constexpr int64_t kFlagSpeculativeRecords = 1;  // issue ring loads before the cursor is read
-constexpr int64_t kFlagSplit = 4;               // ReplaySSM step as a records kernel, then a state kernel
-constexpr int64_t kFlagFlushEveryStep = 8;      // per-item ReplaySSM step that flushes every token
-constexpr int64_t kFlagFewRecordsWarps = 16;    // split step with records CTAs of 4 warps (GDN)
-constexpr int64_t kFlagCappedStateRegisters = 32;  // split step whose state kernel caps its registers (GDN)
-constexpr int64_t kFlagOverlapPriorKernel = 64;    // launch as a programmatic dependent of the previous kernel
+// The bits of the bindings' `flags` argument (kFlag*) are rendered into each module from
+// replayssm_jit/core/launch_flags.py, their one definition.
 
 // The split kernel's workspace (sized by the wrapper; checked again here): float32, contiguous,
 // at least `needed` elements.
