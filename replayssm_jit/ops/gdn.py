@@ -34,7 +34,7 @@ import torch
 
 from replayssm_jit.core.checks import check_aligned_rows, check_tensor
 from replayssm_jit.families import GDN
-from replayssm_jit.ops import cpu
+from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import check_plan, checkpoint_tensors, output_buffer, run_step
 from replayssm_jit.ops.plan import DecodePlan
 
@@ -152,11 +152,11 @@ def gdn_decode(
     # Separate mode's rings, named only where given (other layouts have none).
     tensors.update({k: t for k, t in (("rec_v", rec_v), ("rec_beta", rec_beta)) if t is not None})
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return delta_decode(plan, GDN, cpu.gdn_step, tensors, q, k, v, gates, slot_indices, out,
+    return delta_decode(plan, GDN, torch_path.gdn_step, tensors, q, k, v, gates, slot_indices, out,
                         workspace, seed, num_accepted)  # fmt: skip
 
 
-def delta_decode(plan, family, cpu_step, tensors, q, k, v, gates, slot_indices, out, workspace,
+def delta_decode(plan, family, torch_step, tensors, q, k, v, gates, slot_indices, out, workspace,
                  seed, num_accepted=None) -> torch.Tensor:  # fmt: skip
     """The body of gdn_decode and kda_decode (their families' checks, then one step)."""
     check_plan(plan, family)
@@ -165,5 +165,5 @@ def delta_decode(plan, family, cpu_step, tensors, q, k, v, gates, slot_indices, 
     out = output_buffer(plan, out, (shape.value_heads, shape.value_dim))
     return run_step(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,
-        seed=seed, cpu_step=cpu_step, num_accepted=num_accepted,
+        seed=seed, torch_step=torch_step, num_accepted=num_accepted,
     )  # fmt: skip

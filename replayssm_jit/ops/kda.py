@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from replayssm_jit.families import KDA
-from replayssm_jit.ops import cpu
+from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import checkpoint_tensors
 from replayssm_jit.ops.gdn import delta_decode
 from replayssm_jit.ops.plan import DecodePlan
@@ -71,5 +71,5 @@ def kda_decode(
     copies = checkpoint_tensors(state, state_scale, None, None, state_block_scale)
     tensors = {**copies, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return delta_decode(plan, KDA, cpu.kda_step, tensors, q, k, v, gates, slot_indices, out,
+    return delta_decode(plan, KDA, torch_path.kda_step, tensors, q, k, v, gates, slot_indices, out,
                         workspace, seed, num_accepted)  # fmt: skip

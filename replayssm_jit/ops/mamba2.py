@@ -25,7 +25,7 @@ import torch
 
 from replayssm_jit.core.checks import check_aligned_rows, check_planned, check_tensor
 from replayssm_jit.families import MAMBA2
-from replayssm_jit.ops import cpu
+from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import check_plan, checkpoint_tensors, output_buffer, run_step
 from replayssm_jit.ops.plan import DecodePlan
 
@@ -127,5 +127,5 @@ def mamba2_decode(
                "rec_b": rec_b, "rec_dt": rec_dt, "cursors": cursors}  # fmt: skip
     return run_step(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, workspace=workspace,
-        seed=seed, cpu_step=cpu.mamba2_step, num_accepted=num_accepted,
+        seed=seed, torch_step=torch_path.mamba2_step, num_accepted=num_accepted,
     )  # fmt: skip

@@ -41,20 +41,21 @@ from replayssm_jit.core.dtypes import MAX_VERIFY_DRAFTS
 from replayssm_jit.families import GDN, KDA, MAMBA2
 from replayssm_jit.families.base import Family
 from replayssm_jit.launch.policy import FLAG_SPLIT
-from replayssm_jit.ops import cpu
 from replayssm_jit.ops import gdn as gdn_ops
 from replayssm_jit.ops import mamba2 as mamba2_ops
+from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import (
     check_cursors,
     check_plan,
     check_slot_tensors,
-    cpu_setup,
     output_buffer,
     reads_device_values,
     resolve_seed,
     resolve_workspace,
+    torch_scalars,
 )
 from replayssm_jit.ops.plan import DecodePlan
+from replayssm_jit.ops.torch_path import Pool, Rows
 
 __all__ = [
     "commit_drafts",
@@ -173,7 +174,7 @@ def _verify(
     num_accepted: object,
     seed: object,
     workspace: torch.Tensor | None,
-    cpu_verify,
+    torch_verify,
 ) -> torch.Tensor:
     """Check the slot tensors, ids, draft tensors, workspace and seed (and the device values
     where read), then launch."""
@@ -212,9 +213,13 @@ def _verify(
         FUSED_FORM.set(tensors["cursors"], weakref.ref(num_accepted))
     if plan.backend == "cpu":
         ring_args = dict(zip(plan.layout.ring_names, rings))
-        cpu_verify(cpu_setup(plan, seed_value, seed_tensor), state=tensors["state"], **ring_args,
-                   cursors=tensors["cursors"], **inputs, out=out, slot_indices=slot_indices,
-                   **index)  # fmt: skip
+        pool = Pool.named({"state": tensors["state"], **ring_args, "cursors": tensors["cursors"]})
+        torch_verify(
+            torch_scalars(plan, seed_value, seed_tensor),
+            pool,
+            inputs,
+            Rows(slot_indices, out, **index),
+        )
         return out
     plan.module.verify_step(
         tensors["state"], *rings, tensors["cursors"], *inputs.values(), out, slot_indices,
@@ -270,7 +275,7 @@ def mamba2_verify(
     return _verify(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, num_drafts=num_drafts,
         parents=parents, num_accepted=num_accepted, seed=seed, workspace=workspace,
-        cpu_verify=cpu.mamba2_verify,
+        torch_verify=torch_path.mamba2_verify,
     )  # fmt: skip
 
 
@@ -307,7 +312,7 @@ def gdn_verify(
     """
     tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return _delta_verify(plan, GDN, "gdn_verify", cpu.gdn_verify, tensors, q, k, v, gates,
+    return _delta_verify(plan, GDN, "gdn_verify", torch_path.gdn_verify, tensors, q, k, v, gates,
                          slot_indices, out, num_drafts, parents, num_accepted, seed,
                          workspace)  # fmt: skip
 
@@ -346,12 +351,12 @@ def kda_verify(
     """
     tensors = {"state": state, "rec_u": rec_u, "rec_k": rec_k, "rec_g": rec_g, "cursors": cursors}
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return _delta_verify(plan, KDA, "kda_verify", cpu.kda_verify, tensors, q, k, v, gates,
+    return _delta_verify(plan, KDA, "kda_verify", torch_path.kda_verify, tensors, q, k, v, gates,
                          slot_indices, out, num_drafts, parents, num_accepted, seed,
                          workspace)  # fmt: skip
 
 
-def _delta_verify(plan, family, op, cpu_verify, tensors, q, k, v, gates, slot_indices, out,
+def _delta_verify(plan, family, op, torch_verify, tensors, q, k, v, gates, slot_indices, out,
                   num_drafts, parents, num_accepted, seed, workspace) -> torch.Tensor:  # fmt: skip
     """The body of gdn_verify and kda_verify (their family's checks, then _verify)."""
     T = _check_speculative_plan(plan, family, "replay", op)
@@ -361,7 +366,7 @@ def _delta_verify(plan, family, op, cpu_verify, tensors, q, k, v, gates, slot_in
     return _verify(
         plan, tensors, inputs, out=out, slot_indices=slot_indices, num_drafts=num_drafts,
         parents=parents, num_accepted=num_accepted, seed=seed, workspace=workspace,
-        cpu_verify=cpu_verify,
+        torch_verify=torch_verify,
     )  # fmt: skip
 
 
@@ -436,9 +441,13 @@ def commit_drafts(
             _check_paths(accepted_path.tolist(), tree, accepted, words)
     rings = [tensors[name] for name in plan.layout.ring_names]
     if plan.backend == "cpu":
-        cpu.commit(cpu_setup(plan, plan.seed, None), cursors=tensors["cursors"], rings=rings,
-                   num_accepted=num_accepted, accepted_path=accepted_path,
-                   slot_indices=slot_indices)  # fmt: skip
+        pool = Pool(None, None, dict(zip(plan.layout.ring_names, rings)), tensors["cursors"])
+        torch_path.commit(
+            torch_scalars(plan, plan.seed, None),
+            pool,
+            Rows(slot_indices, num_accepted=num_accepted),
+            accepted_path,
+        )
         return
     plan.module.commit_step(tensors["cursors"], *rings, num_accepted, accepted_path,
                             slot_indices, plan.pad_slot_id)  # fmt: skip
@@ -518,7 +527,7 @@ def _snapshot(
     slot_indices: torch.Tensor,
     snapshot_slots: object,
     num_drafts: object,
-    cpu_snapshot,
+    torch_snapshot,
 ) -> torch.Tensor:
     T = plan.layout.drafts
     tensors = {"state": state}
@@ -533,9 +542,8 @@ def _snapshot(
         written = {b: range(t) for b, t in _draft_counts(plan, live, num_drafts).items()}
         _check_snapshot_slots(plan, num_slots, live, snapshot_slots, written, distinct=True)
     if plan.backend == "cpu":
-        cpu_snapshot(cpu_setup(plan, plan.seed, None), state=state, **inputs, out=out,
-                     slot_indices=slot_indices, snapshot_slots=snapshot_slots,
-                     num_drafts=num_drafts)  # fmt: skip
+        rows = Rows(slot_indices, out, num_drafts=num_drafts, snapshot_slots=snapshot_slots)
+        torch_snapshot(torch_scalars(plan, plan.seed, None), state, inputs, rows)
         return out
     plan.module.snapshot_step(
         state, *inputs.values(), out, slot_indices, snapshot_slots, plan.pad_slot_id, num_drafts,
@@ -575,7 +583,7 @@ def mamba2_snapshot_verify(
     out = output_buffer(plan, out, (T, shape.value_heads, shape.value_dim))
     return _snapshot(plan, state, inputs, out=out, slot_indices=slot_indices,
                      snapshot_slots=snapshot_slots, num_drafts=num_drafts,
-                     cpu_snapshot=cpu.mamba2_snapshot)  # fmt: skip
+                     torch_snapshot=torch_path.mamba2_snapshot)  # fmt: skip
 
 
 @torch.no_grad()
@@ -600,7 +608,7 @@ def gdn_snapshot_verify(
     """The conventional GDN spec baseline; see mamba2_snapshot_verify. Returns out
     [batch, T, HV, V]."""
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return _delta_snapshot(plan, GDN, "gdn_snapshot_verify", cpu.gdn_snapshot, state, q, k, v,
+    return _delta_snapshot(plan, GDN, "gdn_snapshot_verify", torch_path.gdn_snapshot, state, q, k, v,
                            gates, slot_indices, snapshot_slots, out, num_drafts)  # fmt: skip
 
 
@@ -626,11 +634,11 @@ def kda_snapshot_verify(
     """The conventional KDA spec baseline; see mamba2_snapshot_verify, gates as kda_verify's.
     Returns out [batch, T, HV, V]."""
     gates = {"a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias, "g": g, "beta": beta}
-    return _delta_snapshot(plan, KDA, "kda_snapshot_verify", cpu.kda_snapshot, state, q, k, v,
+    return _delta_snapshot(plan, KDA, "kda_snapshot_verify", torch_path.kda_snapshot, state, q, k, v,
                            gates, slot_indices, snapshot_slots, out, num_drafts)  # fmt: skip
 
 
-def _delta_snapshot(plan, family, op, cpu_snapshot, state, q, k, v, gates, slot_indices,
+def _delta_snapshot(plan, family, op, torch_snapshot, state, q, k, v, gates, slot_indices,
                     snapshot_slots, out, num_drafts) -> torch.Tensor:  # fmt: skip
     """The body of gdn_snapshot_verify and kda_snapshot_verify."""
     T = _check_speculative_plan(plan, family, None, op)
@@ -639,7 +647,7 @@ def _delta_snapshot(plan, family, op, cpu_snapshot, state, q, k, v, gates, slot_
     out = output_buffer(plan, out, (T, shape.value_heads, shape.value_dim))
     return _snapshot(plan, state, inputs, out=out, slot_indices=slot_indices,
                      snapshot_slots=snapshot_slots, num_drafts=num_drafts,
-                     cpu_snapshot=cpu_snapshot)  # fmt: skip
+                     torch_snapshot=torch_snapshot)  # fmt: skip
 
 
 @torch.no_grad()
