@@ -72,6 +72,7 @@ from replayssm_jit import (
     mamba2_verify,
     plan_decode,
 )
+from replayssm_jit.core.codecs import raw_bits
 from replayssm_jit.families import FAMILIES, get_family
 from replayssm_jit.families.base import Family, HeadShape
 from replayssm_jit.families.layout import CacheLayout, family_layout
@@ -90,7 +91,6 @@ from replayssm_jit.launch.policy import (
     choose_launch,
     choose_rows_per_cta,
 )
-from replayssm_jit.ops.cpu import raw_bits
 from replayssm_jit.reference import root_path
 
 PRESET = "sanitizer"

@@ -7,7 +7,7 @@ against float64 emulations that round where the kernels round:
     in separate mode, else the checkpoint), decoded;
   - each flush output against a float64 decode from the carried copy; the carried and read
     copies after the flush against the float64 state encoded by reference.precision with the
-    step's rounding bits (RN, or SR from ops.cpu.rounding_bits), within one code of each value;
+    step's rounding bits (RN, or SR from core.codecs.rounding_bits), within one code of each value;
   - separate mode's carried FP32 copy bit for bit against an FP32-only run of the same inputs;
   - SR: the same seed gives the same bits, another seed other bits, and the read copies of many
     slots holding one value average to it (unbiased within a stated bound).
@@ -29,11 +29,11 @@ from replayssm_jit import (
     Mamba2DecodeCache,
     Mamba2DecodeWrapper,
 )
+from replayssm_jit.core import codecs
 from replayssm_jit.families import HeadShape
 from replayssm_jit.families.layout import CheckpointFormat, gdn_layout, mamba2_layout
 from replayssm_jit.families.spec import gdn_spec, make_spec, mamba2_spec
 from replayssm_jit.launch.config import LaunchConfig
-from replayssm_jit.ops import cpu
 from replayssm_jit.reference import precision as P
 from replayssm_jit.reference.gdn import gdn_step_pool
 from replayssm_jit.reference.kda import kda_step_pool
@@ -272,7 +272,7 @@ def test_missing_scale_tensor_is_named():
 
 
 def test_cpu_encoder_is_the_reference_encoder():
-    """ops.cpu.encode_e4m3_rows (the CPU twin of checkpoint.cuh's store_row) against
+    """core.codecs.encode_e4m3_rows (the CPU twin of checkpoint.cuh's store_row) against
     reference.precision.fp8_encode, bit for bit, RN and SR, over rows of every magnitude."""
     gen = torch.Generator().manual_seed(4)
     for magnitude in (1e-41, 1e-20, 1e-3, 1.0, 300.0, 1e5, 1e30, 0.0):
@@ -281,7 +281,7 @@ def test_cpu_encoder_is_the_reference_encoder():
         x[1] = -x[1].abs()
         bits = torch.randint(0, 2**16, x.shape, generator=gen)
         for b in (None, bits):
-            codes, scale = cpu.encode_e4m3_rows(x, b)
+            codes, scale = codecs.encode_e4m3_rows(x, b)
             want = P.fp8_encode(x, bits=b)
             assert torch.equal(scale, want.scale.squeeze(-1)), magnitude
             assert torch.equal(codes, want.codes), magnitude
@@ -297,16 +297,16 @@ def test_lifecycle_encodes_and_materializes():
     assert cache.allocate(4).tolist() == [0, 1, 2, 3]
     cache.reset([1, 3], init)
     assert torch.equal(cache.state[[1, 3]], init)
-    codes, scale = cpu.encode_e4m3_rows(init)
+    codes, scale = codecs.encode_e4m3_rows(init)
     assert torch.equal(cache.tensors["read_state"][[1, 3]].view(torch.uint8), codes)
     assert torch.equal(cache.tensors["read_scale"][[1, 3]], scale)
     cache.fork([1], [2])
     for name in cache.layout.checkpoint_names:
         assert torch.equal(
-            cpu.raw_bits(cache.tensors[name][2]), cpu.raw_bits(cache.tensors[name][1])
+            codecs.raw_bits(cache.tensors[name][2]), codecs.raw_bits(cache.tensors[name][1])
         )
     cache.reset([2])
-    assert not cpu.raw_bits(cache.tensors["read_state"][2]).any()
+    assert not codecs.raw_bits(cache.tensors["read_state"][2]).any()
     assert not cache.tensors["read_scale"][2].any()
     shared = Mamba2DecodeCache(2, num_heads=2, headdim=64, dstate=128, ngroups=1, window=4,
                                state_dtype="e4m3", device="cpu")  # fmt: skip
@@ -492,7 +492,7 @@ def encode_like_the_kernel(values, dtype, *, sr, slots, epochs, read_copy, shape
         stream = (slots.to(torch.int64) << 32) | epochs.to(torch.int64)
         if read_copy:
             stream = stream | -(2**63)
-        bits = cpu.rounding_bits(SEED, stream[:, None], element[None, :]).view(values.shape)
+        bits = codecs.rounding_bits(SEED, stream[:, None], element[None, :]).view(values.shape)
     if dtype == "e4m3":
         return P.fp8_encode(values, bits=bits).value
     if dtype == "nvfp4":
@@ -635,7 +635,7 @@ def test_read_copy_is_the_carried_copy_encoded(rounding, device):
         epochs = cache.cursors.cpu()[live, 1].to(torch.int64) - 1
         stream = ((live << 32) | epochs) | -(2**63)
         element = torch.arange(carried[0].numel(), dtype=torch.int64)
-        bits = cpu.rounding_bits(SEED, stream[:, None], element[None, :]).view(carried.shape)
+        bits = codecs.rounding_bits(SEED, stream[:, None], element[None, :]).view(carried.shape)
     want = P.fp8_encode(carried, bits=bits)
     assert torch.equal(cache.tensors["read_state"].cpu()[live].view(torch.uint8), want.codes)
     assert torch.equal(cache.tensors["read_scale"].cpu()[live], want.scale.squeeze(-1))
@@ -713,7 +713,7 @@ def test_separate_carried_copy_is_the_single_copy_run(read_dtype, state, name, k
                          config=config)  # fmt: skip
         runs[read] = cache
     a, b = runs[None].state.cpu(), runs[read_dtype].state.cpu()
-    assert torch.equal(cpu.raw_bits(a).view(torch.uint8), cpu.raw_bits(b).view(torch.uint8))
+    assert torch.equal(codecs.raw_bits(a).view(torch.uint8), codecs.raw_bits(b).view(torch.uint8))
 
 
 @pytest.mark.gpu
@@ -754,8 +754,8 @@ def test_gpu_rounding_is_the_cpu_twin(case):
     name, state, read, sr = case
     ends = {dev: drive(name, dev, state, read, sr, steps=8)[0] for dev in ("cpu", "cuda")}
     for copy in ends["cpu"].layout.checkpoint_names:
-        a = cpu.raw_bits(ends["cpu"].tensors[copy])
-        b = cpu.raw_bits(ends["cuda"].tensors[copy]).cpu()
+        a = codecs.raw_bits(ends["cpu"].tensors[copy])
+        b = codecs.raw_bits(ends["cuda"].tensors[copy]).cpu()
         if a.dtype == F32:  # FP32 copies and row scales: FMA order only
             assert torch.allclose(a, b, rtol=1e-5, atol=1e-6), copy
             continue

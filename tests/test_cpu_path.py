@@ -1,4 +1,4 @@
-"""The plain-PyTorch decode path (replayssm_jit/ops/cpu.py) against the float64 oracles.
+"""The torch path (replayssm_jit/ops/torch_path/) against the float64 oracles.
 
 Every schedule runs on a pool of slots whose rings start poisoned with NaN (a read of a row that
 was never written reaches the outputs) and whose outputs start as NaN: each step's named slots
@@ -19,7 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from replayssm_jit.ops import cpu
+from replayssm_jit.core import codecs
+from replayssm_jit.ops import torch_path
+from replayssm_jit.ops.torch_path.checkpoint import Copy
+from replayssm_jit.ops.torch_path.protocol import Rows
 from replayssm_jit.reference import (
     GDNSequence,
     KDASequence,
@@ -84,7 +87,7 @@ def randn(gen, *shape):
 
 
 # ---------------------------------------------------------------------------------------------
-# Families: pool layout, fresh tokens, the cpu call and the float64 oracles
+# Families: pool layout, fresh tokens, the torch-path call and the float64 oracles
 # ---------------------------------------------------------------------------------------------
 
 
@@ -100,6 +103,12 @@ class Pool:
             {k: v.clone() for k, v in self.rings.items()},
             self.cursors.clone(),
         )
+
+
+def torch_pool(pool: Pool, replay: bool) -> torch_path.Pool:
+    """The torch path's pool of `pool`: its state, and in replay mode its rings and cursors."""
+    rings = pool.rings if replay else {name: None for name in pool.rings}
+    return torch_path.Pool(Copy(pool.state), None, rings, pool.cursors if replay else None)
 
 
 @dataclass(kw_only=True)
@@ -168,17 +177,13 @@ class Mamba2Case(Case):
         return torch.full((batch, self.H, self.P), math.nan, dtype=self.act_dtype)
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
-        r = pool.rings
-        setup = cpu.StepScalars(replay, fes, self.window,
+        setup = torch_path.StepScalars(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
-        cpu.mamba2_step(
-            setup, state=pool.state,
-            rec_x=r["rec_x"] if replay else None, rec_b=r["rec_b"] if replay else None,
-            rec_dt=r["rec_dt"] if replay else None, cursors=pool.cursors if replay else None,
+        tokens = torch_path.Mamba2Tokens(
             x=tok["x"], z=tok["z"], dt=tok["dt"], A=self.params["A"], D=self.params["D"],
-            dt_bias=self.params["dt_bias"], B=tok["B"], C=tok["C"], out=out,
-            slot_indices=slots,
+            dt_bias=self.params["dt_bias"], B=tok["B"], C=tok["C"],
         )  # fmt: skip
+        torch_path.mamba2_step(setup, torch_pool(pool, replay), tokens, Rows(slots, out))
 
     def sequence(self, checkpoint, L: int) -> Mamba2Sequence:
         p = self.params
@@ -258,17 +263,14 @@ class GDNCase(Case):
         return torch.full((batch, self.HV, self.V), math.nan, dtype=self.act_dtype)
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
-        r, p = pool.rings, self.params
-        setup = cpu.StepScalars(replay, fes, self.window,
+        p = self.params
+        setup = torch_path.StepScalars(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
-        cpu.gdn_step(
-            setup, state=pool.state,
-            rec_u=r["rec_u"] if replay else None, rec_k=r["rec_k"] if replay else None,
-            rec_g=r["rec_g"] if replay else None, cursors=pool.cursors if replay else None,
+        tokens = torch_path.DeltaTokens(
             q=tok["q"], k=tok["k"], v=tok["v"], gate_a=tok["gate_a"], gate_b=tok["gate_b"],
-            A_log=p["A_log"], dt_bias=p["dt_bias"], scale=p["scale"], out=out,
-            slot_indices=slots,
+            A_log=p["A_log"], dt_bias=p["dt_bias"], scale=p["scale"],
         )  # fmt: skip
+        torch_path.gdn_step(setup, torch_pool(pool, replay), tokens, Rows(slots, out))
 
     def gates(self, tok, b=None):
         ga, gb = tok["gate_a"], tok["gate_b"]
@@ -334,17 +336,15 @@ class KDACase(GDNCase):
         return tok
 
     def run(self, pool, tok, out, slots, pad, *, replay, fes=False, seed=0, flags=None) -> None:
-        r, p = pool.rings, self.params
-        setup = cpu.StepScalars(replay, fes, self.window,
+        p = self.params
+        setup = torch_path.StepScalars(replay, fes, self.window,
                               self.flags if flags is None else flags, pad, seed)  # fmt: skip
-        cpu.kda_step(
-            setup, state=pool.state,
-            rec_u=r["rec_u"] if replay else None, rec_k=r["rec_k"] if replay else None,
-            rec_g=r["rec_g"] if replay else None, cursors=pool.cursors if replay else None,
+        tokens = torch_path.DeltaTokens(
             q=tok["q"], k=tok["k"], v=tok["v"], gate_a=tok["gate_a"], gate_b=tok["gate_b"],
             A_log=p["A_log"], dt_bias=p["dt_bias"], scale=p["scale"],
-            lower_bound=self.lower_bound or 0.0, out=out, slot_indices=slots,
+            lower_bound=self.lower_bound or 0.0,
         )  # fmt: skip
+        torch_path.kda_step(setup, torch_pool(pool, replay), tokens, Rows(slots, out))
 
     def gates(self, tok, b=None):
         ga, gb = tok["gate_a"], tok["gate_b"]
@@ -779,21 +779,31 @@ def test_corrupted_cursor_faults_only_its_row(family, corrupt):
         check_untouched(pool, alone if s == 1 else before, s, f"slot {s}")
 
 
-def test_fast_path_imports_no_reference():
-    """ops/cpu.py imports torch, the standard library and the leaf cursor_words only (never the
-    float64 oracles)."""
-    tree = ast.parse(Path(cpu.__file__).read_text())
+def _imports(path: Path) -> set[str]:
+    """The modules `path` imports (absolute imports only)."""
     modules = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             modules.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative import"
-            modules.add(node.module)
-    assert modules <= {"__future__", "collections.abc", "dataclasses", "torch",
-                       "replayssm_jit.core.cursor_words"}, modules  # fmt: skip
-    words = ast.parse(Path(cpu.__file__).parents[1].joinpath("core", "cursor_words.py").read_text())
-    assert not any(isinstance(n, ast.Import | ast.ImportFrom) for n in ast.walk(words))
+            assert node.level == 0, f"{path.name}: relative import"
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def test_fast_path_imports_no_reference():
+    """The torch path (ops/torch_path/) imports torch, the standard library, the leaf modules
+    core/cursor_words.py and core/codecs.py, and itself only (never the float64 oracles); the
+    two leaves import nothing of the package."""
+    allowed = ("__future__.", "collections.abc.", "dataclasses.", "torch.",
+               "replayssm_jit.core.cursor_words.", "replayssm_jit.core.codecs.",
+               "replayssm_jit.ops.torch_path.")  # fmt: skip
+    for path in sorted(Path(torch_path.__file__).parent.glob("*.py")):
+        unexpected = {m for m in _imports(path) if not m.startswith(allowed) and m != "torch"}
+        assert not unexpected, f"{path.name} imports {sorted(unexpected)}"
+    core = Path(codecs.__file__).parent
+    for leaf in ("cursor_words.py", "codecs.py"):
+        assert not any(m.startswith("replayssm_jit") for m in _imports(core / leaf)), leaf
 
 
 # ---------------------------------------------------------------------------------------------
@@ -866,11 +876,11 @@ def test_rounding_bits_match_python():
     seeds = [0, 1, 1234, 2**63 - 1, 2**64 - 1, *(rng.getrandbits(64) for _ in range(4))]
     streams = [0, 5 << 32, (3 << 32) | 7, M64, *(rng.getrandbits(64) for _ in range(4))]
     counters = [0, 1, 511, 2**40 + 3, *(rng.getrandbits(63) for _ in range(4))]
-    to_i64 = cpu._signed64
+    to_i64 = codecs.signed64
     st = torch.tensor([to_i64(s) for s in streams])[:, None]
     ct = torch.tensor([to_i64(c) for c in counters])[None, :]
     for seed in seeds:
-        got = cpu.rounding_bits(seed, st, ct)
+        got = codecs.rounding_bits(seed, st, ct)
         want = [[py_rounding_bits(seed, s, c) for c in counters] for s in streams]
         assert got.tolist() == want, f"seed {seed}"
 
@@ -896,15 +906,15 @@ def test_round_stochastic_matches_python(dtype):
     ties = torch.tensor([half, -half] * 3, dtype=F32)
     tie_bits = torch.tensor([half_bits - 1] * 2 + [half_bits] * 2 + [half_bits + 1] * 2)
     v, bits = torch.cat([v, ties]), torch.cat([bits, tie_bits])
-    got = cpu.round_stochastic(v, bits, dtype).view(torch.int16).to(torch.int64) & 0xFFFF
+    got = codecs.round_stochastic(v, bits, dtype).view(torch.int16).to(torch.int64) & 0xFFFF
     model = py_round_bf16 if dtype == BF16 else py_round_f16
     want = [model(float(x), int(r)) for x, r in zip(v.tolist(), bits.tolist())]
     assert got.tolist() == want
     # Specials round to nearest; FP32 passes through.
     specials = torch.tensor([math.inf, -math.inf, math.nan], dtype=F32)
-    rounded = cpu.round_stochastic(specials, torch.full((3,), 2**16 - 1), dtype).to(F32)
+    rounded = codecs.round_stochastic(specials, torch.full((3,), 2**16 - 1), dtype).to(F32)
     assert rounded[0] == math.inf and rounded[1] == -math.inf and torch.isnan(rounded[2])
-    assert torch.equal(cpu.round_stochastic(v, bits, F32), v)
+    assert torch.equal(codecs.round_stochastic(v, bits, F32), v)
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "f16"])
@@ -913,7 +923,7 @@ def test_round_stochastic_is_unbiased(dtype):
     gen = torch.Generator().manual_seed(43)
     v = (randn(gen, 64) * 3.0).to(F32)
     bits = torch.randint(0, 2**16, (4096, 64), generator=gen, dtype=torch.int64)
-    r = cpu.round_stochastic(v.expand(4096, 64), bits, dtype).to(F64)
+    r = codecs.round_stochastic(v.expand(4096, 64), bits, dtype).to(F64)
     mantissa_bits = 7 if dtype == BF16 else 10
     ulp = torch.ldexp(torch.ones(64, dtype=F64), torch.frexp(v.to(F64))[1] - 1 - mantissa_bits)
     v64 = v.to(F64)

@@ -298,7 +298,7 @@ def test_bf16_model_fp32_state_matches_hf_gpu(name):
 def _skip_fold(original):
     """A flush that folds nothing: the checkpoint keeps its old value."""
 
-    def store_state(state, slots, values, **kwargs):
+    def store_state(copy, slots, values, key):
         return None
 
     return store_state
@@ -317,8 +317,9 @@ def _drop_oldest_record(original):
     return with_current
 
 
-BREAKS = {"skip_fold": ("_store_state", _skip_fold), "drop_record": ("_with_current",
-                                                                      _drop_oldest_record)}  # fmt: skip
+# Each break: the torch-path module whose function it replaces, the function's name, the breaker.
+BREAKS = {"skip_fold": ("checkpoint", "store_state", _skip_fold),
+          "drop_record": ("protocol", "with_current", _drop_oldest_record)}  # fmt: skip
 
 
 # Each break on one family (each fails on both: logits off by 1.5 to 1.7). With transformers'
@@ -329,11 +330,12 @@ BREAKS = {"skip_fold": ("_store_state", _skip_fold), "drop_record": ("_with_curr
                                               ("kimi_linear", "skip_fold"),
                                               ("kimi_linear", "drop_record")])  # fmt: skip
 def test_broken_fold_fails_the_comparison(name, broken, monkeypatch):
-    from replayssm_jit.ops import cpu
+    import importlib
 
     model, (hf_tokens, hf_logits, _) = hf_reference(name)
-    attr, breaker = BREAKS[broken]
-    monkeypatch.setattr(cpu, attr, breaker(getattr(cpu, attr)))
+    module_name, attr, breaker = BREAKS[broken]
+    module = importlib.import_module(f"replayssm_jit.ops.torch_path.{module_name}")
+    monkeypatch.setattr(module, attr, breaker(getattr(module, attr)))
     tokens, logits, *_ = run_patched(model)
     assert logits_error(logits, hf_logits) > 1e-2  # far outside the 1e-4 the real path meets
     assert not torch.equal(tokens, hf_tokens)

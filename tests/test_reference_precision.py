@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from replayssm_jit.ops.cpu import rounding_bits
+from replayssm_jit.core.codecs import rounding_bits
 from replayssm_jit.reference import precision as P
 
 F64 = torch.float64

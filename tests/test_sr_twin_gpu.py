@@ -1,4 +1,4 @@
-"""The kernels' stochastic rounding draws the same bits as the CPU path (ops.cpu.rounding_bits,
+"""The kernels' stochastic rounding draws the same bits as the CPU path (core.codecs.rounding_bits,
 round_stochastic): a conventional step of each family from the same FP32-exact inputs, with the
 same seed, stores the same BF16 / FP16 state on the GPU as on the CPU, up to the rare element
 whose FP32 value before rounding differs by an ulp between the two (FMA order). A generator

@@ -1,4 +1,4 @@
-"""Speculative decoding on the CPU path (replayssm_jit/ops/verify.py, ops/cpu.py) against the
+"""Speculative decoding on the torch path (replayssm_jit/ops/verify.py, ops/torch_path/) against the
 float64 oracles, per docs/speculative.md.
 
 Every schedule runs on a pool whose rings start poisoned with NaN (a read of a row no record was
@@ -42,7 +42,9 @@ from replayssm_jit import (
     mamba2_verify,
     plan_decode,
 )
-from replayssm_jit.ops import cpu
+from replayssm_jit.core import codecs
+from replayssm_jit.ops import torch_path
+from replayssm_jit.ops.torch_path import Pool, Rows
 from replayssm_jit.reference import (
     GDNSequence,
     KDASequence,
@@ -614,20 +616,29 @@ def test_corrupted_cursors_fault_only_their_rows(fam):
                           slot_indices=torch.tensor([s], dtype=I32))  # fmt: skip
     assert all(same_bits(tensors[k], before[k]) for k in tensors), "a failed call wrote"
     rows = [1, 2, 3, 4, 5]
-    setup = cpu.StepScalars(True, False, L, frozenset(plans(5).spec.flags), -1, 0, T)
-    op = {"mamba2": cpu.mamba2_verify, "gdn": cpu.gdn_verify, "kda": cpu.kda_verify}[fam.name]
+    setup = torch_path.StepScalars(True, False, L, frozenset(plans(5).spec.flags), -1, 0, T)
+    op = {
+        "mamba2": torch_path.mamba2_verify,
+        "gdn": torch_path.gdn_verify,
+        "kda": torch_path.kda_verify,
+    }[fam.name]
     out = torch.empty(5, T, *fam.out_row)
-    op(setup, **{n: tensors[n] for n in ("state", *layout.ring_names, "cursors")},
-       **_cpu_inputs(fam, fam.tokens(gen, 5, T)), out=out,
-       slot_indices=torch.tensor(rows, dtype=I32), num_drafts=None, parents=None,
-       num_accepted=torch.zeros(5, dtype=I32))  # fmt: skip
+    op(
+        setup,
+        _torch_pool(tensors, layout),
+        _torch_inputs(fam, fam.tokens(gen, 5, T)),
+        Rows(torch.tensor(rows, dtype=I32), out, num_accepted=torch.zeros(5, dtype=I32)),
+    )
     assert bool(torch.isnan(out[:4]).all()) and bool(torch.isfinite(out[4]).all())
     assert_slots_unchanged(tensors, before, [1, 2, 3, 4, 6, 7], "verify")
     assert tensors["cursors"][5].tolist() == [0, 1, 0, T]  # L + T - 1 + T >= L + T: flushed
     before = clone(tensors)
-    cpu.commit(setup, cursors=tensors["cursors"], rings=[tensors[n] for n in layout.ring_names],
-               num_accepted=torch.tensor([0, 0, 0, 0, 1], dtype=I32), accepted_path=None,
-               slot_indices=torch.tensor(rows, dtype=I32))  # fmt: skip
+    torch_path.commit(
+        setup,
+        _torch_pool(tensors, layout),
+        Rows(torch.tensor(rows, dtype=I32), num_accepted=torch.tensor([0, 0, 0, 0, 1], dtype=I32)),
+        None,
+    )
     assert_slots_unchanged(tensors, before, [1, 2, 3, 4, 6, 7], "commit")
     assert tensors["cursors"][5].tolist() == [1, 1, 0, 0]
 
@@ -640,31 +651,40 @@ def test_device_values_are_clamped_by_the_cpu_path(fam):
     L, T = 4, 3
     gen, layout, tensors, plans = _setup(fam, L, T, 5)
     twin = clone(tensors)
-    setup = cpu.StepScalars(True, False, L, frozenset(plans(2).spec.flags), -1, 0, T)
+    setup = torch_path.StepScalars(True, False, L, frozenset(plans(2).spec.flags), -1, 0, T)
     tok = fam.tokens(gen, 2, T)
-    op = {"mamba2": cpu.mamba2_verify, "gdn": cpu.gdn_verify, "kda": cpu.kda_verify}[fam.name]
-    inputs = _cpu_inputs(fam, tok)
+    op = {
+        "mamba2": torch_path.mamba2_verify,
+        "gdn": torch_path.gdn_verify,
+        "kda": torch_path.kda_verify,
+    }[fam.name]
+    inputs = _torch_inputs(fam, tok)
     outs = []
     for pool, nd, par in ((tensors, [9, -4], [[-1, 5, 1], [-1, 0, -7]]),
                           (twin, [T, 0], [[-1, -1, 1], [-1, 0, -1]])):  # fmt: skip
         out = torch.empty(2, T, *fam.out_row)
-        op(setup, **{n: pool[n] for n in ("state", *layout.ring_names, "cursors")}, **inputs,
-           out=out, slot_indices=torch.tensor([1, 2], dtype=I32),
-           num_drafts=torch.tensor(nd, dtype=I32), parents=int32_rows(par),
-           num_accepted=None)  # fmt: skip
+        op(setup, _torch_pool(pool, layout), inputs,
+           Rows(torch.tensor([1, 2], dtype=I32), out, num_drafts=torch.tensor(nd, dtype=I32),
+                parents=int32_rows(par)))  # fmt: skip
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
     assert all(same_bits(tensors[k], twin[k]) for k in tensors)
     for pool, acc, path in ((tensors, [5, 3], [[2, 9, 0], [0, 0, 0]]),
                             (twin, [T, 0], [[2, 2, 0], [0, 0, 0]])):  # fmt: skip
-        cpu.commit(setup, cursors=pool["cursors"], rings=[pool[n] for n in layout.ring_names],
-                   num_accepted=torch.tensor(acc, dtype=I32), accepted_path=int32_rows(path),
-                   slot_indices=torch.tensor([1, 2], dtype=I32))  # fmt: skip
+        torch_path.commit(setup, _torch_pool(pool, layout),
+                          Rows(torch.tensor([1, 2], dtype=I32),
+                               num_accepted=torch.tensor(acc, dtype=I32)),
+                          int32_rows(path))  # fmt: skip
     assert all(same_bits(tensors[k], twin[k]) for k in tensors)
 
 
-def _cpu_inputs(fam, tok):
-    """The bindings' keyword inputs (cpu.*_verify) of the ops' token inputs."""
+def _torch_pool(tensors, layout) -> Pool:
+    """The torch path's pool of a layout's tensors: state, rings and cursors."""
+    return Pool.named({n: tensors[n] for n in ("state", *layout.ring_names, "cursors")})
+
+
+def _torch_inputs(fam, tok):
+    """The bindings' inputs by name (torch_path.*_verify) of the ops' token inputs."""
     if fam.name == "mamba2":
         return dict(x=tok["x"], z=tok["z"], dt=tok["dt"], A=fam.A, D=fam.D, dt_bias=fam.dt_bias,
                     B=tok["B"], C=tok["C"])  # fmt: skip
@@ -705,8 +725,8 @@ def test_early_flush_rounds_stochastically_by_the_epoch_read_first(fam):
     assert pools[0]["cursors"][2].tolist() == [0, -2, 0, T]
     element = torch.arange(pools[1]["state"][2].numel(), dtype=torch.int64)
     stream = torch.tensor(2 << 32, dtype=torch.int64) | -3  # (an int32 epoch sign-extends)
-    rbits = cpu.rounding_bits(seed, stream, element)
-    want = cpu.round_stochastic(pools[1]["state"][2].flatten(), rbits, torch.bfloat16)
+    rbits = codecs.rounding_bits(seed, stream, element)
+    want = codecs.round_stochastic(pools[1]["state"][2].flatten(), rbits, torch.bfloat16)
     assert same_bits(pools[0]["state"][2].flatten(), want)
 
 

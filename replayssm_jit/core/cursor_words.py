@@ -1,5 +1,5 @@
 """A slot's cursor words (cursors [slots, CURSOR_WORDS], int32; docs/design.md): a leaf module,
-so that the torch path (ops/cpu.py) and every layer above can name them."""
+so that the torch path (ops/torch_path/) and every layer above can name them."""
 
 CURSOR_WORDS = 4
 # Records held since the last flush, the flush epoch, the count of CTAs done reading the cursor

@@ -21,8 +21,9 @@ from replayssm_jit.families.schema import (
     bind,
     check_token_inputs,
 )
-from replayssm_jit.ops import cpu
+from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.plan import DecodePlan
+from replayssm_jit.ops.torch_path import Pool, Rows, StepScalars
 
 
 def check_plan(plan: object, family: Family) -> DecodePlan:
@@ -176,13 +177,13 @@ def check_step_accepted(plan: DecodePlan, num_accepted: object) -> torch.Tensor 
                         dtype=torch.int32, device=plan.device, contiguous=True)  # fmt: skip
 
 
-def cpu_setup(
+def torch_scalars(
     plan: DecodePlan, seed_value: int, seed_tensor: torch.Tensor | None
-) -> cpu.StepScalars:
-    """The CPU path's scalars for `plan` (a device seed tensor is read here: no sync to save)."""
+) -> StepScalars:
+    """The torch path's scalars for `plan` (a device seed tensor is read here: no sync to save)."""
     if seed_tensor is not None:
         seed_value = int(seed_tensor.item()) & (2**63 - 1)
-    return cpu.StepScalars(
+    return StepScalars(
         replay=plan.replay, flush_every_step=plan.kernel == "flush-every-step",
         window=plan.spec.window, flags=frozenset(plan.spec.flags),
         pad_slot_id=plan.pad_slot_id, seed=seed_value, drafts=plan.layout.drafts,
@@ -215,7 +216,7 @@ def run_step(
     slot_indices: torch.Tensor,
     workspace: torch.Tensor | None,
     seed: object,
-    cpu_step: Callable[..., None],
+    torch_step: Callable[..., None],
     num_accepted: object = None,
 ) -> torch.Tensor:
     """Check the slot tensors, slot ids, workspace and seed (and in eager mode the cursors),
@@ -236,20 +237,21 @@ def run_step(
     if num_accepted is not None:  # the fused commit: every check above has passed
         commit_rings = [tensors[name] for name in plan.layout.ring_names]
         if plan.backend == "cpu":
-            cpu.commit(cpu_setup(plan, plan.seed, None), cursors=tensors["cursors"],
-                       rings=commit_rings, num_accepted=num_accepted, accepted_path=None,
-                       slot_indices=slot_indices)  # fmt: skip
+            pool = Pool(None, None, dict(zip(plan.layout.ring_names, commit_rings)),
+                        tensors["cursors"])  # fmt: skip
+            torch_path.commit(torch_scalars(plan, plan.seed, None), pool,
+                              Rows(slot_indices, num_accepted=num_accepted), None)  # fmt: skip
         else:
             plan.module.commit_step(*commit_args(plan, tensors, num_accepted, None, slot_indices))
     if plan.backend == "cpu":
-        setup = cpu_setup(plan, seed_value, seed_tensor)
+        setup = torch_scalars(plan, seed_value, seed_tensor)
         # Every ring the step takes, None where the layout has none (separate mode's own).
         names = [r.name for r in plan.family.rings]
-        ring_args = {name: tensors.get(name) if plan.replay else None for name in names}
+        rings = [tensors.get(name) if plan.replay else None for name in names]
         cursors = tensors.get("cursors") if plan.replay else None
         copies = {k: tensors.get(k) for k in plan.layout.checkpoint_names}
-        cpu_step(setup, **copies, **ring_args, cursors=cursors, **inputs, out=out,
-                 slot_indices=slot_indices)  # fmt: skip
+        pool = Pool.named({**copies, **dict(zip(names, rings)), "cursors": cursors})
+        torch_step(setup, pool, inputs, Rows(slot_indices, out))
         return out
     values = {
         **tensors, **inputs, "state_block_scale": _raw_bytes(tensors.get("state_block_scale")),
@@ -316,7 +318,7 @@ def _raw_bytes(blocks: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def run_decode(
-    plan: DecodePlan, family: Family, cpu_step: Callable[..., None], args: Mapping[str, object]
+    plan: DecodePlan, family: Family, torch_step: Callable[..., None], args: Mapping[str, object]
 ) -> torch.Tensor:
     """The body of every family's decode op: `args` are the op's arguments by name (its
     token inputs as the family's schema names them)."""
@@ -327,7 +329,7 @@ def run_decode(
     tensors = slot_tensors(family, args, (*CHECKPOINT_NAMES, "cursors"))
     return run_step(
         plan, tensors, inputs, out=out, slot_indices=args["slot_indices"],
-        workspace=args.get("workspace"), seed=args.get("seed"), cpu_step=cpu_step,
+        workspace=args.get("workspace"), seed=args.get("seed"), torch_step=torch_step,
         num_accepted=args.get("num_accepted"),
     )  # fmt: skip
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from replayssm_jit.families import GDN
-from replayssm_jit.ops import cpu
+from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import run_decode
 from replayssm_jit.ops.plan import DecodePlan
 
@@ -83,4 +83,4 @@ def gdn_decode(
     Everything is checked before the launch; a failed call changes nothing.
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.
-    return run_decode(plan, GDN, cpu.gdn_step, locals())
+    return run_decode(plan, GDN, torch_path.gdn_step, locals())

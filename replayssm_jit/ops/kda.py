@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from replayssm_jit.families import KDA
-from replayssm_jit.ops import cpu
+from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import run_decode
 from replayssm_jit.ops.plan import DecodePlan
 
@@ -68,4 +68,4 @@ def kda_decode(
     Everything is checked before the launch; a failed call changes nothing.
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.
-    return run_decode(plan, KDA, cpu.kda_step, locals())
+    return run_decode(plan, KDA, torch_path.kda_step, locals())

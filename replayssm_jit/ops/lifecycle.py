@@ -25,8 +25,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from replayssm_jit.core.checks import check_bool, check_disjoint, check_int, check_tensor
+from replayssm_jit.core.codecs import raw_bits
 from replayssm_jit.families.layout import POOL_LAYOUTS, CacheLayout
-from replayssm_jit.ops.cpu import raw_bits, store_checkpoint
+from replayssm_jit.ops.torch_path.checkpoint import store_checkpoint
 
 __all__ = ["copy_slots", "reset_slots", "slot_id_list"]
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from replayssm_jit.families import MAMBA2
-from replayssm_jit.ops import cpu
+from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import run_decode
 from replayssm_jit.ops.plan import DecodePlan
 
@@ -76,4 +76,4 @@ def mamba2_decode(
     launch; a failed call changes nothing.
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.
-    return run_decode(plan, MAMBA2, cpu.mamba2_step, locals())
+    return run_decode(plan, MAMBA2, torch_path.mamba2_step, locals())

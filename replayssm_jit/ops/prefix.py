@@ -18,7 +18,7 @@ import torch
 from replayssm_jit.core.checks import check_tensor
 from replayssm_jit.core.cursor_words import CURSOR_HELD
 from replayssm_jit.families.layout import check_pool_layout
-from replayssm_jit.ops import cpu
+from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.lifecycle import slot_id_list
 from replayssm_jit.ops.plan import DecodePlan
 
@@ -33,17 +33,17 @@ def _check_mamba2(plan: DecodePlan, tensors, params) -> None:
 
 
 def _fold_mamba2(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
-    state = cpu.checkpoint_values(tensors, slice(slot, slot + 1))
+    state = torch_path.checkpoint_values(tensors, slice(slot, slot + 1))
     if held == 0:
         return state
     heads = plan.layout.shape.value_heads
     per_group = heads // plan.layout.shape.key_heads
     rings = [tensors[name][slot : slot + 1, :, :held].to(_F32) for name in plan.layout.ring_names]
-    return cpu.mamba2_fold(state, *rings, params["A"], per_group)
+    return torch_path.mamba2_fold(state, *rings, params["A"], per_group)
 
 
 def _fold_delta(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
-    state = cpu.checkpoint_values(tensors, slice(slot, slot + 1))
+    state = torch_path.checkpoint_values(tensors, slice(slot, slot + 1))
     if held == 0:
         return state
     shape = plan.layout.shape
@@ -51,9 +51,9 @@ def _fold_delta(plan: DecodePlan, tensors, slot: int, held: int, params) -> torc
     l2norm, per_key = "qk_l2norm" in plan.spec.flags, shape.value_heads // shape.key_heads
     us = ring["rec_u"]
     if plan.layout.read_dtype is not None:  # the held u's of the carried copy, not the read copy's
-        us = cpu.recompute_held_u(state, ring["rec_k"], ring["rec_g"], ring["rec_v"],
+        us = torch_path.recompute_held_u(state, ring["rec_k"], ring["rec_g"], ring["rec_v"],
                                   ring["rec_beta"], l2norm, per_key)  # fmt: skip
-    return cpu.delta_fold(state, us, ring["rec_k"], ring["rec_g"], l2norm, per_key)
+    return torch_path.delta_fold(state, us, ring["rec_k"], ring["rec_g"], l2norm, per_key)
 
 
 # Per family: the model parameters its fold needs besides the records, their check, the fold.
@@ -106,7 +106,7 @@ def materialize_slots(
                     f"mode='conventional'"
                 )
         return (
-            torch.cat([cpu.checkpoint_values(tensors, slice(s, s + 1)) for s in ids])
+            torch.cat([torch_path.checkpoint_values(tensors, slice(s, s + 1)) for s in ids])
             if ids
             else _empty(plan, tensors)
         )

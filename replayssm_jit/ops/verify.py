@@ -42,20 +42,21 @@ from replayssm_jit.families import GDN, KDA, MAMBA2
 from replayssm_jit.families.base import Family
 from replayssm_jit.families.schema import bind
 from replayssm_jit.launch.policy import FLAG_SPLIT
-from replayssm_jit.ops import cpu
+from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import (
     check_cursors,
     check_inputs,
     check_plan,
     check_slot_tensors,
     commit_args,
-    cpu_setup,
     output_buffer,
     reads_device_values,
     resolve_seed,
     resolve_workspace,
+    torch_scalars,
 )
 from replayssm_jit.ops.plan import DecodePlan
+from replayssm_jit.ops.torch_path import Pool, Rows
 
 __all__ = [
     "commit_drafts",
@@ -174,7 +175,7 @@ def _verify(
     num_accepted: object,
     seed: object,
     workspace: torch.Tensor | None,
-    cpu_verify,
+    torch_verify,
 ) -> torch.Tensor:
     """Check the slot tensors, ids, draft tensors, workspace and seed (and the device values
     where read), then launch."""
@@ -212,9 +213,13 @@ def _verify(
         FUSED_FORM.set(tensors["cursors"], weakref.ref(num_accepted))
     if plan.backend == "cpu":
         ring_args = {name: tensors[name] for name in plan.layout.ring_names}
-        cpu_verify(cpu_setup(plan, seed_value, seed_tensor), state=tensors["state"], **ring_args,
-                   cursors=tensors["cursors"], **inputs, out=out, slot_indices=slot_indices,
-                   **index)  # fmt: skip
+        pool = Pool.named({"state": tensors["state"], **ring_args, "cursors": tensors["cursors"]})
+        torch_verify(
+            torch_scalars(plan, seed_value, seed_tensor),
+            pool,
+            inputs,
+            Rows(slot_indices, out, **index),
+        )
         return out
     values = {
         **tensors, **inputs, **index, "out": out, "slot_indices": slot_indices,
@@ -264,7 +269,7 @@ def mamba2_verify(
     reads none).
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.
-    return _verify_op(plan, MAMBA2, "mamba2_verify", cpu.mamba2_verify, locals())
+    return _verify_op(plan, MAMBA2, "mamba2_verify", torch_path.mamba2_verify, locals())
 
 
 @torch.no_grad()
@@ -298,7 +303,7 @@ def gdn_verify(
     Gates as in gdn_decode, with the draft dim. The rest as in mamba2_verify; each draft's
     correction u is computed along its own root path, so a tree's accepted path commits exactly.
     """
-    return _verify_op(plan, GDN, "gdn_verify", cpu.gdn_verify, locals())
+    return _verify_op(plan, GDN, "gdn_verify", torch_path.gdn_verify, locals())
 
 
 @torch.no_grad()
@@ -333,10 +338,10 @@ def kda_verify(
     (unit stride in K), b or beta [batch, T, HV], dt_bias [HV * K]. KDA verifies with the
     per-item kernel only (it reads no workspace).
     """
-    return _verify_op(plan, KDA, "kda_verify", cpu.kda_verify, locals())
+    return _verify_op(plan, KDA, "kda_verify", torch_path.kda_verify, locals())
 
 
-def _verify_op(plan, family, op, cpu_verify, args) -> torch.Tensor:
+def _verify_op(plan, family, op, torch_verify, args) -> torch.Tensor:
     """The body of every family's verify op: `args` are its arguments by name."""
     T = _check_speculative_plan(plan, family, "replay", op)
     shape = plan.layout.shape
@@ -348,7 +353,7 @@ def _verify_op(plan, family, op, cpu_verify, args) -> torch.Tensor:
         plan, tensors, inputs, out=out, slot_indices=args["slot_indices"],
         num_drafts=args.get("num_drafts"), parents=args.get("parents"),
         num_accepted=args.get("num_accepted"), seed=args.get("seed"),
-        workspace=args.get("workspace"), cpu_verify=cpu_verify,
+        workspace=args.get("workspace"), torch_verify=torch_verify,
     )  # fmt: skip
 
 
@@ -423,9 +428,13 @@ def commit_drafts(
             _check_paths(accepted_path.tolist(), tree, accepted, words)
     rings = [tensors[name] for name in plan.layout.ring_names]
     if plan.backend == "cpu":
-        cpu.commit(cpu_setup(plan, plan.seed, None), cursors=tensors["cursors"], rings=rings,
-                   num_accepted=num_accepted, accepted_path=accepted_path,
-                   slot_indices=slot_indices)  # fmt: skip
+        pool = Pool(None, None, dict(zip(plan.layout.ring_names, rings)), tensors["cursors"])
+        torch_path.commit(
+            torch_scalars(plan, plan.seed, None),
+            pool,
+            Rows(slot_indices, num_accepted=num_accepted),
+            accepted_path,
+        )
         return
     plan.module.commit_step(*commit_args(plan, tensors, num_accepted, accepted_path, slot_indices))
 
@@ -504,7 +513,7 @@ def _snapshot(
     slot_indices: torch.Tensor,
     snapshot_slots: object,
     num_drafts: object,
-    cpu_snapshot,
+    torch_snapshot,
 ) -> torch.Tensor:
     T = plan.layout.drafts
     tensors = {"state": state}
@@ -519,9 +528,8 @@ def _snapshot(
         written = {b: range(t) for b, t in _draft_counts(plan, live, num_drafts).items()}
         _check_snapshot_slots(plan, num_slots, live, snapshot_slots, written, distinct=True)
     if plan.backend == "cpu":
-        cpu_snapshot(cpu_setup(plan, plan.seed, None), state=state, **inputs, out=out,
-                     slot_indices=slot_indices, snapshot_slots=snapshot_slots,
-                     num_drafts=num_drafts)  # fmt: skip
+        rows = Rows(slot_indices, out, num_drafts=num_drafts, snapshot_slots=snapshot_slots)
+        torch_snapshot(torch_scalars(plan, plan.seed, None), state, inputs, rows)
         return out
     values = {
         **inputs, "state": state, "out": out, "slot_indices": slot_indices,
@@ -557,7 +565,9 @@ def mamba2_snapshot_verify(
     not written: commit_snapshots copies the accepted snapshot into it.
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.
-    return _snapshot_op(plan, MAMBA2, "mamba2_snapshot_verify", cpu.mamba2_snapshot, locals())
+    return _snapshot_op(
+        plan, MAMBA2, "mamba2_snapshot_verify", torch_path.mamba2_snapshot, locals()
+    )
 
 
 @torch.no_grad()
@@ -581,7 +591,7 @@ def gdn_snapshot_verify(
 ) -> torch.Tensor:
     """The conventional GDN spec baseline; see mamba2_snapshot_verify. Returns out
     [batch, T, HV, V]."""
-    return _snapshot_op(plan, GDN, "gdn_snapshot_verify", cpu.gdn_snapshot, locals())
+    return _snapshot_op(plan, GDN, "gdn_snapshot_verify", torch_path.gdn_snapshot, locals())
 
 
 @torch.no_grad()
@@ -605,10 +615,10 @@ def kda_snapshot_verify(
 ) -> torch.Tensor:
     """The conventional KDA spec baseline; see mamba2_snapshot_verify, gates as kda_verify's.
     Returns out [batch, T, HV, V]."""
-    return _snapshot_op(plan, KDA, "kda_snapshot_verify", cpu.kda_snapshot, locals())
+    return _snapshot_op(plan, KDA, "kda_snapshot_verify", torch_path.kda_snapshot, locals())
 
 
-def _snapshot_op(plan, family, op, cpu_snapshot, args) -> torch.Tensor:
+def _snapshot_op(plan, family, op, torch_snapshot, args) -> torch.Tensor:
     """The body of every family's snapshot verify: `args` are its arguments by name."""
     T = _check_speculative_plan(plan, family, None, op)
     shape = plan.layout.shape
@@ -616,7 +626,7 @@ def _snapshot_op(plan, family, op, cpu_snapshot, args) -> torch.Tensor:
     out = output_buffer(plan, args.get("out"), (T, shape.value_heads, shape.value_dim))
     return _snapshot(plan, args["state"], inputs, out=out, slot_indices=args["slot_indices"],
                      snapshot_slots=args["snapshot_slots"], num_drafts=args.get("num_drafts"),
-                     cpu_snapshot=cpu_snapshot)  # fmt: skip
+                     torch_snapshot=torch_snapshot)  # fmt: skip
 
 
 @torch.no_grad()

@@ -9,7 +9,7 @@ scales, x / scale, decode products) is computed here in FP32 too, one IEEE opera
 
 Formats (all round-to-nearest-even unless `bits` is given):
 
-  BF16 / FP16     round_half_rn, round_half_sr (SR: ops/cpu.py's bit-exact round_stochastic).
+  BF16 / FP16     round_half_rn, round_half_sr (SR: core/codecs.py's bit-exact round_stochastic).
   FP8 e4m3        e4m3_encode / e4m3_decode on raw values (OCP e4m3fn: bias 7, max 448, no inf,
                   NaN = 0x7F / 0xFF, subnormals of 2^-9), fp8_encode / fp8_decode with one FP32
                   decode scale per reduced group (a row by default), scale = amax / 448 in FP32.
@@ -19,7 +19,7 @@ Formats (all round-to-nearest-even unless `bits` is given):
                   integer decode, the Hopper path) agree bit for bit.
 
 Stochastic rounding (`bits`: int64 tensor of 16 random bits per element, in [0, 2^16), e.g.
-from ops.cpu.rounding_bits, broadcasting with the input) follows rounding.cuh's convention for
+from core.codecs.rounding_bits, broadcasting with the input) follows rounding.cuh's convention for
 FP16 subnormals: with u = bits * 2^-16 (a uniform in [0, 1)), a value strictly between its two
 representable neighbours rounds to the one away from zero iff u < frac, where frac = (|x| -
 lower) / (upper - lower) is its distance from the one toward zero in units of the gap, so
@@ -38,7 +38,14 @@ from typing import NamedTuple
 
 import torch
 
-from replayssm_jit.ops.cpu import round_stochastic
+from replayssm_jit.core.codecs import (
+    E2M1_VALUES,
+    E4M3_MAX,
+    e4m3_sr_magnitude,
+    pack_nibbles,
+    round_stochastic,
+    unpack_nibbles,
+)
 
 __all__ = [
     "E2M1_MAX",
@@ -70,7 +77,6 @@ __all__ = [
 _F32 = torch.float32
 _F64 = torch.float64
 
-E4M3_MAX = 448.0  # largest finite e4m3fn magnitude: exponent 15, mantissa 110
 E4M3_NAN = 0x7F  # the NaN code the encoders emit (0xFF also decodes to NaN)
 E2M1_MAX = 6.0  # largest e2m1 magnitude: exponent 3, mantissa 1
 NVFP4_BLOCK = 16  # elements per e4m3 block scale along the contiguous dim
@@ -86,7 +92,7 @@ def _e4m3_magnitudes() -> torch.Tensor:
 
 
 _E4M3_GRID = _e4m3_magnitudes()
-_E2M1_GRID = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=_F64)
+_E2M1_GRID = torch.tensor(E2M1_VALUES, dtype=_F64)
 
 
 class Rounded(NamedTuple):
@@ -154,6 +160,8 @@ def sr_uniform(bits: torch.Tensor) -> torch.Tensor:
     return bits.to(_F64) * 2.0**-16
 
 
+# Kept apart from core/codecs.py on purpose: a float64 grid search, independent of the torch casts
+# the codec rounds to nearest with, so that the tests compare two derivations.
 def _grid_index(mag: torch.Tensor, grid: torch.Tensor, bits: torch.Tensor | None) -> torch.Tensor:
     """Index into `grid` of the rounded non-negative non-NaN float64 `mag` (saturating)."""
     mag = mag.clamp(max=grid[-1].item())  # satfinite: past the max (inf too) gives the max
@@ -204,13 +212,7 @@ def e4m3_sr_value(q: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
     then 2^-6 is taken off again (exact). |q| is first clamped to 448, and a value that rounds
     past 448 saturates to it; NaN stays NaN; the sign is kept (-0.0 too)."""
     q32 = q.to(_F32)
-    mag = q32.abs().clamp(max=E4M3_MAX)  # (inf too)
-    low = mag < 2.0**-6
-    offset = torch.tensor(2.0**-6, dtype=_F32)
-    m = torch.where(low, mag + offset, mag)
-    u = m.view(torch.int32).to(torch.int64) + (bits.to(torch.int64) << 4)
-    v = (u & 0x7FF00000).to(torch.int32).view(torch.float32).clamp(max=E4M3_MAX)
-    v = torch.where(low, v - offset, v)
+    v = e4m3_sr_magnitude(q32.abs().clamp(max=E4M3_MAX), bits)  # (inf clamps too)
     signed = torch.where(torch.signbit(q32), -v, v)
     return torch.where(torch.isnan(q32), q32, signed).to(_F64)
 
@@ -280,18 +282,6 @@ def fp8_encode(
 # ---------------------------------------------------------------------------------------------
 
 
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """[..., n] 4-bit codes -> uint8 [..., n / 2]: element 2i in the low nibble, 2i + 1 high."""
-    c = codes.to(torch.int64)
-    return (c[..., 0::2] | (c[..., 1::2] << 4)).to(torch.uint8)
-
-
-def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [..., n / 2] -> int64 codes [..., n] (inverse of pack_nibbles)."""
-    p = packed.to(torch.int64)
-    return torch.stack((p & 0xF, p >> 4), dim=-1).flatten(-2)
-
-
 def _check_blocks(x: torch.Tensor, head_dims: int) -> None:
     if x.shape[-1] % NVFP4_BLOCK:
         raise ValueError(f"NVFP4: last dim {x.shape[-1]} is not a multiple of {NVFP4_BLOCK}")
@@ -325,6 +315,8 @@ def _block_multiplier(block_scales: torch.Tensor, head_scale: torch.Tensor) -> t
     return s.repeat_interleave(NVFP4_BLOCK, dim=-1)
 
 
+# Kept apart from core/codecs.py's decode_nvfp4_heads on purpose: any head_dims, e4m3 by the
+# float64 grid rather than torch's cast, so the codec's decode is checked against a second one.
 def nvfp4_decode(
     packed: torch.Tensor, block_scales: torch.Tensor, head_scale: torch.Tensor
 ) -> torch.Tensor:

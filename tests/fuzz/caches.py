@@ -12,7 +12,7 @@ from fuzz.families import ADAPTERS
 from fuzz.layouts import SMALL, draw_device, draw_small_layout
 from fuzz.values import INT32_MAX, INT32_MIN, draw_bool, draw_int, is_int, slot_tensor_variant
 from replayssm_jit import SlotCache, copy_slots, materialize_slots, plan_decode, reset_slots
-from replayssm_jit.ops import cpu
+from replayssm_jit.ops import torch_path
 
 BAD_COUNTS = (0, -1, 2**31, 2**63, True, 2.0, None, "3")
 
@@ -442,11 +442,11 @@ def build_materialize(draw, device):
             state = tensors["state"][s : s + 1].double()
             rings = [tensors[r][s : s + 1, :, :held].double() for r in layout.ring_names]
             if held and layout.family.name == "mamba2":
-                want = cpu.mamba2_fold(
+                want = torch_path.mamba2_fold(
                     state, *rings, params["A"].double(), heads // shape.key_heads
                 )
             elif held:
-                want = cpu.delta_fold(
+                want = torch_path.delta_fold(
                     state, *rings, "qk_l2norm" in plan.spec.flags, heads // shape.key_heads
                 )
             else:
