@@ -125,6 +125,10 @@ def test_replica_argument_errors(tiny_weights):
         Replica(weights, "fast", 1, 16)
     with pytest.raises(ValueError, match="broken: expected None or 'skip_prefill_state'"):
         Replica(weights, "conventional", 1, 16, broken="other")
+    with pytest.raises(ValueError, match="attention: expected 'sdpa' or 'flashinfer'"):
+        Replica(weights, "conventional", 1, 16, attention="flash")
+    with pytest.raises(ValueError, match="attention: 'flashinfer' needs flashinfer-python"):
+        Replica(weights, "conventional", 1, 16, attention="flashinfer")
     with pytest.raises(ValueError, match="model: expected one of"):
         configs.get_config("gpt")
     with pytest.raises(SystemExit, match="--mode: expected names from"):
@@ -151,6 +155,7 @@ def test_cli_writes_json_and_plots(tmp_path):
         mem = r["memory"]
         assert mem["bytes_per_sequence"]["total"] > 0 and mem["largest_batch"] > 0
         assert 0 < r["ssm_share"] < 1 and r["breakdown_ms"]["ssm.op"] > 0
+        assert r["attention"] == "sdpa"  # (auto: FlashInfer needs CUDA)
     conv = {r["batch"]: r for r in result["runs"] if r["mode"] == "conventional"}
     replay = {r["batch"]: r for r in result["runs"] if r["mode"] == "replay_fp32"}
     for b in conv:  # replay slots hold the rings: more bytes than the state alone

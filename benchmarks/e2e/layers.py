@@ -250,7 +250,10 @@ class Attention:
         j = torch.arange(t, device=slots.device)
         return (owner[:, None, :] <= j[None, :, None])[:, None]  # [batch, 1, t, context]
 
-    def forward(self, h: torch.Tensor, ctx: StepContext, cache: dict, ring: int) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, ctx: StepContext, cache: dict, ring: int,
+                decode=None) -> torch.Tensor:  # fmt: skip
+        """decode: FlashInfer's batch decode (flashinfer_decode.py) for one-token GQA steps, or
+        None (torch SDPA; drafts and MLA always take SDPA)."""
         a = self.a
         batch, t, _ = h.shape
         context = next(iter(cache.values())).shape[2]
@@ -279,9 +282,12 @@ class Attention:
         k_cache, v_cache = cache["k_cache"], cache["v_cache"]
         k_cache[rows, :, slots] = k.to(k_cache.dtype)
         v_cache[rows, :, slots] = v.to(v_cache.dtype)
-        o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
-                                           scale=self.scale, enable_gqa=True)  # fmt: skip
-        o = o.transpose(1, 2).reshape(batch, t, -1)
+        if decode is not None and t == 1:
+            o = decode(q[:, :, 0].contiguous(), k_cache, v_cache).reshape(batch, t, -1)
+        else:
+            o = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask,
+                                               scale=self.scale, enable_gqa=True)  # fmt: skip
+            o = o.transpose(1, 2).reshape(batch, t, -1)
         if gate is not None:
             o = o * torch.sigmoid(gate)
         return o @ self.wo

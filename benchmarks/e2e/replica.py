@@ -292,12 +292,15 @@ class Replica:
     """One mode's engine state over `weights`, at one batch size and context.
 
     broken: a deliberately wrong variant for the tests ("skip_prefill_state": the slots start
-    from zero instead of the prefill's state)."""
+    from zero instead of the prefill's state). attention: "sdpa" (torch) or "flashinfer" (its
+    batch decode for one-token GQA steps; MLA and drafts stay on SDPA)."""
 
     def __init__(self, weights: Weights, mode: Mode | str, batch: int, context: int, *,
                  seed: int = 1, ring: int = 256, accept_steps: int = 4096,
-                 broken: str | None = None):  # fmt: skip
+                 broken: str | None = None, attention: str = "sdpa"):  # fmt: skip
         cfg, dev = weights.cfg, weights.device
+        if attention not in ("sdpa", "flashinfer"):
+            raise ValueError(f"attention: expected 'sdpa' or 'flashinfer', got {attention!r}")
         self.w, self.cfg, self.batch, self.context = weights, cfg, batch, context
         self.mode = get_mode(mode) if isinstance(mode, str) else mode
         why = refusal(cfg, self.mode)
@@ -331,6 +334,7 @@ class Replica:
             if "attn" in block:
                 layer["cache"] = block["attn"].new_cache(batch, context, data)
             self.layers.append(layer)
+        self.attn_decode = self._attention_decode(attention)
         self.tokens = torch.randint(cfg.vocab, (batch, self.T), generator=data.gen, device=dev)
         self.logits = torch.zeros(batch, self.T, cfg.vocab, device=dev)
         self.targets = torch.zeros(batch, self.T, dtype=torch.int64, device=dev)
@@ -338,6 +342,20 @@ class Replica:
         self.accept_probs = probs.tolist()
         draws = torch.multinomial(probs, accept_steps * batch, replacement=True, generator=data.gen)
         self.accept_table = (draws + 1).view(accept_steps, batch)
+
+    def _attention_decode(self, attention: str):
+        """FlashInfer's decode shared by the GQA layers, or None (SDPA)."""
+        if attention == "sdpa":
+            return None
+        from .flashinfer_decode import FlashInferDecode, available
+
+        a = self.cfg.attn
+        if not available() or self.w.device.type != "cuda":
+            raise ValueError("attention: 'flashinfer' needs flashinfer-python and a CUDA device")
+        if a.kv_lora_rank:
+            raise ValueError(f"attention: {self.cfg.name}'s MLA layers decode through SDPA only")
+        return FlashInferDecode(self.batch, self.context, a.q_heads, a.kv_heads, a.head_dim,
+                                self.w.dtype, a.head_dim**-0.5, self.w.device)  # fmt: skip
 
     # -- the step ------------------------------------------------------------------------------
 
@@ -349,7 +367,8 @@ class Replica:
             if "attn" in layer:
                 with record_function("e2e.attn"):
                     h = h + layer["attn"].forward(rms_norm(h, self.w.norm), self.ctx,
-                                                  layer["cache"], self.ring)  # fmt: skip
+                                                  layer["cache"], self.ring,
+                                                  self.attn_decode)  # fmt: skip
             for kind in ("mlp", "moe"):
                 if kind in layer:
                     with record_function(f"e2e.{kind}"):

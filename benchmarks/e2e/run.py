@@ -217,16 +217,30 @@ def config_record(cfg: ModelConfig, weights: Weights) -> dict:
     }  # fmt: skip
 
 
+def attention_for(cfg, args) -> str:
+    """The attention a run uses: --attention, where "auto" is FlashInfer's batch decode for GQA
+    models on CUDA with flashinfer-python installed, else torch SDPA."""
+    from .flashinfer_decode import available
+
+    if args.attention != "auto":
+        return args.attention
+    gqa = not cfg.attn.kv_lora_rank
+    on_cuda = torch.device(args.device).type == "cuda"
+    return "flashinfer" if gqa and on_cuda and available() else "sdpa"
+
+
 def run_point(weights: Weights, mode: str, batch: int, context: int, args, wbytes: int) -> dict:
     row = {"model": weights.cfg.name, "mode": mode, "batch": batch, "context": context}
     why = refusal(weights.cfg, get_mode(mode))
     if why:
         return {**row, "refused": why}
     try:
-        replica = Replica(weights, mode, batch, context, seed=args.seed)
+        replica = Replica(weights, mode, batch, context, seed=args.seed,
+                          attention=attention_for(weights.cfg, args))  # fmt: skip
     except torch.cuda.OutOfMemoryError as e:  # (a large batch at a long context: say so, go on)
         torch.cuda.empty_cache()
         return {**row, "out_of_memory": str(e).splitlines()[0]}
+    row["attention"] = "flashinfer" if replica.attn_decode is not None else "sdpa"
     row["memory"] = memory_row(replica, wbytes, args.memory_gib * GIB, args.reserve_gib * GIB)
     row.update(profile_step(replica))
     row["tokens_per_step_expected"] = batch * (
@@ -310,6 +324,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--reserve-gib", type=float, default=8.0, help="kept for activations and graphs")
     p.add_argument("--no-graphs", dest="graphs", action="store_false")
+    p.add_argument(
+        "--attention",
+        choices=("auto", "sdpa", "flashinfer"),
+        default="auto",
+        help="attention decode (auto: FlashInfer's batch decode where installed on CUDA, for "
+        "GQA models; MLA and drafts always SDPA). Each run row records which ran",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--out", default="benchmarks/scratch/e2e", help="folder for e2e.json and the plots"
@@ -370,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         "timed": args.timed,
         "timing": ("CUDA graph per (batch, mode), CUDA events, median of steps after warm-up"
                    if args.timed else "none: the CPU torch path is a correctness run, not a speed claim"),
-        "attention": "torch SDPA over a KV cache of exactly --context tokens (FlashInfer not used)",
+        "attention": ("per run row: FlashInfer's batch decode (one-token GQA steps) or torch SDPA, "
+                      "over a KV cache of exactly --context tokens"),
         "experts": ("BF16, torch._grouped_mm" if args.timed else f"{args.dtype} per-expert loop (CPU)"),
         "dtype": str(args.dtype), "graphs": args.graphs,
         "modes": {m: MODES[m].what for m in args.modes},
