@@ -135,7 +135,7 @@ class LayerRows:
         torch.index_select(cursors[:, CURSOR_PENDING], 0, self.gather, out=self.pending)
         if reads_device_values(self.plan):
             self._check_counts(counts, slots)
-        torch.minimum(counts.to(torch.int32), self.pending, out=self.accepted)
+        torch.minimum(counts, self.pending, out=self.accepted)  # (int64 counts narrow in place)
         return self.accepted
 
     def _check_counts(self, counts: torch.Tensor, slots: torch.Tensor) -> None:
