@@ -59,17 +59,17 @@ class Mamba2Params:
                 self.D[:, None].expand(-1, P), self.dt_bias[:, None].expand(-1, P))  # fmt: skip
 
 
-def m2_tokens(gen, n):
+def m2_tokens(gen, n, dtype=F32):
     x = torch.randn(n, H, P, generator=gen)
     dt = -3.0 + 3.5 * torch.rand(n, H, generator=gen)
     B = 0.5 * torch.randn(n, G, N, generator=gen)
     C = 0.5 * torch.randn(n, G, N, generator=gen)
-    return x, dt, B, C
+    return tuple(t.to(dtype) for t in (x, dt, B, C))
 
 
-def m2_setup(T=1):
+def m2_setup(T=1, dtype=F32):
     layout = mamba2_layout(num_heads=H, headdim=P, dstate=N, ngroups=G, window=L, drafts=T,
-                           act_dtype=F32)  # fmt: skip
+                           act_dtype=dtype)  # fmt: skip
     ssm_state = torch.zeros(SLOTS, H, P, N)  # vLLM's per-layer SSM state
     backend = ReplaySSMBackend()
     layer = backend.register(ssm_state, layout, dt_softplus=True)
@@ -87,19 +87,22 @@ def m2_oracle_step(ref, slots, x, dt, B, C, prm):
     return y
 
 
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("order", ["mixer", "ssu_dispatch", "backend_lookup"])
-def test_mamba2_decode_as_vllm_calls_it(order):
+def test_mamba2_decode_as_vllm_calls_it(order, dtype):
+    """x, dt, B, C and out in the model dtype (bf16 in vLLM); A, D, dt_bias float32."""
     gen = torch.Generator().manual_seed(1)
-    backend, layer, ssm_state = m2_setup()
+    tol = TOL if dtype == F32 else 1e-2
+    backend, layer, ssm_state = m2_setup(dtype=dtype)
     prm = Mamba2Params(gen)
     A_d, D_d, dt_bias_d = prm.expanded()
     slots = [3, 5, 0, 2]  # row 2: a CUDA-graph pad row on the null block
     state_indices_tensor_d = torch.tensor(slots, dtype=I32)
     ref = torch.zeros(SLOTS, H, P, N, dtype=F64)
     before = snapshot(layer)
-    preallocated_ssm_out_d = torch.empty(len(slots), H * P)
+    preallocated_ssm_out_d = torch.empty(len(slots), H * P, dtype=dtype)
     for _ in range(2 * L + 1):
-        x, dt, B, C = m2_tokens(gen, len(slots))
+        x, dt, B, C = m2_tokens(gen, len(slots), dtype)
         dt_d = dt[:, :, None].expand(-1, -1, P)  # vLLM expands dt over head_dim
         out = preallocated_ssm_out_d.view(len(slots), -1, P)
         if order == "mixer":
@@ -117,8 +120,8 @@ def test_mamba2_decode_as_vllm_calls_it(order):
             backend.ssu(ssm_state, x, dt_d, A_d, B, C, D_d, dt_bias_d, z=None, dt_softplus=True,
                         state_batch_indices=state_indices_tensor_d, out=out)  # fmt: skip
         expected = m2_oracle_step(ref, slots, x, dt, B, C, prm)
-        assert rel(out, expected) < TOL
-        assert torch.equal(out[2], torch.zeros(H, P))  # the pad row's output is zero
+        assert rel(out, expected) < tol
+        assert torch.equal(out[2], torch.zeros(H, P, dtype=dtype))  # the pad row's output is 0
     assert_untouched(before, layer, [0, 1, 4, 6, 7, 8])
 
 
@@ -247,24 +250,24 @@ def test_num_accepted_tokens_outside_vllms_convention_is_refused():
 # ---------------------------------------------------------------------------------------------
 
 
-def gdn_setup(T=1, kda=False):
+def gdn_setup(T=1, kda=False, dtype=F32):
     make = kda_layout if kda else gdn_layout
     heads = HV if kda else KH
     layout = make(num_k_heads=heads, num_v_heads=HV, head_k_dim=K, head_v_dim=V, window=L,
-                  drafts=T, act_dtype=F32)  # fmt: skip
+                  drafts=T, act_dtype=dtype)  # fmt: skip
     ssm_state = torch.zeros(SLOTS, HV, V, K)
     backend = ReplaySSMBackend()
     options = {"lower_bound": -5.0} if kda else {}
     return backend, backend.register(ssm_state, layout, **options), ssm_state
 
 
-def delta_tokens(gen, n, heads, kda=False):
+def delta_tokens(gen, n, heads, kda=False, dtype=F32):
     q = torch.randn(1, n, heads, K, generator=gen)
     k = torch.randn(1, n, heads, K, generator=gen)
     v = torch.randn(1, n, HV, V, generator=gen)
     a = torch.randn(n, HV, *((K,) if kda else ()), generator=gen)
     b = torch.randn(n, HV, generator=gen)
-    return q, k, v, a, b
+    return tuple(t.to(dtype) for t in (q, k, v, a, b))
 
 
 def delta_params(gen, kda=False):
@@ -292,10 +295,13 @@ def delta_oracle(ref, slots, q, k, v, a, b, A_log, dt_bias, kda=False):
     return o
 
 
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("kda", [False, True], ids=["gdn", "kda"])
-def test_delta_decode_as_vllm_calls_it(kda):
+def test_delta_decode_as_vllm_calls_it(kda, dtype):
+    """q, k, v and the raw gates a, b in the model dtype; A_log, dt_bias float32."""
     gen = torch.Generator().manual_seed(5)
-    _, layer, ssm_state = gdn_setup(kda=kda)
+    tol = TOL if dtype == F32 else 1e-2
+    _, layer, ssm_state = gdn_setup(kda=kda, dtype=dtype)
     A_log, dt_bias = delta_params(gen, kda)
     slots = [6, 0, 2, 3]
     non_spec_state_indices_tensor = torch.tensor(slots, dtype=I32)
@@ -303,7 +309,7 @@ def test_delta_decode_as_vllm_calls_it(kda):
     ref = torch.zeros(SLOTS, HV, V, K, dtype=F64)
     before = snapshot(layer)
     for _ in range(2 * L + 1):
-        q, k, v, a, b = delta_tokens(gen, len(slots), HV if kda else KH, kda)
+        q, k, v, a, b = delta_tokens(gen, len(slots), HV if kda else KH, kda, dtype)
         if kda:
             o, final = layer.fused_recurrent_kda(
                 q, k, v, a[None], b[None], A_log, dt_bias, -5.0, ssm_state,
@@ -319,8 +325,8 @@ def test_delta_decode_as_vllm_calls_it(kda):
         assert final is ssm_state and o.shape == v.shape
         rows = [t[0][:, None] for t in (q, k, v)]  # one token per row
         expected = delta_oracle(ref, slots, *rows, a[:, None], b[:, None], A_log, dt_bias, kda)
-        assert rel(o[0], expected[:, 0]) < TOL
-        assert torch.equal(o[0, 1], torch.zeros(HV, V))
+        assert rel(o[0], expected[:, 0]) < tol
+        assert torch.equal(o[0, 1], torch.zeros(HV, V, dtype=dtype))
     assert_untouched(before, layer, [0, 1, 4, 5, 7, 8])
 
 
