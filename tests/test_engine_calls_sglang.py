@@ -114,3 +114,25 @@ def test_unsupported_dispatcher_inputs_are_refused_and_change_nothing():
                      mamba_track_mask=torch.ones(2, dtype=torch.bool))  # fmt: skip
     for name, t in layer.pool.items():
         assert torch.equal(before[name], t), name
+
+
+def test_pad_rows_traces_whole_and_allocates_nothing():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    layer, _ = setup()
+    indices = torch.tensor([5, 1, 3, 3], dtype=I64)
+    explained = torch._dynamo.explain(layer.pad_rows)(indices, torch.tensor(2))
+    assert explained.graph_break_count == 0, explained.break_reasons
+    with Recorder() as rec:
+        got = layer.pad_rows(indices, torch.tensor(2))
+    assert got.tolist() == [5, 1, -1, -1]
+    assert not {"empty", "zeros", "clone", "arange", "full"} & set(rec.ops), rec.ops

@@ -403,3 +403,37 @@ def test_gdn_packed_decode_as_vllm_calls_it():
                                 a[:, None], b[:, None], A_log, dt_bias)  # fmt: skip
         assert rel(out[:, 0], expected[:, 0]) < TOL
     assert_untouched(before, layer, [0, 1, 3, 4, 5, 6, 7])
+
+
+def test_the_backend_finds_each_layer_by_its_state():
+    """One ReplaySSMBackend for a model's layers: each call reaches the layer whose state it
+    names, positional or keyword, as vLLM's module-level functions would be called."""
+    gen = torch.Generator().manual_seed(8)
+    backend = ReplaySSMBackend()
+    layers = []
+    for kda in (False, True):
+        heads = HV if kda else KH
+        layout = (kda_layout if kda else gdn_layout)(
+            num_k_heads=heads, num_v_heads=HV, head_k_dim=K, head_v_dim=V, window=L, act_dtype=F32
+        )
+        state = torch.zeros(SLOTS, HV, V, K)
+        layers.append(backend.register(state, layout, **({"lower_bound": -5.0} if kda else {})))
+    gdn, kda = layers
+    idx, cu = torch.tensor([1, 2], dtype=I32), torch.arange(3, dtype=I32)
+    q, k, v, a, b = delta_tokens(gen, 2, KH)
+    A_log, dt_bias = delta_params(gen)
+    _, final = backend.fused_sigmoid_gating_delta_rule_update(
+        A_log, a, b, dt_bias, q, k, v, 1.0, 20.0, None, gdn.state, True, cu, idx, None, True
+    )
+    assert final is gdn.state and gdn.pool["cursors"][1, 0] == 1
+    q, k, v, a, b = delta_tokens(gen, 2, HV, kda=True)
+    A_log, dt_bias = delta_params(gen, kda=True)
+    backend.fused_recurrent_kda(q, k, v, a[None], b[None], A_log, dt_bias, -5.0,
+                                initial_state=kda.state, cu_seqlens=cu, ssm_state_indices=idx)  # fmt: skip
+    assert kda.pool["cursors"][2, 0] == 1 and gdn.pool["cursors"][2, 0] == 1
+    with pytest.raises(ValueError, match="registered with ReplaySSMBackend.register"):
+        backend.fused_recurrent_kda(q, k, v, a[None], b[None], A_log, dt_bias, -5.0,
+                                    torch.zeros(SLOTS, HV, V, K), cu, idx)  # fmt: skip
+    with pytest.raises(ValueError, match="lower_bound: expected -5.0"):
+        kda.fused_recurrent_kda(q, k, v, a[None], b[None], A_log, dt_bias, None, kda.state, cu,
+                                idx)  # fmt: skip
