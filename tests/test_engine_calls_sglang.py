@@ -136,3 +136,46 @@ def test_pad_rows_traces_whole_and_allocates_nothing():
         got = layer.pad_rows(indices, torch.tensor(2))
     assert got.tolist() == [5, 1, -1, -1]
     assert not {"empty", "zeros", "clone", "arange", "full"} & set(rec.ops), rec.ops
+
+
+def test_mamba2_decode_as_sglang_calls_it():
+    """x_h [bs, H, P], dt and the parameters head-expanded, state_batch_indices
+    cache_indices.unsqueeze(-1), pads -1 from pad_rows."""
+    from replayssm_jit import mamba2_layout
+    from replayssm_jit.reference.mamba2 import mamba2_step
+
+    H, G, P, N = 4, 2, 8, 16
+    gen = torch.Generator().manual_seed(13)
+    layout = mamba2_layout(num_heads=H, headdim=P, dstate=N, ngroups=G, window=L, act_dtype=F32)
+    ssm_state = torch.zeros(SLOTS, H, P, N)
+    layer = SGLangLayer(layout, ssm_state, max_batch=MAX_BS, dt_softplus=True)
+    A, D, dt_bias = -(0.5 + torch.rand(H, generator=gen)), torch.randn(H), torch.rand(H) - 0.5
+    A_expanded = A.view(H, 1, 1).expand(H, P, N)
+    D_expanded = D.view(H, 1).expand(H, P)
+    ref = torch.zeros(SLOTS, H, P, N, dtype=F64)
+    before = {n: t.clone() for n, t in layer.pool.items()}
+    req_to_mamba_slot = torch.tensor([3, 5, 1], dtype=I32)
+    cache_indices = layer.pad_rows(req_to_mamba_slot[torch.tensor([1, 2, 0, 0])], 2)
+    for _ in range(2 * L + 1):
+        x_h = torch.randn(4, H, P, generator=gen)
+        dt = torch.rand(4, H, generator=gen)
+        B_h, C_h = torch.randn(4, G, N, generator=gen), torch.randn(4, G, N, generator=gen)
+        out = torch.empty_like(x_h)
+        layer.selective_state_update(
+            ssm_state, x_h, dt[:, :, None].expand(-1, -1, P), A_expanded, B_h, C_h, D_expanded,
+            z=None, dt_bias=dt_bias.view(H, 1).expand(H, P), dt_softplus=True,
+            state_batch_indices=cache_indices.unsqueeze(-1), out=out,
+        )  # fmt: skip
+        o, new = mamba2_step(ref[[5, 1]], x_h[:2], dt[:2], A, B_h[:2], C_h[:2], D=D,
+                             dt_bias=dt_bias, dt_softplus=True)  # fmt: skip
+        ref[[5, 1]] = new
+        assert rel(out[:2], o) < TOL and torch.equal(out[2:], torch.zeros(2, H, P))
+    for name, t in layer.pool.items():
+        for s in (0, 2, 3, 4, 6, 7):
+            assert torch.equal(before[name][s], t[s]), (name, s)
+    with pytest.raises(TypeError, match="not supported yet"):
+        layer.selective_state_update(
+            ssm_state, x_h, dt[:, :, None].expand(-1, -1, P), A_expanded, B_h, C_h, D_expanded,
+            dt_bias=dt_bias.view(H, 1).expand(H, P), dt_softplus=True,
+            state_batch_indices=cache_indices, out=out, disable_state_update=True,
+        )  # fmt: skip

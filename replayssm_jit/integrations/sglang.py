@@ -28,9 +28,16 @@ from replayssm_jit.families.layout import CacheLayout
 from replayssm_jit.integrations import vllm
 from replayssm_jit.integrations.vllm.gdn import gdn_call, gdn_packed_call
 from replayssm_jit.integrations.vllm.layer import ReplaySSMLayer
+from replayssm_jit.integrations.vllm.mamba2 import mamba2_call
 from replayssm_jit.ops.plan import DecodePlan
 
-__all__ = ["PAD_SLOT_ID", "SGLangLayer", "gdn_decode_step", "mamba2_decode_step", "mamba_slots"]
+__all__ = [
+    "PAD_SLOT_ID",
+    "SGLangLayer",
+    "gdn_decode_step",
+    "mamba2_decode_step",
+    "mamba_slots",
+]
 
 PAD_SLOT_ID = -1  # SGLang marks padded decode rows (CUDA-graph batch padding) with -1
 
@@ -112,7 +119,8 @@ def gdn_decode_step(
 
 
 class SGLangLayer(ReplaySSMLayer):
-    """One GDN layer with SGLang's kernel-dispatcher calls (pad id -1). pad_rows keeps a
+    """One layer with SGLang's calls (pad id -1): Mamba-2's selective_state_update, GDN's
+    kernel-dispatcher decode and packed_decode. pad_rows keeps a
     [max_bs] int32 buffer and a row-number buffer, so that the mapping allocates nothing."""
 
     def __init__(
@@ -150,6 +158,38 @@ class SGLangLayer(ReplaySSMLayer):
         slots = self._slots[:bs]
         slots.copy_(mamba_cache_indices)
         return slots.masked_fill_(is_pad, PAD_SLOT_ID)
+
+    def selective_state_update(
+        self,
+        state: torch.Tensor,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        A: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        D: torch.Tensor | None = None,
+        z: torch.Tensor | None = None,
+        dt_bias: torch.Tensor | None = None,
+        dt_softplus: bool = False,
+        state_batch_indices: torch.Tensor | None = None,
+        pad_slot_id: int = PAD_SLOT_ID,
+        out: torch.Tensor | None = None,
+        disable_state_update: bool = False,
+        intermediate_states_buffer: torch.Tensor | None = None,
+        cache_steps: int | None = None,
+        retrieve_parent_token: torch.Tensor | None = None,
+        intermediate_state_indices: torch.Tensor | None = None,
+    ) -> None:
+        """SGLang's Mamba-2 decode (a Mamba-2 layer's SGLangLayer): x, z, out [bs, H, P], dt
+        [bs, H, P] head-expanded, state_batch_indices [bs] or [bs, 1], pads -1. EAGLE's
+        tree-verify arguments are refused (not supported yet)."""
+        eagle = {"disable_state_update": disable_state_update or None,
+                 "intermediate_states_buffer": intermediate_states_buffer,
+                 "cache_steps": cache_steps, "retrieve_parent_token": retrieve_parent_token,
+                 "intermediate_state_indices": intermediate_state_indices}  # fmt: skip
+        _no_extras("selective_state_update", eagle)
+        mamba2_call(self, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_batch_indices,
+                    None, pad_slot_id, out, None, None)  # fmt: skip
 
     def decode(
         self,
