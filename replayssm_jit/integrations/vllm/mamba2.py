@@ -84,6 +84,11 @@ def mamba2_call(
         )
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"out: expected the output tensor vLLM passes, got {type(out).__name__}")
+    if out.dim() != 3 or not out.is_contiguous():
+        raise ValueError(
+            f"out: expected a contiguous [tokens, H, P] tensor, got {list(out.shape)} with "
+            f"strides {out.stride()}"
+        )
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x: expected [tokens, H, P], got {getattr(x, 'shape', x)}")
     planned = "dt_softplus" in layer.flags
@@ -102,11 +107,10 @@ def mamba2_call(
     dt = _per_head("dt", dt, 1)
     lead = (batch,) if T == 1 else (batch, T)
     gates = rows.step_gates if T == 1 else rows.draft_gates
-    dt32 = gates[0].copy_(dt.view(*lead, dt.shape[-1]))
-    tokens = {
-        "x": x.view(*lead, *x.shape[1:]), "B": B.view(*lead, *B.shape[1:]),
-        "C": C.view(*lead, *C.shape[1:]), "z": None if z is None else z.view(*lead, *z.shape[1:]),
-        "out": out.view(*lead, *out.shape[-2:]),
-    }  # fmt: skip
-    layer.launch(rows, "decode" if T == 1 else "verify", **tokens, dt=dt32, A=A, D=D,
+    # (the buffer is contiguous, so any dt strides copy in; splitting dim 0 is always a view)
+    gates[0].view(-1, gates[0].shape[-1]).copy_(dt)
+    tokens = {n: None if t is None else t.unflatten(0, lead)
+              for n, t in (("x", x), ("B", B), ("C", C), ("z", z))}  # fmt: skip
+    layer.launch(rows, "decode" if T == 1 else "verify", **tokens, out=out.unflatten(0, lead),
+                 dt=gates[0], A=A, D=D,
                  dt_bias=dt_bias, slot_indices=slots, num_accepted=accepted)  # fmt: skip
