@@ -441,3 +441,12 @@ def test_the_backend_finds_each_layer_by_its_state():
     with pytest.raises(ValueError, match="lower_bound: expected -5.0"):
         kda.fused_recurrent_kda(q, k, v, a[None], b[None], A_log, dt_bias, None, kda.state, cu,
                                 idx)  # fmt: skip
+
+
+def test_layers_sharing_one_state_tensor_share_its_rings():
+    """vLLM's hybrid allocator may give two layers one tensor (disjoint blocks): one pool."""
+    backend, layer, ssm_state = m2_setup()
+    layout = layer.layout
+    assert backend.register(ssm_state, layout, dt_softplus=True) is layer
+    with pytest.raises(ValueError, match="registered with"):
+        backend.register(ssm_state, layout, dt_softplus=False)

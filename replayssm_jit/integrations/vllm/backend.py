@@ -174,11 +174,22 @@ class ReplaySSMBackend:
         tensors: Mapping[str, torch.Tensor] | None = None,
         **plan_options,
     ) -> VLLMLayer:
-        """Make `state` (vLLM's per-layer SSM state) a ReplaySSM layer of `layout`."""
+        """Make `state` (vLLM's per-layer SSM state) a ReplaySSM layer of `layout`. Layers whose
+        state is one tensor (vLLM's hybrid allocator gives layers of different cache groups one
+        tensor, with disjoint blocks) share its rings and cursors, which are kept per slot."""
+        key = state.data_ptr() if isinstance(state, torch.Tensor) else None
+        known = self._layers.get(key)
+        if known is not None:
+            options = dict(plan_options)
+            pad = options.pop("pad_slot_id", NULL_BLOCK_ID)
+            mine = (known.layout, tuple(known.state.shape), known.pad_slot_id, known.plan_options)
+            if mine != (layout, tuple(state.shape), pad, options):
+                raise ValueError(
+                    f"state: expected the layout and options this tensor was registered with "
+                    f"{mine}, got {(layout, tuple(state.shape), pad, options)}"
+                )
+            return known
         layer = VLLMLayer(layout, state, tensors, **plan_options)
-        key = state.data_ptr()
-        if key in self._layers:
-            raise ValueError(f"state: expected a state not yet registered, got {key:#x} again")
         self._layers[key] = layer
         return layer
 
