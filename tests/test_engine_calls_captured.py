@@ -35,12 +35,12 @@ class Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def mamba2_case(drafts):
+def mamba2_case(drafts, lengths=None):
     gen = torch.Generator().manual_seed(21)
     layout = mamba2_layout(num_heads=H, headdim=P, dstate=N, ngroups=G, window=L, drafts=drafts,
                            act_dtype=F32)  # fmt: skip
     layer = VLLMLayer(layout, torch.zeros(SLOTS, H, P, N), dt_softplus=True)
-    tokens = BS * drafts
+    tokens = BS * drafts if lengths is None else sum(lengths)
     A = -(0.5 + torch.rand(H, generator=gen))
     args = dict(
         x=torch.randn(tokens, H, P, generator=gen),
@@ -53,8 +53,10 @@ def mamba2_case(drafts):
     idx = idx if drafts > 1 else idx[:, 0].contiguous()  # [bs, 1 + T] for MTP, else [bs]
     extra = {}
     if drafts > 1:
-        extra = dict(num_accepted_tokens=torch.ones(BS, dtype=I32),
-                     cu_seqlens=torch.arange(BS + 1, dtype=I32) * drafts)  # fmt: skip
+        cu = torch.arange(BS + 1, dtype=I32) * drafts
+        if lengths is not None:  # varlen rows: fewer tokens than T in some
+            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=I32)
+        extra = dict(num_accepted_tokens=torch.ones(BS, dtype=I32), cu_seqlens=cu)
 
     def call(layer, out):
         layer.ssu(layer.state, args["x"], args["dt"], args["A"], args["B"], args["C"], args["D"],
@@ -103,6 +105,7 @@ def delta_case(kind):
 
 CASES = {
     "mamba2": lambda: mamba2_case(1), "mamba2_mtp": lambda: mamba2_case(T),
+    "mamba2_mtp_varlen": lambda: mamba2_case(T, [3, 1, 2]),
     "gdn": lambda: delta_case("gdn"), "gdn_packed": lambda: delta_case("packed"),
     "kda": lambda: delta_case("kda"),
 }  # fmt: skip

@@ -450,3 +450,51 @@ def test_layers_sharing_one_state_tensor_share_its_rings():
     assert backend.register(ssm_state, layout, dt_softplus=True) is layer
     with pytest.raises(ValueError, match="registered with"):
         backend.register(ssm_state, layout, dt_softplus=False)
+
+
+def test_mamba2_mtp_varlen_rows_as_vllm_packs_them():
+    """Rows of 1..T tokens packed back to back (cu_seqlens not uniform): each row's tokens are
+    verified from its state, the rest of the packed out is the engine's rows only."""
+    gen = torch.Generator().manual_seed(9)
+    _, layer, ssm_state = m2_setup(T)
+    prm = Mamba2Params(gen)
+    A_d, D_d, dt_bias_d = prm.expanded()
+    slots = [4, 0, 7, 1]
+    bs = len(slots)
+    idx = torch.tensor([[s, 8, 8] for s in slots], dtype=I32)
+    ref = torch.zeros(SLOTS, H, P, N, dtype=F64)
+    num_accepted_tokens = torch.ones(bs, dtype=I32)
+    before = snapshot(layer)
+    for _ in range(6):
+        lengths = torch.randint(1, T + 1, (bs,), generator=gen).tolist()
+        lengths[1] = 1  # the pad row
+        if sum(lengths) == bs * T:
+            lengths[0] = 1
+        tokens = sum(lengths)
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=I32)
+        x, dt, B, C = m2_tokens(gen, tokens)
+        out = torch.full((tokens, H, P), float("nan"))
+        layer.selective_state_update(
+            ssm_state, x, dt[:, :, None].expand(-1, -1, P), A_d, B, C, D_d, z=None,
+            dt_bias=dt_bias_d, dt_softplus=True, state_batch_indices=idx,
+            dst_state_batch_indices=idx, out=out, num_accepted_tokens=num_accepted_tokens,
+            cu_seqlens=cu,
+        )  # fmt: skip
+        kept = []
+        for r, s in enumerate(slots):
+            a, b = int(cu[r]), int(cu[r + 1])
+            if s == 0:
+                assert torch.equal(out[a:b], torch.zeros(b - a, H, P))
+                kept.append(1)
+                continue
+            st, seq = ref[s][None].clone(), []
+            for j in range(a, b):
+                o, st = mamba2_step(st, x[j][None], dt[j][None], prm.A, B[j][None], C[j][None],
+                                    D=prm.D, dt_bias=prm.dt_bias, dt_softplus=True)  # fmt: skip
+                assert rel(out[j], o[0]) < TOL
+                seq.append(st[0].clone())
+            n = int(torch.randint(1, b - a + 1, (1,), generator=gen))
+            ref[s] = seq[n - 1]
+            kept.append(n)
+        num_accepted_tokens = torch.tensor(kept, dtype=I32)
+    assert_untouched(before, layer, [0, 2, 3, 5, 6, 8])

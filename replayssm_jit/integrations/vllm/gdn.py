@@ -84,7 +84,7 @@ def _rows_of(layer, q, cu_seqlens, ssm_state_indices):
     else:
         if q.shape[0] != 1:
             raise ValueError(f"q: expected [1, tokens, H, K] with cu_seqlens, got {list(q.shape)}")
-        batch, T = tokens_per_row("q", q.shape[1], cu_seqlens, layer)
+        batch, T, _ = tokens_per_row("q", q.shape[1], cu_seqlens, layer)
     rows = layer.rows(batch)
     _check_uniform(cu_seqlens, batch, T, layer, rows)
     return rows, T, (batch,) if T == 1 else (batch, T)

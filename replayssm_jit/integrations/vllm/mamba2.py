@@ -11,6 +11,8 @@ B, C [batch, G, N]; A [H, P, N] / [H]; D, dt_bias [H, P] / [H]; state_batch_indi
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 from replayssm_jit.integrations.vllm.layer import ReplaySSMLayer
@@ -19,21 +21,26 @@ from replayssm_jit.integrations.vllm.rows import reads_device_values
 __all__ = ["mamba2_call", "tokens_per_row"]
 
 
-def tokens_per_row(name: str, tokens: int, cu_seqlens: object, layer: ReplaySSMLayer) -> tuple:
-    """(batch, T) of a packed call: T = 1 without cu_seqlens, else tokens / (len - 1), which
-    must be 1 or the layout's drafts (uniform rows; values checked where they are read)."""
+def tokens_per_row(
+    name: str, tokens: int, cu_seqlens: object, layer: ReplaySSMLayer, varlen: bool = False
+) -> tuple[int, int, bool]:
+    """(batch, T, varlen) of a packed call: T = 1 without cu_seqlens, else tokens / (len - 1),
+    which must be 1 or the layout's drafts (uniform rows; values checked where they are read).
+    With `varlen`, fewer tokens than batch * drafts are rows of 1..drafts tokens each."""
     if cu_seqlens is None:
-        return tokens, 1
+        return tokens, 1, False
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or len(cu_seqlens) < 2:
         raise ValueError(f"cu_seqlens: expected a [batch + 1] tensor, got {cu_seqlens!r:.80}")
-    batch = cu_seqlens.shape[0] - 1
+    batch, drafts = cu_seqlens.shape[0] - 1, layer.layout.drafts
+    if varlen and drafts > 1 and batch < tokens < batch * drafts:
+        return batch, drafts, True
     T = tokens // batch
-    if T * batch != tokens or T not in (1, layer.layout.drafts):
+    if T * batch != tokens or T not in (1, drafts):
         raise ValueError(
-            f"{name}: expected batch * T tokens with T = 1 or {layer.layout.drafts} (the "
-            f"layout's drafts) for {batch} rows, got {tokens} tokens"
+            f"{name}: expected batch * T tokens with T = 1 or {drafts} (the layout's drafts) "
+            f"for {batch} rows, got {tokens} tokens"
         )
-    return batch, T
+    return batch, T, False
 
 
 def _check_uniform(cu_seqlens: torch.Tensor | None, batch: int, T: int, layer, rows) -> None:
@@ -96,9 +103,12 @@ def mamba2_call(
         raise ValueError(f"dt_softplus: expected {planned} (as planned), got {dt_softplus}")
     if state_batch_indices is None:
         raise ValueError("state_batch_indices: expected the rows' slots, got None")
-    batch, T = tokens_per_row("x", x.shape[0], cu_seqlens, layer)
+    batch, T, varlen = tokens_per_row("x", x.shape[0], cu_seqlens, layer, varlen=True)
     rows = layer.rows(batch)
-    _check_uniform(cu_seqlens, batch, T, layer, rows)
+    if varlen:
+        _check_varlen(cu_seqlens, x.shape[0], T, rows)
+    else:
+        _check_uniform(cu_seqlens, batch, T, layer, rows)
     slots = rows.slot_ids("state_batch_indices", state_batch_indices)
     rows.same_slots("dst_state_batch_indices", dst_state_batch_indices, state_batch_indices, slots)
     accepted = rows.accepted_from_engine(num_accepted_tokens, layer.pool["cursors"], slots)
@@ -107,10 +117,34 @@ def mamba2_call(
     dt = _per_head("dt", dt, 1)
     lead = (batch,) if T == 1 else (batch, T)
     gates = rows.step_gates if T == 1 else rows.draft_gates
+    named = (("x", x), ("B", B), ("C", C), ("z", z))
+    if varlen:  # rows of 1..T tokens: gathered into the plan's [batch, T, ...] buffers
+        packed = rows.packed
+        packed.lay_out(cu_seqlens, x.shape[0])
+        packed.dt[: x.shape[0]].copy_(dt)
+        torch.index_select(packed.dt, 0, packed.src.view(-1), out=gates[0].view(batch * T, -1))
+        tokens = {n: None if t is None else packed.gather_in(n, t) for n, t in named}
+        layer.launch(rows, "verify", **tokens, out=packed.padded["out"], dt=gates[0], A=A, D=D,
+                     dt_bias=dt_bias, slot_indices=slots, num_accepted=accepted,
+                     num_drafts=packed.num_drafts)  # fmt: skip
+        packed.scatter_out(out, x.shape[0])
+        return
     # (the buffer is contiguous, so any dt strides copy in; splitting dim 0 is always a view)
     gates[0].view(-1, gates[0].shape[-1]).copy_(dt)
-    tokens = {n: None if t is None else t.unflatten(0, lead)
-              for n, t in (("x", x), ("B", B), ("C", C), ("z", z))}  # fmt: skip
+    tokens = {n: None if t is None else t.unflatten(0, lead) for n, t in named}
     layer.launch(rows, "decode" if T == 1 else "verify", **tokens, out=out.unflatten(0, lead),
-                 dt=gates[0], A=A, D=D,
-                 dt_bias=dt_bias, slot_indices=slots, num_accepted=accepted)  # fmt: skip
+                 dt=gates[0], A=A, D=D, dt_bias=dt_bias, slot_indices=slots,
+                 num_accepted=accepted)  # fmt: skip
+
+
+def _check_varlen(cu_seqlens: torch.Tensor, tokens: int, T: int, rows) -> None:
+    """Where values are read: cu_seqlens from 0 to `tokens`, each row 0..T tokens."""
+    if not reads_device_values(rows.plan):
+        return
+    cu = cu_seqlens.tolist()
+    lengths = [b - a for a, b in pairwise(cu)]
+    if cu[0] != 0 or cu[-1] != tokens or not all(0 <= n <= T for n in lengths):
+        raise ValueError(
+            f"cu_seqlens: expected 0 ... {tokens} with 0..{T} tokens per row (the layout's "
+            f"drafts), got {cu}"
+        )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from replayssm_jit.core.cursor_words import CURSOR_PENDING
+from replayssm_jit.integrations.vllm.varlen import PackedRows
 from replayssm_jit.ops import decode
 from replayssm_jit.ops.library import plan_handle
 from replayssm_jit.ops.plan import DecodePlan
@@ -42,6 +43,7 @@ class LayerRows:
     accepted: torch.Tensor  # [batch] int32: the ops' num_accepted
     step_gates: tuple[torch.Tensor, ...]  # FP32 [batch, ...] per family (dt; a, b)
     draft_gates: tuple[torch.Tensor, ...]  # the same with a draft dim [batch, T, ...]
+    packed: PackedRows | None = None  # Mamba-2 with drafts: varlen MTP's row buffers
 
     @classmethod
     def make(cls, plan: DecodePlan) -> LayerRows:
@@ -61,9 +63,12 @@ class LayerRows:
         def ints():
             return torch.zeros(batch, dtype=torch.int32, device=dev)
 
+        packed = None
+        if plan.family.name == "mamba2" and T > 1:
+            packed = PackedRows.make(batch, T, shape, plan.layout.act_dtype, dev)
         return cls(
             plan, plan_handle(plan), ints(), ints(), ints(), ints(), gates((batch,)),
-            gates((batch, T)) if T > 1 else (),
+            gates((batch, T)) if T > 1 else (), packed,
         )  # fmt: skip
 
     # -----------------------------------------------------------------------------------------
