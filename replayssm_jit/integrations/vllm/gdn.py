@@ -98,7 +98,9 @@ def gdn_call(
     """fused_sigmoid_gating_delta_rule_update on the layer: a step (T = 1) or an MTP verify."""
     layer.check_state(initial_state)
     if is_kda:
-        raise ValueError("is_kda: expected False (KDA decodes through fused_recurrent_kda)")
+        raise ValueError(
+            "is_kda: expected False (KDA decodes through fused_recurrent_kda), got True"
+        )
     if not inplace_final_state:
         raise ValueError(
             "inplace_final_state: expected True (the state stays in the pool as checkpoint "
