@@ -9,6 +9,8 @@
 | REPLAYSSM_DISABLE_JIT         | 1: never compile; a missing AOT module is an error             |
 | REPLAYSSM_AOT_DIR             | os.pathsep-separated directories of AOT-built modules          |
 | REPLAYSSM_MAX_JOBS            | parallel builds for AOT (default: CPU count)                   |
+| REPLAYSSM_VLLM                | 1: the vLLM plugin routes Mamba-2 decode to ReplaySSM          |
+| REPLAYSSM_VLLM_WINDOW         | the replay window L the vLLM plugin's layers use (default 16)  |
 """
 
 from __future__ import annotations
@@ -146,3 +148,14 @@ def nvcc_available() -> bool:
     except RuntimeError:
         return False
     return shutil.which("nvcc") is not None or (Path(cuda_home()) / "bin" / "nvcc").exists()
+
+
+def vllm_plugin_enabled() -> bool:
+    return _flag("REPLAYSSM_VLLM")
+
+
+def vllm_window() -> int:
+    value = os.environ.get("REPLAYSSM_VLLM_WINDOW", "16").strip()
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"REPLAYSSM_VLLM_WINDOW: expected a positive integer, got {value!r}")
+    return int(value)

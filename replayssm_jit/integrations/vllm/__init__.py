@@ -1,5 +1,8 @@
 """vLLM-style decode call sites mapped onto the functional ops (no kernels of their own).
 
+vLLM's current calls with their exact signatures: ReplaySSMBackend / VLLMLayer (backend.py);
+the out-of-tree plugin: plugin.py. The older simplified entries below stay for existing callers:
+
     mamba2_selective_state_update(plan, pool, x, dt, A, B, C, D=, z=, dt_bias=,
         dt_softplus=, state_batch_indices=, null_block_id=0, out=, num_accepted_tokens=)
     gdn_fused_recurrent(plan, pool, q, k, v, g, beta, scale=, ssm_state_indices=,
@@ -27,6 +30,8 @@ from replayssm_jit.ops.plan import DecodePlan
 
 __all__ = [
     "NULL_BLOCK_ID",
+    "ReplaySSMBackend",
+    "VLLMLayer",
     "copy_state_from_fla",
     "fla_state_view",
     "gdn_fused_recurrent",
@@ -385,3 +390,7 @@ def slot_tensor_specs(
             f"layer_config: expected none with a CacheLayout, got {sorted(layer_config)}"
         )
     return [(t.name, t.per_slot_shape, t.dtype) for t in layout.tensors()]
+
+
+# The engine-signature backend (imported last: it reads NULL_BLOCK_ID from this module).
+from replayssm_jit.integrations.vllm.backend import ReplaySSMBackend, VLLMLayer  # noqa: E402

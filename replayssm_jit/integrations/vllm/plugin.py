@@ -1,0 +1,91 @@
+"""The out-of-tree vLLM plugin: the `vllm.general_plugins` entry point (pyproject.toml) calls
+register() in every vLLM process at startup. With REPLAYSSM_VLLM=1 it puts ReplaySSM's SSU
+backend in place of vLLM's default ("triton") Mamba SSU backend, so the Mamba-2 decode and MTP
+calls of mamba_mixer2 (through ssu_dispatch.selective_state_update) run on ReplaySSM with no
+engine edit. Without vLLM, or without the setting, it does nothing and says why.
+
+Each layer's rings and cursors are made at its first call (from the call's shapes), outside
+vLLM's cache pages and memory profiler; slots start empty, and a slot vLLM refills from a
+prefill must be reset (reset_slots) before its first decode: see docs/integrations.md.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from replayssm_jit.families.layout import mamba2_layout
+from replayssm_jit.integrations.vllm.backend import NULL_BLOCK_ID, ReplaySSMBackend
+from replayssm_jit.jit import env
+
+__all__ = ["BACKEND", "make_ssu_backend_class", "register"]
+
+logger = logging.getLogger("replayssm_jit.vllm")
+
+# The process-wide layers (one per Mamba-2 layer's state tensor).
+BACKEND = ReplaySSMBackend()
+
+SSU_DISPATCH = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
+
+
+def register() -> bool:
+    """vLLM's plugin hook; True where the backend was registered."""
+    if not env.vllm_plugin_enabled():
+        logger.info("replayssm: vLLM plugin loaded but not enabled (set REPLAYSSM_VLLM=1)")
+        return False
+    try:
+        import importlib
+
+        ssu = importlib.import_module(SSU_DISPATCH)
+        from vllm.config.mamba import MambaBackendEnum
+    except ImportError as e:
+        logger.warning("replayssm: REPLAYSSM_VLLM=1 but vLLM's SSU dispatcher is not importable "
+                       "(%s); nothing registered", e)  # fmt: skip
+        return False
+    ssu._BACKEND_REGISTRY[MambaBackendEnum.TRITON] = make_ssu_backend_class(ssu.MambaSSUBackend)
+    logger.info("replayssm: Mamba-2 decode routed to ReplaySSM (vLLM's triton SSU backend slot)")
+    return True
+
+
+def make_ssu_backend_class(base: type) -> type:
+    """A subclass of vLLM's MambaSSUBackend with its name and __call__ (ssu_dispatch's
+    argument order), made at registration so that this module imports without vLLM."""
+
+    class ReplaySSMSSUBackend(base):
+        @property
+        def name(self) -> str:
+            return "replayssm"
+
+        def __call__(
+            self, state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False,
+            state_batch_indices=None, dst_state_batch_indices=None,
+            null_block_id=NULL_BLOCK_ID, out=None, num_accepted_tokens=None, cu_seqlens=None,
+            is_blackwell=False,
+        ) -> None:  # fmt: skip
+            layer = BACKEND._layers.get(state.data_ptr())
+            if layer is None:
+                layer = _register_from_call(state, x, B, D, z, dt_bias, dt_softplus,
+                                            state_batch_indices, null_block_id)  # fmt: skip
+            layer.ssu(state, x, dt, A, B, C, D, dt_bias, z=z, dt_softplus=dt_softplus,
+                      state_batch_indices=state_batch_indices,
+                      dst_state_batch_indices=dst_state_batch_indices,
+                      null_block_id=null_block_id, out=out,
+                      num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens)  # fmt: skip
+
+    return ReplaySSMSSUBackend
+
+
+def _register_from_call(state, x, B, D, z, dt_bias, dt_softplus, indices, null_block_id):
+    """A layer for `state` from its first call: heads, headdim and dstate from the state,
+    groups from B, activations from x, drafts from the [bs, 1 + T] indices' width."""
+    if not isinstance(state, torch.Tensor) or state.dim() != 4:
+        raise ValueError(f"state: expected vLLM's [slots, H, P, N] state, got {state!r:.60}")
+    _, H, P, N = state.shape
+    drafts = indices.shape[1] if isinstance(indices, torch.Tensor) and indices.dim() == 2 else 1
+    layout = mamba2_layout(num_heads=H, headdim=P, dstate=N, ngroups=B.shape[-2],
+                           window=env.vllm_window(), drafts=drafts, act_dtype=x.dtype,
+                           state_dtype=state.dtype)  # fmt: skip
+    return BACKEND.register(state, layout, pad_slot_id=null_block_id, has_D=D is not None,
+                            has_z=z is not None, has_dt_bias=dt_bias is not None,
+                            dt_softplus=bool(dt_softplus))  # fmt: skip

@@ -1,0 +1,155 @@
+"""Per-batch-size plan and index buffers of one engine layer, and the engines' index
+conventions mapped onto the ops' (slot ids, accepted counts) with no allocation, no host sync
+under capture, and no clone of the cursor table.
+
+    rows = LayerRows.make(plan)                     once per batch size (before CUDA-graph capture)
+    slots = rows.slot_ids("state_batch_indices", indices)   [batch] int32 view or buffer
+    accepted = rows.accepted_from_engine(num_accepted_tokens, cursors, slots)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from replayssm_jit.core.cursor_words import CURSOR_PENDING
+from replayssm_jit.integrations.vllm.varlen import PackedRows
+from replayssm_jit.ops import decode
+from replayssm_jit.ops.library import plan_handle
+from replayssm_jit.ops.plan import DecodePlan
+
+__all__ = ["LayerRows"]
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def reads_device_values(plan: DecodePlan) -> bool:
+    """Whether an adapter may read index values on the host: as the ops decide, and never
+    while dynamo traces (a .tolist() there would break the graph)."""
+    return decode.reads_device_values(plan) and not torch.compiler.is_compiling()
+
+
+@dataclass(frozen=True)
+class LayerRows:
+    """A plan with its torch.library handle and the buffers an adapter writes instead of
+    allocating: slot ids, the accepted-count mapping, and FP32 copies of the engines' bf16 gates."""
+
+    plan: DecodePlan
+    handle: int
+    slots: torch.Tensor  # [batch] int32: column 0 of [batch, 1 + T] indices
+    gather: torch.Tensor  # [batch] int32: slot ids with pads clamped to a readable row
+    pending: torch.Tensor  # [batch] int32: cursor word 3 of each row's slot
+    accepted: torch.Tensor  # [batch] int32: the ops' num_accepted
+    step_gates: tuple[torch.Tensor, ...]  # FP32 [batch, ...] per family (dt; a, b)
+    draft_gates: tuple[torch.Tensor, ...]  # the same with a draft dim [batch, T, ...]
+    packed: PackedRows | None = None  # Mamba-2 with drafts: varlen MTP's row buffers
+
+    @classmethod
+    def make(cls, plan: DecodePlan) -> LayerRows:
+        batch, dev, T = plan.batch_size, plan.device, plan.layout.drafts
+        shape = plan.layout.shape
+        H, K = shape.value_heads, shape.key_dim
+        per_channel = getattr(plan.family, "decay_per_channel", False)
+        if plan.family.name == "mamba2":
+            gate_shapes = ((H,),)
+        else:
+            gate_shapes = ((H, K) if per_channel else (H,), (H,))
+
+        def gates(lead):
+            return tuple(torch.zeros((*lead, *s), dtype=torch.float32, device=dev)
+                         for s in gate_shapes)  # fmt: skip
+
+        def ints():
+            return torch.zeros(batch, dtype=torch.int32, device=dev)
+
+        packed = None
+        if plan.family.name == "mamba2" and T > 1:
+            packed = PackedRows.make(batch, T, shape, plan.layout.act_dtype, dev)
+        return cls(
+            plan, plan_handle(plan), ints(), ints(), ints(), ints(), gates((batch,)),
+            gates((batch, T)) if T > 1 else (), packed,
+        )  # fmt: skip
+
+    # -----------------------------------------------------------------------------------------
+
+    def slot_ids(self, name: str, indices: object) -> torch.Tensor:
+        """[batch] int32 contiguous slot ids from the engine's [>= batch] or [>= batch, 1 + T]
+        int32/int64 indices (column 0: one slot per request holds checkpoint and records). A
+        view where the engine's tensor already is one, else written into the slots buffer."""
+        batch = self.plan.batch_size
+        if not isinstance(indices, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(indices).__name__}")
+        if indices.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name}: expected dtype int32 or int64, got {indices.dtype}")
+        if indices.dim() not in (1, 2) or indices.shape[0] < batch:
+            raise ValueError(
+                f"{name}: expected shape [{batch}] or [{batch}, 1 + T] (batch rows first), got "
+                f"{list(indices.shape)}"
+            )
+        column = indices[:batch, 0] if indices.dim() == 2 else indices[:batch]
+        if column.dtype == torch.int32 and column.is_contiguous():
+            return column
+        if column.dtype == torch.int64 and reads_device_values(self.plan):
+            bad = [v for v in column.tolist() if not INT32_MIN <= v <= INT32_MAX]
+            if bad:
+                raise ValueError(f"{name}: expected slot ids in the int32 range, got {bad[0]}")
+        return self.slots.copy_(column)
+
+    def same_slots(self, name: str, dst: object, src: object, slots: torch.Tensor) -> None:
+        """dst_state_batch_indices must name the slots state_batch_indices names: a ReplaySSM
+        step writes the slot it read (a copy to another block is a prefix-cache operation)."""
+        if dst is None or dst is src:
+            return
+        if not isinstance(dst, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(dst).__name__}")
+        if reads_device_values(self.plan):
+            batch = self.plan.batch_size
+            col = dst[:batch, 0] if dst.dim() == 2 else dst[:batch]
+            if col.shape != slots.shape or not torch.equal(col.to(torch.int32), slots):
+                raise ValueError(
+                    f"{name}: expected the slots of state_batch_indices {slots.tolist()} (a "
+                    f"ReplaySSM step updates its slot in place), got {col.tolist()}"
+                )
+
+    def accepted_from_engine(
+        self, num_accepted_tokens: object, cursors: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor | None:
+        """vLLM's num_accepted_tokens (tokens of the previous verify window kept, the bonus
+        token included, minimum 1; pad rows 1) as the ops' num_accepted (pending drafts to keep,
+        0 where none is pending): min(num_accepted_tokens, pending) on the device. After
+        reset_slots or a plain step nothing is pending, and the engine's 1 commits nothing."""
+        if num_accepted_tokens is None:
+            return None
+        batch = self.plan.batch_size
+        name = "num_accepted_tokens"
+        if not isinstance(num_accepted_tokens, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(num_accepted_tokens)}")
+        if num_accepted_tokens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(
+                f"{name}: expected dtype int32 or int64, got {num_accepted_tokens.dtype}"
+            )
+        if num_accepted_tokens.dim() != 1 or num_accepted_tokens.shape[0] < batch:
+            raise ValueError(
+                f"{name}: expected shape [{batch}] (one count per row), got "
+                f"{list(num_accepted_tokens.shape)}"
+            )
+        counts = num_accepted_tokens[:batch]
+        # Pads (-1 or the null block) read a real row; their count is never used.
+        torch.clamp(slots, min=0, out=self.gather)
+        torch.index_select(cursors[:, CURSOR_PENDING], 0, self.gather, out=self.pending)
+        if reads_device_values(self.plan):
+            self._check_counts(counts, slots)
+        torch.minimum(counts, self.pending, out=self.accepted)  # (int64 counts narrow in place)
+        return self.accepted
+
+    def _check_counts(self, counts: torch.Tensor, slots: torch.Tensor) -> None:
+        pad = self.plan.pad_slot_id
+        for b, (n, s, p) in enumerate(zip(counts.tolist(), slots.tolist(), self.pending.tolist())):
+            if s == pad:
+                continue
+            if n < 1 or (n > p and not (p == 0 and n == 1)):
+                want = "1 (nothing pending: first step after a reset or a plain step)"
+                if p:
+                    want = f"1..{p} (the previous verify's {p} tokens, bonus token included)"
+                raise ValueError(f"num_accepted_tokens: expected {want} in row {b}, got {n}")
