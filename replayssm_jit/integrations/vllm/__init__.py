@@ -24,6 +24,8 @@ from collections.abc import Mapping
 import torch
 
 from replayssm_jit.families.layout import CacheLayout, family_layout
+from replayssm_jit.integrations.vllm.backend import ReplaySSMBackend, VLLMLayer
+from replayssm_jit.integrations.vllm.rows import NULL_BLOCK_ID
 from replayssm_jit.ops import gdn_decode, gdn_verify, mamba2_decode, mamba2_verify
 from replayssm_jit.ops.decode import reads_device_values
 from replayssm_jit.ops.plan import DecodePlan
@@ -39,8 +41,6 @@ __all__ = [
     "per_head_params",
     "slot_tensor_specs",
 ]
-
-NULL_BLOCK_ID = 0  # vLLM pads decode rows with block 0, which it never hands to a request
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,7 +390,3 @@ def slot_tensor_specs(
             f"layer_config: expected none with a CacheLayout, got {sorted(layer_config)}"
         )
     return [(t.name, t.per_slot_shape, t.dtype) for t in layout.tensors()]
-
-
-# The engine-signature backend (imported last: it reads NULL_BLOCK_ID from this module).
-from replayssm_jit.integrations.vllm.backend import ReplaySSMBackend, VLLMLayer  # noqa: E402

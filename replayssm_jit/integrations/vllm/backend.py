@@ -23,10 +23,10 @@ from collections.abc import Mapping
 import torch
 
 from replayssm_jit.families.layout import CacheLayout
-from replayssm_jit.integrations.vllm import NULL_BLOCK_ID
 from replayssm_jit.integrations.vllm.gdn import gdn_call, gdn_packed_call, kda_call
 from replayssm_jit.integrations.vllm.layer import ReplaySSMLayer
 from replayssm_jit.integrations.vllm.mamba2 import mamba2_call
+from replayssm_jit.integrations.vllm.rows import NULL_BLOCK_ID
 
 __all__ = ["NULL_BLOCK_ID", "ReplaySSMBackend", "VLLMLayer"]
 

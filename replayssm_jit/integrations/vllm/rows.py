@@ -19,6 +19,8 @@ from replayssm_jit.ops import decode
 from replayssm_jit.ops.library import plan_handle
 from replayssm_jit.ops.plan import DecodePlan
 
+NULL_BLOCK_ID = 0  # vLLM pads decode rows with block 0, which it never hands to a request
+
 __all__ = ["LayerRows"]
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
