@@ -246,13 +246,16 @@ def build_cache_slots(draw, device):
                 valid=v.valid, why=v.why)  # fmt: skip
 
 
-def draw_initial_state(draw, state: torch.Tensor, values, device: str, v: Validity):
+def draw_initial_state(
+    draw, state: torch.Tensor, values, device: str, v: Validity, *, checked: bool = True
+):
     """None, or an initial state for `values` slots: good (any floating dtype, CPU or the
-    cache's device) or bad (NaN, shape, integer dtype, not a tensor)."""
+    cache's device) or bad (NaN, shape, integer dtype, not a tensor). checked: whether the call
+    reads values (check_slot_values); unchecked, a NaN is the caller's and none is drawn."""
     if values is None or draw(st.booleans()):
         return None
     k = len(values)
-    kind = draw(st.sampled_from(["good", "good", "nan", "f64"]))
+    kind = draw(st.sampled_from(["good", "good", "nan" if checked else "good", "f64"]))
     if v.spend(draw):
         kind = draw(st.sampled_from(["shape", "int", "list"]))
     base = torch.randn(k, *state.shape[1:])
@@ -339,7 +342,8 @@ def build_lifecycle(draw, device):
         state = given.get("state", tensors["state"])  # (what the op was given: a variant is a copy)
         if not isinstance(state, torch.Tensor):  # (a None state variant: the pool's shape)
             state = tensors["state"]
-        initial = draw_initial_state(draw, state, values, device, v)
+        initial = draw_initial_state(draw, state, values, device, v,
+                                     checked=check_values is not False)  # fmt: skip
 
         def run():
             return reset_slots(layout, tensors_arg, ids, initial, pad_slot_id=pad_arg,
