@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from replayssm_jit.families.base import Family, HeadShape, RingLayout
-from replayssm_jit.families.delta import GDN, KDA
+from replayssm_jit.families.gdn import GDN
+from replayssm_jit.families.kda import KDA
 from replayssm_jit.families.mamba2 import MAMBA2
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (MAMBA2, GDN, KDA)}
