@@ -33,6 +33,7 @@ from replayssm_jit.core.cursor_words import (
     CURSOR_HELD,
     CURSOR_PENDING,
 )
+from replayssm_jit.families.base import Family
 from replayssm_jit.ops.torch_path.checkpoint import Copy, RoundingKey
 
 __all__ = [
@@ -130,10 +131,11 @@ class Group:
 Compute = Callable[[Group], None]
 
 
-def check_flags(flags: frozenset[str], known: set[str], family: str) -> None:
-    unknown = set(flags) - known
+def check_flags(flags: frozenset[str], family: Family) -> None:
+    """The spec's flags are among those `family` may name (Family.flags, from its plan options)."""
+    unknown = set(flags) - family.flags
     if unknown:
-        raise ValueError(f"flags: expected {family} flags among {sorted(known)}, "
+        raise ValueError(f"flags: expected {family.name} flags among {sorted(family.flags)}, "
                          f"got unknown {sorted(unknown)}")  # fmt: skip
 
 
