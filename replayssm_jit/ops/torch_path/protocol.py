@@ -33,7 +33,6 @@ from replayssm_jit.core.cursor_words import (
     CURSOR_HELD,
     CURSOR_PENDING,
 )
-from replayssm_jit.families.base import Family
 from replayssm_jit.ops.torch_path.checkpoint import Copy, RoundingKey
 
 __all__ = [
@@ -59,7 +58,7 @@ class StepScalars:
     replay: bool
     flush_every_step: bool
     window: int
-    flags: frozenset[str]
+    flags: frozenset[str]  # the spec's, checked against its Family.flags when it was made
     pad_slot_id: int
     seed: int
     drafts: int = 1
@@ -129,14 +128,6 @@ class Group:
 
 # The family's maths for one group: its state, ring and out writes.
 Compute = Callable[[Group], None]
-
-
-def check_flags(flags: frozenset[str], family: Family) -> None:
-    """The spec's flags are among those `family` may name (Family.flags, from its plan options)."""
-    unknown = set(flags) - family.flags
-    if unknown:
-        raise ValueError(f"flags: expected {family.name} flags among {sorted(family.flags)}, "
-                         f"got unknown {sorted(unknown)}")  # fmt: skip
 
 
 def _cursor_words(cursors: torch.Tensor, slots: torch.Tensor):
