@@ -1,4 +1,7 @@
-"""The family registry: one `Family` per kernel family; shared code asks it, never a name."""
+"""The family registry: one `Family` per kernel family; shared code asks it, never a name.
+
+The ops sit above this layer, so each family's op functions are listed in ops/registry.py,
+keyed by these Family objects (docs/design.md, "Adding a family")."""
 
 from __future__ import annotations
 
