@@ -353,8 +353,8 @@ def launch_variants(fam: Family, mode: str) -> list[dict]:
             if kernel != "split":
                 variants.append(dict(kernel=kernel, speculative=speculative))
                 continue
-            for warps in fam.records_warps:
-                for capped in (False, True) if fam.capped_state_registers else (False,):
+            for warps in fam.launch.records_warps:
+                for capped in (False, True) if fam.launch.capped_state_registers else (False,):
                     variants.append(
                         dict(kernel=kernel, speculative=speculative, records_warps=warps,
                              capped=capped)

@@ -404,7 +404,7 @@ def test_verify_kernel_choice():
     names another kernel."""
     sms = 132
     spec = super120b(window=16, drafts=4)
-    threshold = get_family("mamba2").verify_split_min_pairs_per_sm * sms
+    threshold = get_family("mamba2").launch.verify_split_min_pairs_per_sm * sms
     assert policy.can_split_verify(spec)
     choose = policy.choose_verify_kernel
     below = -(-threshold // 128) - 1  # the largest batch under the threshold at 128 heads

@@ -28,8 +28,10 @@ from replayssm_jit.jit import build
 from replayssm_jit.jit.presets import PRESETS, preset_specs
 from replayssm_jit.launch import policy
 from replayssm_jit.ops import library
+from replayssm_jit.ops.registry import family_ops
 
-FUNCTIONS = library._FUNCTIONS  # the public op of each family and op name
+# The public op of each family and op name (ops/registry.py).
+FUNCTIONS = {f"{f.name}_{op}": getattr(family_ops(f), op) for f in FAMILIES.values() for op in OPS}
 
 
 def _specs():

@@ -19,7 +19,8 @@ from replayssm_jit.families import get_family
 from replayssm_jit.families.layout import family_layout
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.launch.tuning import FORMAT_VERSION, candidates, device_name, set_fields
-from replayssm_jit.ops import gdn_decode, kda_decode, mamba2_decode, plan_decode, reset_slots
+from replayssm_jit.ops import plan_decode, reset_slots
+from replayssm_jit.ops.registry import family_ops
 
 __all__ = ["graph_timer", "main", "timed_step", "tune"]
 
@@ -50,14 +51,13 @@ def tune(layout, mode: str, batches: list[int], device: torch.device, timer, pro
 def timed_step(plan, layout, min_pool_bytes: float):
     """(step, slot_sets): one decode step of `plan` over the slot set it is given, on random
     model-shaped inputs, and enough disjoint slot sets of layout's pool for `min_pool_bytes`."""
-    ops = {"mamba2": mamba2_decode, "gdn": gdn_decode, "kda": kda_decode}
     gates = {"dt", "a", "b"}  # FP32 inputs whatever their rank (KDA's a is [batch, HV, K])
     dev, batch = plan.device, plan.batch_size
     shape = plan.layout.shape
     model = ModelShape("tuned", plan.family.name, 1, shape.key_heads, shape.value_heads,
                        shape.key_dim, shape.value_dim)  # fmt: skip
     gen = torch.Generator().manual_seed(batch)
-    layer = LAYERS[plan.family.name](model, gen)
+    layer = LAYERS[plan.family](model, gen)
     sets = max(2, int(min_pool_bytes // (layout.bytes_per_slot() * batch)) + 1)
     tensors = layout.allocate(sets * batch, dev)
     reset_slots(layout, tensors, torch.arange(sets * batch, device=dev))
@@ -68,7 +68,7 @@ def timed_step(plan, layout, min_pool_bytes: float):
     workspace = torch.empty(plan.workspace_floats, dtype=torch.float32, device=dev)
     slot_sets = [torch.arange(i * batch, (i + 1) * batch, dtype=torch.int32, device=dev)
                  for i in range(sets)]  # fmt: skip
-    op = ops[plan.family.name]
+    op = family_ops(plan.family).decode
     kw = {} if plan.replay else {n: None for n in (*layout.ring_names, "cursors")}
 
     def step(s):

@@ -15,7 +15,7 @@ import torch
 
 from replayssm_jit.core.dtypes import MAX_WINDOW
 from replayssm_jit.core.models import MODELS, ModelShape, get_model
-from replayssm_jit.families import HeadShape, get_family
+from replayssm_jit.families import GDN, KDA, MAMBA2, HeadShape, get_family
 from replayssm_jit.ops.plan import MAX_BATCH
 from replayssm_jit.reference import (
     GDNSequence,
@@ -53,6 +53,8 @@ class DemoLayer:
 
 
 class Mamba2Layer(DemoLayer):
+    family = MAMBA2
+
     @staticmethod
     def projections(m):
         return (("B", m.key_heads * m.d_k, 1.0), ("C", m.key_heads * m.d_k, 1.0),
@@ -99,15 +101,15 @@ class Mamba2Layer(DemoLayer):
 
 
 class GDNLayer(DemoLayer):
-    # The decay gate's width per value head (KDA: one per key channel) and its reference forms.
-    per_channel = False
+    # The family (its decay_per_channel sets the gate's width) and its reference forms.
+    family = GDN
     gates = staticmethod(gdn_gates)
     step = staticmethod(gdn_step)
     sequence_class = GDNSequence
 
     @classmethod
     def gate_shape(cls, m) -> tuple[int, ...]:
-        return (m.value_heads, m.d_k) if cls.per_channel else (m.value_heads,)
+        return (m.value_heads, m.d_k) if cls.family.decay_per_channel else (m.value_heads,)
 
     @classmethod
     def projections(cls, m):
@@ -164,7 +166,7 @@ class GDNLayer(DemoLayer):
 class KDALayer(GDNLayer):
     """GDN's layer with KDA's per-channel gate: a [batch, HV, K], dt_bias [HV * K]."""
 
-    per_channel = True
+    family = KDA
     gates = staticmethod(kda_gates)
     step = staticmethod(kda_step)
     sequence_class = KDASequence
@@ -176,8 +178,8 @@ class KDALayer(GDNLayer):
         return KDADecodeWrapper
 
 
-# The demo's per-family adapters, by family name.
-LAYERS = {"mamba2": Mamba2Layer, "gdn": GDNLayer, "kda": KDALayer}
+# The demo's per-family adapters, keyed by the registry's Family.
+LAYERS = {layer.family: layer for layer in (Mamba2Layer, GDNLayer, KDALayer)}
 
 
 class ReferenceBackend:
@@ -279,7 +281,7 @@ def run_demo(model_name: str, batch: int, steps: int, window: int, layers: int, 
              seed: int) -> dict:  # fmt: skip
     model = get_model(model_name)
     gen = torch.Generator().manual_seed(seed)
-    stack = [LAYERS[model.family](model, gen) for _ in range(layers)]
+    stack = [LAYERS[get_family(model.family)](model, gen) for _ in range(layers)]
     shape = (batch, model.value_heads, model.d_v, model.d_k)
     init = [0.1 * torch.randn(shape, generator=gen, dtype=torch.float64) for _ in stack]
     if backend == "auto":

@@ -1,9 +1,13 @@
-"""The family registry: one `Family` per kernel family; shared code asks it, never a name."""
+"""The family registry: one `Family` per kernel family; shared code asks it, never a name.
+
+The ops sit above this layer, so each family's op functions are listed in ops/registry.py,
+keyed by these Family objects (docs/design.md, "Adding a family")."""
 
 from __future__ import annotations
 
 from replayssm_jit.families.base import Family, HeadShape, RingLayout
-from replayssm_jit.families.delta import GDN, KDA
+from replayssm_jit.families.gdn import GDN
+from replayssm_jit.families.kda import KDA
 from replayssm_jit.families.mamba2 import MAMBA2
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (MAMBA2, GDN, KDA)}

@@ -1,4 +1,5 @@
-"""What every kernel family declares: its head shape, spec dims, rings, flags and launch traits.
+"""What every kernel family declares: its head shape, spec dims, rings, flags and inputs, and
+apart from those facts the launch traits of the kernels its module compiles (LaunchTraits).
 
 Shared code asks a `Family` instead of branching on a family's name. A family's state per
 value head is [value_dim, key_dim] (key_dim contiguous); its records live in per-slot rings of
@@ -66,6 +67,27 @@ class RingLayout:
 
 
 @dataclass(frozen=True)
+class LaunchTraits:
+    """The kernel variants a family's module compiles and the launch policy's thresholds for
+    them (launch/policy.py reads these; they are measured choices, not facts of the model).
+
+    records_warps: the warp counts the split step's records kernel is compiled for.
+    capped_state_registers: the split state kernel has a variant capped at 96 registers.
+    flush_every_step_kernel: the flush-every-step step is its own per-item instantiation.
+    tile_targets: per step ("conventional", "split", "per-item", "flush-every-step") the CTAs
+        per SM its row tile aims for, tried in order.
+    verify_split_min_pairs_per_sm: from this many (batch row, head) pairs per SM the split
+        verify beats the per-item one (docs/tuning.md).
+    """
+
+    records_warps: tuple[int, ...]
+    capped_state_registers: bool
+    flush_every_step_kernel: bool
+    tile_targets: Mapping[str, tuple[int, ...]] = field(hash=False, compare=False)
+    verify_split_min_pairs_per_sm: float = 8.0
+
+
+@dataclass(frozen=True)
 class Family:
     """One kernel family. Subclasses add the family's records-kernel shared-memory bound.
 
@@ -75,18 +97,12 @@ class Family:
     rings: the record rings in the order the module's replay_step binding takes them (a
         layout holds those it needs: RingLayout.read_copy_only).
     default_flags: the compile-time features a spec has by default (Family.flags: all it may name).
-    records_warps: the warp counts the split step's records kernel is compiled for.
-    capped_state_registers: the split state kernel has a variant capped at 96 registers.
-    flush_every_step_kernel: the flush-every-step step is its own per-item instantiation.
-    tile_targets: per step ("conventional", "split", "per-item", "flush-every-step") the CTAs
-        per SM its row tile aims for, tried in order.
+    launch: the kernel variants its module compiles and the launch policy's thresholds.
     decay_per_channel: the decay is a vector over key_dim (KDA), not a scalar per head.
     read_copy: the module compiles separate mode's read copy (Mamba-2 and GDN, whose flush
         recomputes each held u from the carried copy; KDA has none); separate mode runs per
         item and split.
     nvfp4: the module compiles NVFP4 checkpoints (whole heads per CTA, for the head scale).
-    verify_split_min_pairs_per_sm: from this many (batch row, head) pairs per SM the split
-        verify beats the per-item one (docs/tuning.md).
     inputs: the token inputs of the family's ops, in the order its bindings take them
         (families/schema.py derives the checks, the bindings and the custom-op schemas).
     bound_scalars: the per-plan scalars (plan_scalars) the bindings take after the inputs.
@@ -99,14 +115,10 @@ class Family:
     rings: tuple[RingLayout, ...]
     default_flags: tuple[str, ...]
     plan_options: Mapping[str, tuple[str, bool]] = field(hash=False, compare=False)
-    records_warps: tuple[int, ...]
-    capped_state_registers: bool
-    flush_every_step_kernel: bool
-    tile_targets: Mapping[str, tuple[int, ...]] = field(hash=False, compare=False)
+    launch: LaunchTraits
     decay_per_channel: bool = False
     read_copy: bool = False
     nvfp4: bool = False
-    verify_split_min_pairs_per_sm: float = 8.0
     inputs: tuple[Input, ...] = ()
     bound_scalars: tuple[str, ...] = ()
 
@@ -180,9 +192,9 @@ class Family:
     def template_context(self) -> dict:
         """What the family's module template needs beyond the spec itself."""
         return {
-            "records_warps": list(self.records_warps),
-            "capped_state_registers": self.capped_state_registers,
-            "flush_every_step_kernel": self.flush_every_step_kernel,
+            "records_warps": list(self.launch.records_warps),
+            "capped_state_registers": self.launch.capped_state_registers,
+            "flush_every_step_kernel": self.launch.flush_every_step_kernel,
             "decay_per_channel": self.decay_per_channel,
             # params(binding, indent): a binding's C++ parameters, rendered from the schema.
             "params": functools.partial(cpp_params, self),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from replayssm_jit.core.dtypes import DTYPE_BYTES
 from replayssm_jit.core.tiles import TARGET_CTAS_PER_SM
-from replayssm_jit.families.base import Family, RingLayout
+from replayssm_jit.families.base import Family, LaunchTraits, RingLayout
 from replayssm_jit.families.schema import Input
 
 # Mamba-2's token inputs, in the bindings' order (x, z [.., H, P]; dt [.., H]; B, C [.., G, N]).
@@ -68,18 +68,20 @@ MAMBA2 = Mamba2Family(
         "read_copy_round_to_nearest": ("read_rn", False),
         "device_seed": ("device_seed", False),
     },
-    records_warps=(8,),
-    capped_state_registers=False,
-    flush_every_step_kernel=True,
+    launch=LaunchTraits(
+        records_warps=(8,),
+        capped_state_registers=False,
+        flush_every_step_kernel=True,
+        # The conventional step wants more, smaller tiles; where no tile gives 16 CTAs per SM
+        # (batch 1), the largest giving 2 (docs/tuning.md, tile_targets).
+        tile_targets={
+            "conventional": (16, TARGET_CTAS_PER_SM),
+            "split": (TARGET_CTAS_PER_SM,),
+            "per-item": (TARGET_CTAS_PER_SM,),
+            "flush-every-step": (TARGET_CTAS_PER_SM,),
+        },
+    ),
     read_copy=True,
     nvfp4=True,
     inputs=MAMBA2_INPUTS,
-    # The conventional step wants more, smaller tiles; where no tile gives 16 CTAs per SM
-    # (batch 1), the largest giving 2 (docs/tuning.md, tile_targets).
-    tile_targets={
-        "conventional": (16, TARGET_CTAS_PER_SM),
-        "split": (TARGET_CTAS_PER_SM,),
-        "per-item": (TARGET_CTAS_PER_SM,),
-        "flush-every-step": (TARGET_CTAS_PER_SM,),
-    },
 )

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import jinja2
+import jinja2.meta
 from filelock import FileLock
 
 from replayssm_jit.families import get_family
@@ -94,11 +95,29 @@ def _jinja_env(root: str) -> jinja2.Environment:
     )
 
 
-def _headers_digest(root: Path, folder: str) -> str:
-    """Digest of the headers a module can include (common/ and its template's folder), so
+@cache
+def _template_folders(root: str, name: str) -> frozenset[str]:
+    """The folders of template `name` and of every template it includes or imports, so that a
+    family whose template includes another's (KDA's GDN's) digests that family's headers too."""
+    env = _jinja_env(root)
+    folders, todo, seen = set(), [name], set()
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        folders.add(Path(current).parent.as_posix())
+        source = env.loader.get_source(env, current)[0]
+        todo += [n for n in jinja2.meta.find_referenced_templates(env.parse(source)) if n]
+    return frozenset(folders)
+
+
+def _headers_digest(root: Path, folders: frozenset[str]) -> str:
+    """Digest of the headers a module can include (common/ and its templates' folders), so
     that editing one changes the rendered source and invalidates stale prebuilt modules."""
     h = hashlib.sha256()
-    for path in sorted([*(root / "common").rglob("*.cuh"), *(root / folder).rglob("*.cuh")]):
+    paths = {p for folder in {"common", *folders} for p in (root / folder).rglob("*.cuh")}
+    for path in sorted(paths):
         h.update(path.relative_to(root).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -109,8 +128,8 @@ def render(spec: KernelSpec) -> str:
     root = template_root()
     template_name = get_family(spec.family).template
     body = _jinja_env(str(root)).get_template(template_name).render(**spec.template_context())
-    folder = Path(template_name).parent.as_posix()
-    return f"// {spec.uri}\n// headers {_headers_digest(root, folder)}\n{body}"
+    digest = _headers_digest(root, _template_folders(str(root), template_name))
+    return f"// {spec.uri}\n// headers {digest}\n{body}"
 
 
 def source_digest(spec: KernelSpec) -> str:

@@ -127,7 +127,7 @@ def choose_verify_kernel(
         return "per-item"
     if config.kernel != AUTO:
         return "split" if config.kernel == "split" else "per-item"
-    threshold = get_family(spec.family).verify_split_min_pairs_per_sm * sms
+    threshold = get_family(spec.family).launch.verify_split_min_pairs_per_sm * sms
     return "split" if batch * heads >= threshold else "per-item"
 
 
@@ -159,7 +159,7 @@ def choose_rows_per_cta(spec: KernelSpec, step: str, batch: int, heads: int, sms
     preferred = [(r, w) for r, w in tilings if w == PREFERRED_WARPS] or list(tilings)
     light = [(r, w) for r, w in preferred if lane_values(r, w, cols) <= MAX_LANE_VALUES]
     preferred = light or preferred
-    targets = get_family(spec.family).tile_targets[step]
+    targets = get_family(spec.family).launch.tile_targets[step]
     return _largest_filling_tile([r for r, _ in preferred], rows, batch, heads, sms, targets)
 
 
@@ -198,9 +198,9 @@ def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int, config: Lau
     CTAs per SM with at most FEW_RECORDS_WARPS_MAX_ROWS_PER_THREAD value rows per thread."""
     fam = get_family(spec.family)
     heads = spec.heads_per_key
-    possible = 4 in fam.records_warps and heads <= FEW_RECORDS_THREADS
+    possible = 4 in fam.launch.records_warps and heads <= FEW_RECORDS_THREADS
     if config.records_warps != AUTO:
-        allowed = [w for w in fam.records_warps if w != 4 or possible]
+        allowed = [w for w in fam.launch.records_warps if w != 4 or possible]
         if config.records_warps not in allowed:
             raise ValueError(
                 f"config.records_warps: expected one of {allowed} for {spec.uri}, "
@@ -223,13 +223,13 @@ def capped_state_registers(
     from CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM state CTAs per SM."""
     fam = get_family(spec.family)
     if config.capped_state_registers != AUTO:
-        if config.capped_state_registers and not fam.capped_state_registers:
+        if config.capped_state_registers and not fam.launch.capped_state_registers:
             raise ValueError(
                 f"config.capped_state_registers: expected False or 'auto' for {spec.family} "
                 "(no capped-registers state kernel), got True"
             )
         return config.capped_state_registers
-    if not fam.capped_state_registers:
+    if not fam.launch.capped_state_registers:
         return False
     return state_ctas >= CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM[spec.state_dtype] * sms
 

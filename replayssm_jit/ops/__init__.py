@@ -20,6 +20,7 @@ kda_layout). On CPU tensors the
 same calls run a PyTorch implementation of the same cursor, ring and flush semantics.
 """
 
+from replayssm_jit.ops.commit import commit_drafts
 from replayssm_jit.ops.gdn import gdn_decode
 from replayssm_jit.ops.kda import kda_decode
 from replayssm_jit.ops.library import lookup_plan, plan_handle, release_plan
@@ -27,16 +28,13 @@ from replayssm_jit.ops.lifecycle import copy_slots, reset_slots
 from replayssm_jit.ops.mamba2 import mamba2_decode
 from replayssm_jit.ops.plan import DecodePlan, plan_decode
 from replayssm_jit.ops.prefix import materialize_slots
-from replayssm_jit.ops.verify import (
-    commit_drafts,
+from replayssm_jit.ops.snapshot import (
     commit_snapshots,
     gdn_snapshot_verify,
-    gdn_verify,
     kda_snapshot_verify,
-    kda_verify,
     mamba2_snapshot_verify,
-    mamba2_verify,
 )
+from replayssm_jit.ops.verify import gdn_verify, kda_verify, mamba2_verify
 
 __all__ = [
     "DecodePlan",

@@ -84,3 +84,20 @@ def gdn_decode(
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.
     return run_decode(plan, GDN, torch_path.gdn_step, locals())
+
+
+def delta_fold_held(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
+    """materialize_slots' state of `slot` for GDN and KDA (the decay's width comes with the
+    rec_g ring): its checkpoint with its `held` records folded in."""
+    state = torch_path.checkpoint_values(tensors, slice(slot, slot + 1))
+    if held == 0:
+        return state
+    shape = plan.layout.shape
+    ring = {n: tensors[n][slot : slot + 1, :, :held].to(torch.float32)
+            for n in plan.layout.ring_names}  # fmt: skip
+    l2norm, per_key = "qk_l2norm" in plan.spec.flags, shape.value_heads // shape.key_heads
+    us = ring["rec_u"]
+    if plan.layout.read_dtype is not None:  # the held u's of the carried copy, not the read copy's
+        us = torch_path.recompute_held_u(state, ring["rec_k"], ring["rec_g"], ring["rec_v"],
+                                         ring["rec_beta"], l2norm, per_key)  # fmt: skip
+    return torch_path.delta_fold(state, us, ring["rec_k"], ring["rec_g"], l2norm, per_key)

@@ -2,7 +2,8 @@
 decay per key channel.
 
 Shapes (as gdn_decode's, except where noted; CAP = L + T ring rows, T the layout's drafts; a
-layout with drafts is verified by ops/verify.py's kda_verify and committed by commit_drafts):
+layout with drafts is verified by ops/verify.py's kda_verify and committed by ops/commit.py's
+commit_drafts):
     state        [slots, HV, V, K]  checkpoint dtype, each slot's block contiguous
     rec_u        [slots, HV, CAP, V] float32 (computed corrections u)   } ReplaySSM records
     rec_k        [slots, H, CAP, K] act dtype (raw k)                   } (families.layout.

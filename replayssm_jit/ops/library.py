@@ -41,20 +41,10 @@ from replayssm_jit.families.schema import (
     op_args,
 )
 from replayssm_jit.families.schema import OPS as SCHEMA_OPS
-from replayssm_jit.ops.gdn import gdn_decode
-from replayssm_jit.ops.kda import kda_decode
-from replayssm_jit.ops.mamba2 import mamba2_decode
+from replayssm_jit.ops.commit import commit_drafts
 from replayssm_jit.ops.plan import DecodePlan
-from replayssm_jit.ops.verify import (
-    commit_drafts,
-    commit_snapshots,
-    gdn_snapshot_verify,
-    gdn_verify,
-    kda_snapshot_verify,
-    kda_verify,
-    mamba2_snapshot_verify,
-    mamba2_verify,
-)
+from replayssm_jit.ops.registry import family_ops
+from replayssm_jit.ops.snapshot import commit_snapshots
 
 NAMESPACE = "replayssm"
 
@@ -217,16 +207,6 @@ def _commit_drafts(plan: DecodePlan, handle: int, kw: dict) -> None:
     commit_drafts(plan, tensors, **kw)
 
 
-# The public ops of each family, by the name <family>_<op>: the functional op of ops/ and its
-# arguments from the family's schema (the registry decides which families there are).
-_FUNCTIONS = {
-    "mamba2_decode": mamba2_decode, "gdn_decode": gdn_decode, "kda_decode": kda_decode,
-    "mamba2_verify": mamba2_verify, "gdn_verify": gdn_verify, "kda_verify": kda_verify,
-    "mamba2_snapshot_verify": mamba2_snapshot_verify, "gdn_snapshot_verify": gdn_snapshot_verify,
-    "kda_snapshot_verify": kda_snapshot_verify,
-}  # fmt: skip
-
-
 def _call(op: str, fn: Callable) -> Callable[[DecodePlan, int, dict], None]:
     if op == "snapshot_verify":  # (reads no workspace and no seed)
         return _without_workspace_or_seed(fn)
@@ -237,7 +217,7 @@ OPS = {
     f"{family.name}_{op}": register_op(
         f"{family.name}_{op}",
         op_args(family, op),
-        _call(op, _FUNCTIONS[f"{family.name}_{op}"]),
+        _call(op, getattr(family_ops(family), op)),
     )
     for family in FAMILIES.values()
     for op in SCHEMA_OPS

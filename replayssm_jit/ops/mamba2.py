@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from replayssm_jit.core.checks import check_tensor
 from replayssm_jit.families import MAMBA2
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import run_decode
@@ -77,3 +78,22 @@ def mamba2_decode(
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.
     return run_decode(plan, MAMBA2, torch_path.mamba2_step, locals())
+
+
+def check_mamba2_fold_params(plan: DecodePlan, tensors, params) -> None:
+    """materialize_slots' A [H] float32 on the state's device (the records hold dt, not A dt)."""
+    heads = plan.layout.shape.value_heads
+    check_tensor("A", params["A"], shape=(heads,), dtype=torch.float32,
+                 device=tensors["state"].device)  # fmt: skip
+
+
+def mamba2_fold_held(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
+    """materialize_slots' state of `slot`: its checkpoint with its `held` records folded in."""
+    state = torch_path.checkpoint_values(tensors, slice(slot, slot + 1))
+    if held == 0:
+        return state
+    heads = plan.layout.shape.value_heads
+    per_group = heads // plan.layout.shape.key_heads
+    rings = [tensors[name][slot : slot + 1, :, :held].to(torch.float32)
+             for name in plan.layout.ring_names]  # fmt: skip
+    return torch_path.mamba2_fold(state, *rings, params["A"], per_group)

@@ -15,53 +15,16 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from replayssm_jit.core.checks import check_tensor
 from replayssm_jit.core.cursor_words import CURSOR_HELD
 from replayssm_jit.families.layout import check_pool_layout
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.lifecycle import slot_id_list
 from replayssm_jit.ops.plan import DecodePlan
+from replayssm_jit.ops.registry import family_ops
 
 __all__ = ["materialize_slots"]
 
 _F32 = torch.float32
-
-
-def _check_mamba2(plan: DecodePlan, tensors, params) -> None:
-    heads = plan.layout.shape.value_heads
-    check_tensor("A", params["A"], shape=(heads,), dtype=_F32, device=tensors["state"].device)
-
-
-def _fold_mamba2(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
-    state = torch_path.checkpoint_values(tensors, slice(slot, slot + 1))
-    if held == 0:
-        return state
-    heads = plan.layout.shape.value_heads
-    per_group = heads // plan.layout.shape.key_heads
-    rings = [tensors[name][slot : slot + 1, :, :held].to(_F32) for name in plan.layout.ring_names]
-    return torch_path.mamba2_fold(state, *rings, params["A"], per_group)
-
-
-def _fold_delta(plan: DecodePlan, tensors, slot: int, held: int, params) -> torch.Tensor:
-    state = torch_path.checkpoint_values(tensors, slice(slot, slot + 1))
-    if held == 0:
-        return state
-    shape = plan.layout.shape
-    ring = {n: tensors[n][slot : slot + 1, :, :held].to(_F32) for n in plan.layout.ring_names}
-    l2norm, per_key = "qk_l2norm" in plan.spec.flags, shape.value_heads // shape.key_heads
-    us = ring["rec_u"]
-    if plan.layout.read_dtype is not None:  # the held u's of the carried copy, not the read copy's
-        us = torch_path.recompute_held_u(state, ring["rec_k"], ring["rec_g"], ring["rec_v"],
-                                  ring["rec_beta"], l2norm, per_key)  # fmt: skip
-    return torch_path.delta_fold(state, us, ring["rec_k"], ring["rec_g"], l2norm, per_key)
-
-
-# Per family: the model parameters its fold needs besides the records, their check, the fold.
-_FOLDS = {
-    "mamba2": (("A",), _check_mamba2, _fold_mamba2),
-    "gdn": ((), lambda plan, tensors, params: None, _fold_delta),
-    "kda": ((), lambda plan, tensors, params: None, _fold_delta),
-}
 
 
 @torch.no_grad()
@@ -85,17 +48,15 @@ def materialize_slots(
     """
     if not isinstance(plan, DecodePlan):
         raise TypeError(f"plan: expected a DecodePlan, got {type(plan).__name__}")
-    family = plan.family.name
-    if family not in _FOLDS:
-        raise ValueError(f"plan: expected a plan of one of {sorted(_FOLDS)}, got family {family!r}")
-    names, check_params, fold = _FOLDS[family]
+    family, ops = plan.family.name, family_ops(plan.family)
+    names = ops.fold_params
     for name in sorted(set(params) - set(names)):
         raise TypeError(f"{name}: expected only {list(names)} for {family}, got {name} too")
     for name in sorted(set(names) - set(params)):
         raise TypeError(f"{name}: expected a tensor ({family}'s records need it), got None")
     num_slots = plan.layout.check_tensors(tensors, device=plan.device)
     check_pool_layout(plan.layout, tensors.get("cursors"))
-    check_params(plan, tensors, params)
+    ops.check_fold_params(plan, tensors, params)
     ids = slot_id_list("slots", slots, num_slots, distinct=False)
     if not plan.replay:
         for slot, words in zip(ids, tensors["cursors"][ids].tolist() if ids else []):
@@ -120,7 +81,7 @@ def materialize_slots(
                 f"slots: expected cursors holding 0..{held_limit} records, got {held} in slot "
                 f"{slot} (a corrupted or never reset cursor)"
             )
-        out.append(fold(plan, tensors, slot, held, params))
+        out.append(ops.fold(plan, tensors, slot, held, params))
     return torch.cat(out) if out else _empty(plan, tensors)
 
 

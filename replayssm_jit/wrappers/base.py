@@ -10,9 +10,9 @@ from replayssm_jit.core.checks import check_bool
 from replayssm_jit.families.base import Family
 from replayssm_jit.families.spec import KernelSpec
 from replayssm_jit.launch.config import LaunchConfig
+from replayssm_jit.ops.commit import commit_drafts
 from replayssm_jit.ops.plan import MODES, DecodePlan, plan_decode
 from replayssm_jit.ops.prefix import materialize_slots
-from replayssm_jit.ops.verify import commit_drafts
 from replayssm_jit.wrappers.cache import SlotCache
 
 
@@ -156,7 +156,7 @@ class DecodeWrapper:
         accepted_path: torch.Tensor | None = None,
         parents: torch.Tensor | None = None,
     ) -> None:
-        """Commit the accepted drafts of each row's last verify (ops.verify.commit_drafts):
+        """Commit the accepted drafts of each row's last verify (ops.commit.commit_drafts):
         num_accepted [batch] int32, the count per row; accepted_path [batch, T] int32, a tree's
         accepted root-to-node path (draft indices, root first), or None for chains, with the
         verify's parents [batch, T] int32 (the path is checked against them). Everything is

@@ -115,12 +115,12 @@ def draw_config(draw, fam, layout, replay: bool, device: str, v: Validity):
     if draw(st.booleans()):
         warps = draw(st.sampled_from([4, 16] if v.spend(draw) else [8]))
         fields["records_warps"] = warps
-        v.mark(warps in FAMILIES[fam.name].records_warps, f"records_warps={warps}")
+        v.mark(warps in FAMILIES[fam.name].launch.records_warps, f"records_warps={warps}")
     if draw(st.booleans()):
         capped = draw(st.booleans())
         fields["capped_state_registers"] = capped
         v.mark(
-            not capped or FAMILIES[fam.name].capped_state_registers,
+            not capped or FAMILIES[fam.name].launch.capped_state_registers,
             f"capped_state_registers={capped}",
         )
     for name in ("overlap_prior_kernel", "speculative_records"):

@@ -12,6 +12,7 @@ from replayssm_jit.families.layout import CacheLayout
 from replayssm_jit.integrations.hf.mixers import MixerAdapter, layout_of
 from replayssm_jit.ops import materialize_slots, plan_decode, reset_slots
 from replayssm_jit.ops.plan import DecodePlan
+from replayssm_jit.ops.registry import family_ops
 
 __all__ = ["NO_FORWARD", "PatchedLayer"]
 
@@ -192,7 +193,7 @@ class PatchedLayer:
         in FP32); the slots are then released."""
         batch = self.pool["state"].shape[0]
         plan = self.make_plan(batch, self.pool_device())
-        fold = {name: self.params[name] for name in self.adapter.fold_params}
+        fold = {name: self.params[name] for name in family_ops(plan.family).fold_params}
         states = materialize_slots(plan, self.pool, list(range(batch)), **fold)
         hf_state = cache.get_recurrent_state(self.mixer.layer_idx)
         if hf_state is not None and hf_state is self.hf_state:

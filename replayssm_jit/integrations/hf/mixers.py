@@ -28,7 +28,8 @@ class MixerAdapter:
     family: the registry name of its SSM family.
     layout: (mixer, common layout kwargs) -> its CacheLayout.
     plan_options: the family's plan() options that reproduce HF's gates and norms.
-    params: mixer -> per-head float32 tensors the step takes (and, by fold_params, the fold).
+    params: mixer -> per-head float32 tensors the step takes (and those of them the family's
+        materialize_slots fold needs: ops/registry.py, fold_params).
     step: (layer, hidden_states [b, 1, hidden], cache, attention_mask) -> the mixer's output.
     neutral_step: (layer, batch, slots) -> one record that changes no state or output.
     hf_state_transposed: HF keeps [..., K, V] where we keep [..., V, K] (the delta rules).
@@ -40,7 +41,6 @@ class MixerAdapter:
     step: Callable
     neutral_step: Callable
     params: Callable[[torch.nn.Module], dict] = lambda mixer: {}
-    fold_params: tuple[str, ...] = ()
     hf_state_transposed: bool = False
 
 
@@ -180,13 +180,15 @@ def _gdn_step(layer, hidden_states, cache, attention_mask):
     return mixer.out_proj(normed.reshape(batch, 1, -1))
 
 
-def _delta_neutral(decode, per_channel: bool):
+def _delta_neutral(decode):
     """g = 0 (decay 1) and beta = 0 (a zero correction u): the record changes nothing."""
 
     def neutral(layer, batch, slots) -> None:
         H, HV, K, V = _heads(layer, "key_heads", "value_heads", "key_dim", "value_dim")
         dtype, device = layer.layout.act_dtype, layer.device
         zeros_qk = torch.zeros(batch, H, K, dtype=dtype, device=device)
+        # A decay per key channel (the family's decay_per_channel) takes K gates per value head.
+        per_channel = layer.layout.family.decay_per_channel
         gate_shape = (batch, HV, K) if per_channel else (batch, HV)
         decode(layer.plan(batch), **layer.pool, q=zeros_qk, k=zeros_qk,
                v=torch.zeros(batch, HV, V, dtype=dtype, device=device),
@@ -228,15 +230,15 @@ _DELTA_PLAN = {"use_qk_l2norm": True, "gates_in_kernel": False}  # g, beta forme
 _MAMBA2 = MixerAdapter(
     family="mamba2", layout=_mamba2_layout, step=_mamba2_step, neutral_step=_mamba2_neutral,
     plan_options={"has_D": True, "has_z": False, "has_dt_bias": True, "dt_softplus": True},
-    params=_mamba2_params, fold_params=("A",),
+    params=_mamba2_params,
 )  # fmt: skip
 _GDN = MixerAdapter(
     family="gdn", layout=_gdn_layout, step=_gdn_step, plan_options=_DELTA_PLAN,
-    neutral_step=_delta_neutral(gdn_decode, per_channel=False), hf_state_transposed=True,
+    neutral_step=_delta_neutral(gdn_decode), hf_state_transposed=True,
 )  # fmt: skip
 _KDA = MixerAdapter(
     family="kda", layout=_kda_layout, step=_kda_step, plan_options=_DELTA_PLAN,
-    neutral_step=_delta_neutral(kda_decode, per_channel=True), hf_state_transposed=True,
+    neutral_step=_delta_neutral(kda_decode), hf_state_transposed=True,
 )  # fmt: skip
 
 # Mixer class name -> adapter; matched by name so that transformers stays an optional import.

@@ -45,7 +45,6 @@ __all__ = [
 ]
 
 NORM_EPS = 1e-6  # GDN's L2 norm: x * rsqrt(sum x^2 + eps)
-FLAGS = {"qk_l2norm", "gates_in_kernel", "sr", "read_rn", "device_seed"}
 _F32 = torch.float32
 
 
@@ -74,9 +73,8 @@ class DeltaTokens:
 
 @dataclass(frozen=True)
 class Decay:
-    """Which delta rule: its name (for errors) and whether its decay is per key channel."""
+    """Which delta rule: whether its decay is per key channel (KDA) or per value head (GDN)."""
 
-    family: str
     per_channel: bool
 
     def gates(self, tokens: DeltaTokens, a: torch.Tensor, b: torch.Tensor, flags):
@@ -105,8 +103,8 @@ class Decay:
         return g.view(a.shape), beta.view(b.shape)
 
 
-GDN = Decay("GDN", per_channel=False)
-KDA = Decay("KDA", per_channel=True)
+GDN = Decay(per_channel=False)
+KDA = Decay(per_channel=True)
 
 
 def _key_norms(ks: torch.Tensor, l2norm: bool, per_key: int) -> torch.Tensor:
@@ -180,7 +178,6 @@ def _step(setup: StepScalars, decay: Decay, pool: Pool, inputs, rows: Rows) -> N
     u from the carried copy, in record order, as the non-flush steps of a one-copy run of its
     format did, then stores both copies."""
     tokens, flags = DeltaTokens.of(inputs), setup.flags
-    protocol.check_flags(flags, FLAGS, decay.family)
     q, k, v = tokens.q, tokens.k, tokens.v
     per_key = v.shape[1] // q.shape[1]
     l2norm = "qk_l2norm" in flags
@@ -240,7 +237,6 @@ def _verify(setup: StepScalars, decay: Decay, pool: Pool, inputs, rows: Rows) ->
         o_j = S (tot * q^_j) + sum_{i in W_j} ((dec_i * k^_i) . q^_j) u_i
     """
     tokens, flags, T = DeltaTokens.of(inputs), setup.flags, setup.drafts
-    protocol.check_flags(flags, FLAGS, decay.family)
     q, k, v = tokens.q, tokens.k, tokens.v
     k_heads, v_heads, K = q.shape[2], v.shape[2], q.shape[3]
     per_key = v_heads // k_heads
@@ -312,7 +308,6 @@ def _snapshot(setup: StepScalars, decay: Decay, state: torch.Tensor, inputs, row
     state after draft j - 1 (u = beta (v - alpha S k^), S <- alpha S + u k^T, o = S q^; KDA's
     alpha a diagonal over the key channels); the state slot_indices[b] is read, never written."""
     tokens, flags = DeltaTokens.of(inputs), setup.flags
-    protocol.check_flags(flags, FLAGS, decay.family)
     q, k, v = tokens.q, tokens.k, tokens.v
     per_key = v.shape[2] // q.shape[2]
     l2norm = "qk_l2norm" in flags

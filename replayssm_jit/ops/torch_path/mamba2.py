@@ -31,7 +31,6 @@ from replayssm_jit.ops.torch_path.protocol import (
 __all__ = ["Mamba2Tokens", "mamba2_fold", "mamba2_snapshot", "mamba2_step", "mamba2_verify"]
 
 _F32 = torch.float32
-FLAGS = {"d", "z", "dt_bias", "dt_softplus", "sr", "read_rn", "device_seed"}
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,6 @@ def mamba2_step(setup: StepScalars, pool: Pool, inputs, rows: Rows) -> None:
     then y *= silu(z) with "z".
     """
     tokens, flags = Mamba2Tokens.of(inputs), setup.flags
-    protocol.check_flags(flags, FLAGS, "Mamba-2")
     per_group = tokens.x.shape[1] // tokens.B.shape[1]
     a = tokens.A.to(_F32)
     rec_x, rec_b, rec_dt = (pool.rings.get(n) for n in ("rec_x", "rec_b", "rec_dt"))
@@ -142,7 +140,6 @@ def mamba2_verify(setup: StepScalars, pool: Pool, inputs, rows: Rows) -> None:
     C_j) x_i + D x_j, then y_j *= silu(z_j) with "z". Rows, flush and cursors: protocol.py.
     """
     tokens, flags, T = Mamba2Tokens.of(inputs), setup.flags, setup.drafts
-    protocol.check_flags(flags, FLAGS, "Mamba-2")
     per_group = tokens.x.shape[2] // tokens.B.shape[2]
     a = tokens.A.to(_F32)
     state, rec_x, rec_b, rec_dt = pool.state.codes, *(pool.rings[n] for n in
@@ -195,7 +192,6 @@ def mamba2_snapshot(setup: StepScalars, state: torch.Tensor, inputs, rows: Rows)
     conventional step of the state after draft j - 1 (S <- exp(dt A) S + dt x B^T, y = S C + D
     x, y *= silu(z)); the state slot_indices[b] is read, never written."""
     tokens, flags = Mamba2Tokens.of(inputs), setup.flags
-    protocol.check_flags(flags, FLAGS, "Mamba-2")
     per_group = tokens.x.shape[2] // tokens.B.shape[2]
     a = tokens.A.to(_F32)
 

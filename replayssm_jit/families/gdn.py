@@ -1,6 +1,6 @@
-"""Delta-rule families: Gated DeltaNet (a scalar decay per head) and Kimi Delta Attention (KDA,
-a decay per key channel), one set of templates (templates/gdn) for both. State [HV, V, K] per
-slot, records (g, u, k); KDA's g records hold K channels. Separate mode (GDN) also records
+"""Gated DeltaNet (a scalar decay per head) and the delta-rule code it shares with Kimi Delta
+Attention (families/kda.py, a decay per key channel): the inputs, the records' shared memory and
+the scale option. State [HV, V, K] per slot, records (g, u, k). Separate mode (GDN) also records
 (v, beta): a flush recomputes each held u from the carried copy."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from replayssm_jit.core.dtypes import DTYPE_BYTES
 from replayssm_jit.core.tiles import TARGET_CTAS_PER_SM
-from replayssm_jit.families.base import Family, HeadShape, RingLayout
+from replayssm_jit.families.base import Family, HeadShape, LaunchTraits, RingLayout
 from replayssm_jit.families.schema import Input
 
 
@@ -106,71 +106,23 @@ GDN = DeltaFamily(
         "read_copy_round_to_nearest": ("read_rn", False),
         "device_seed": ("device_seed", False),
     },
-    records_warps=(8, 4),
-    capped_state_registers=True,
-    flush_every_step_kernel=False,
-    # The flush-every-step step runs best on the largest tile giving every SM one CTA
-    # (docs/tuning.md, tile_targets).
-    tile_targets={
-        "conventional": (TARGET_CTAS_PER_SM,),
-        "split": (TARGET_CTAS_PER_SM,),
-        "per-item": (TARGET_CTAS_PER_SM,),
-        "flush-every-step": (1,),
-    },
-    # One records CTA serves a key head's value heads: the split pays off at fewer rows.
-    verify_split_min_pairs_per_sm=1.5,
+    launch=LaunchTraits(
+        records_warps=(8, 4),
+        capped_state_registers=True,
+        flush_every_step_kernel=False,
+        # The flush-every-step step runs best on the largest tile giving every SM one CTA
+        # (docs/tuning.md, tile_targets).
+        tile_targets={
+            "conventional": (TARGET_CTAS_PER_SM,),
+            "split": (TARGET_CTAS_PER_SM,),
+            "per-item": (TARGET_CTAS_PER_SM,),
+            "flush-every-step": (1,),
+        },
+        # One records CTA serves a key head's value heads: the split pays off at fewer rows.
+        verify_split_min_pairs_per_sm=1.5,
+    ),
     read_copy=True,
     nvfp4=True,
     inputs=delta_inputs(("value_heads",), "any", "value_heads"),
     bound_scalars=("scale",),
-)
-
-
-class KimiDeltaFamily(DeltaFamily):
-    def plan_scalars(self, options: Mapping[str, object], shape: HeadShape) -> dict:
-        """scale as GDN's, and lower_bound: None for fla's gate g = -exp(A_log) softplus(a +
-        dt_bias), or a finite negative float for the "safe" gate g = lower_bound sigmoid(
-        exp(A_log) (a + dt_bias)) (Kimi-K3 uses -5); it forms gates, so it needs
-        gates_in_kernel."""
-        scalars = super().plan_scalars(options, shape)
-        bound = options.get("lower_bound")
-        if bound is not None:
-            if not isinstance(bound, (int, float)) or isinstance(bound, bool):
-                raise TypeError(
-                    f"lower_bound: expected None or a float, got {type(bound).__name__} {bound!r}"
-                )
-            if not (math.isfinite(bound) and bound < 0):
-                raise ValueError(f"lower_bound: expected a finite negative float, got {bound!r}")
-            if not options.get("gates_in_kernel", True):
-                raise ValueError(
-                    "lower_bound: expected None with gates_in_kernel=False (the caller forms "
-                    f"g), got {bound!r}"
-                )
-            bound = float(bound)
-        return {**scalars, "lower_bound": bound}
-
-
-KDA = KimiDeltaFamily(
-    name="kda",
-    template="gdn/decode.cu.jinja",
-    shape_args=GDN.shape_args,
-    spec_dims=GDN.spec_dims,
-    rings=(
-        RingLayout("rec_u", heads="value", width="value_dim", dtype="f32"),
-        RingLayout("rec_k", heads="key", width="key_dim", dtype="act"),
-        # A log-decay per key channel: K floats per record where GDN keeps one.
-        RingLayout("rec_g", heads="value", width="key_dim", dtype="f32"),
-        *SEPARATE_MODE_RINGS,
-    ),
-    default_flags=GDN.default_flags,
-    plan_options=GDN.plan_options,
-    records_warps=GDN.records_warps,
-    capped_state_registers=True,
-    flush_every_step_kernel=False,
-    tile_targets=GDN.tile_targets,
-    decay_per_channel=True,
-    nvfp4=True,
-    # A log-decay per key channel: a and g [.., HV, K], dt_bias [HV * K]; lower_bound 0 for none.
-    inputs=delta_inputs(("value_heads", "key_dim"), "inner", "value_heads*key_dim"),
-    bound_scalars=("scale", "lower_bound"),
 )

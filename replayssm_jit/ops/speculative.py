@@ -1,0 +1,97 @@
+"""What the speculative ops (ops/verify.py, ops/commit.py, ops/snapshot.py) check alike: the
+plan, the index tensors, the live rows, draft counts and accepted counts against the cursors."""
+
+from __future__ import annotations
+
+import torch
+
+from replayssm_jit.core.checks import TensorTags, check_tensor
+from replayssm_jit.core.cursor_words import CURSOR_HELD, CURSOR_PENDING
+from replayssm_jit.core.dtypes import MAX_VERIFY_DRAFTS
+from replayssm_jit.families.base import Family
+from replayssm_jit.ops.decode import check_plan
+from replayssm_jit.ops.plan import DecodePlan
+
+# The num_accepted each pool's last verify took (by its cursors): commit_drafts given that same
+# tensor would commit the previous verify's counts a second time, to this verify's drafts.
+FUSED_FORM = TensorTags()
+
+
+def check_speculative_plan(plan: object, family: Family | None, mode: str | None, op: str) -> int:
+    """The plan (of `family`, where given) has `mode` (any where None) and a layout with drafts T
+    in [2, 8]; returns T."""
+    if family is None:
+        if not isinstance(plan, DecodePlan):
+            raise TypeError(f"plan: expected a DecodePlan, got {type(plan).__name__}")
+    else:
+        check_plan(plan, family)
+    if mode is not None and plan.mode != mode:
+        raise ValueError(f"plan: expected a plan of mode={mode!r} for {op}, got mode={plan.mode!r}")
+    drafts = plan.layout.drafts
+    if not plan.spec.has_verify:
+        raise ValueError(
+            f"plan: expected a layout with drafts in [2, {MAX_VERIFY_DRAFTS}] for {op} (the "
+            f"ring's draft rows; plan a layout made with drafts=T), got drafts={drafts}"
+        )
+    return drafts
+
+
+def check_index(
+    plan: DecodePlan, name: str, t: object, per_row: tuple[int, ...], *, required: bool = False
+) -> torch.Tensor | None:
+    """An int32 [batch, *per_row] contiguous tensor on the plan's device, or None where allowed."""
+    if t is None and not required:
+        return None
+    return check_tensor(name, t, shape=(plan.batch_size, *per_row), dtype=torch.int32,
+                        device=plan.device, contiguous=True)  # fmt: skip
+
+
+def live_rows(plan: DecodePlan, slot_indices: torch.Tensor) -> list[tuple[int, int]]:
+    """(batch row, slot) of the rows that are not pad rows (reads the ids from the device)."""
+    return [(b, s) for b, s in enumerate(slot_indices.tolist()) if s != plan.pad_slot_id]
+
+
+def draft_counts(
+    plan: DecodePlan, live: list[tuple[int, int]], num_drafts: torch.Tensor | None
+) -> dict[int, int]:
+    """t per live row, each checked in [0, T]."""
+    T = plan.layout.drafts
+    if num_drafts is None:
+        return {b: T for b, _ in live}
+    values = num_drafts.tolist()
+    for b, _ in live:
+        if not 0 <= values[b] <= T:
+            raise ValueError(
+                f"num_drafts: expected values in [0, {T}] (the layout's drafts), got "
+                f"{values[b]} in row {b}"
+            )
+    return {b: values[b] for b, _ in live}
+
+
+def cursor_words(cursors: torch.Tensor, live: list[tuple[int, int]]) -> dict[int, list[int]]:
+    """Each live row's cursor words (n, epoch, scratch, p), read from the device."""
+    words = cursors[[s for _, s in live]].tolist() if live else []
+    return {b: w for (b, _), w in zip(live, words)}
+
+
+def cursor_valid(plan: DecodePlan, words: list[int]) -> bool:
+    """A cursor that no step leaves is faulted by the kernels (NaN outputs), not checked here."""
+    n, p, T = words[CURSOR_HELD], words[CURSOR_PENDING], plan.layout.drafts
+    return n >= 0 and 0 <= p <= T and n + p < plan.layout.capacity
+
+
+def check_accepted(
+    plan: DecodePlan,
+    num_accepted: torch.Tensor,
+    words: dict[int, list[int]],
+) -> dict[int, int]:
+    """a per live row in [0, p], p the row's pending drafts (cursor word 3); rows whose cursors
+    are corrupted are the kernels' to fault."""
+    values = num_accepted.tolist()
+    for b, w in words.items():
+        if cursor_valid(plan, w) and not 0 <= values[b] <= w[3]:
+            raise ValueError(
+                f"num_accepted: expected values in [0, {w[3]}] (the pending drafts of the last "
+                f"verify, cursor word 3), got {values[b]} in row {b}"
+            )
+    return {b: values[b] for b in words}
