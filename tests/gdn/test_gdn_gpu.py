@@ -1,30 +1,24 @@
 """GDN CUDA kernels against the float64 reference (run on the H200; skipped without CUDA).
 
 The random schedule (padded rows, interleaved slots, staggered joins, NaN poison, final
-checkpoints, cursors and untouched slots) lives in gpu_schedule.py, shared with Mamba-2.
-Inputs: fresh random q, k, v every step (q and k normalised in the kernel) and realistic gates
-(decays exp(g) in ~[0.55, 1), beta in (0, 1)), raw a, b with A_log, dt_bias ("gates in kernel")
-or precomputed g, beta.
+checkpoints, cursors and untouched slots) lives in support/gpu_schedule.py, shared with Mamba-2
+and KDA; the inputs (per-head decays in ~[0.55, 1), raw a, b or precomputed g, beta), the
+adapter and the checks both delta-rule suites make, in support/delta_gpu.py, shared with KDA.
 """
+
+from functools import partial
 
 import pytest
 import torch
-from support import gpu_schedule
+from support import delta_gpu, gpu_schedule
 from support.gpu_schedule import rel_err
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper, LaunchConfig
 from replayssm_jit.families.spec import gdn_spec, spec_tilings
-from replayssm_jit.launch.config import LAUNCH_ENV
 from replayssm_jit.reference import gdn_gates, gdn_step_pool
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _no_launch_env(launch_env):
-    """Launch choices come from each test's LaunchConfig only (REPLAYSSM_LAUNCH is for
-    experiments and would fill the fields a test leaves "auto")."""
-    launch_env(LAUNCH_ENV, None)
+# Launch choices come from each test's LaunchConfig only (REPLAYSSM_LAUNCH would fill "auto").
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_launch_env")]
 
 
 SHAPES = {  # (H, HV, K, V)
@@ -32,105 +26,12 @@ SHAPES = {  # (H, HV, K, V)
     "qwen122b": (16, 64, 128, 128),
     "k64": (4, 8, 64, 64),
 }
-
-
-class Inputs(gpu_schedule.Inputs):
-    """Per-layer gate parameters plus a fresh token batch per call."""
-
-    def __init__(self, H, HV, K, V, act, gen, *, gates_in_kernel=True):
-        dev = "cuda"
-        self.H, self.HV, self.K, self.V, self.act, self.gen = H, HV, K, V, act, gen
-        self.gates_in_kernel = gates_in_kernel
-        # exp(A_log) in [0.5, 1.5); a + dt_bias in [-4.25, -0.75]: g in [-0.6, -0.007]
-        self.A_log = torch.log(0.5 + torch.rand(HV, generator=gen, device=dev))
-        self.dt_bias = 0.5 * torch.rand(HV, generator=gen, device=dev) - 0.25
-
-    def token(self, batch):
-        g, dev, act = self.gen, "cuda", self.act
-        t = dict(
-            q=torch.randn(batch, self.H, self.K, generator=g, device=dev).to(act),
-            k=torch.randn(batch, self.H, self.K, generator=g, device=dev).to(act),
-            v=torch.randn(batch, self.HV, self.V, generator=g, device=dev).to(act),
-            a=-4.0 + 3.0 * torch.rand(batch, self.HV, generator=g, device=dev),
-            b=torch.randn(batch, self.HV, generator=g, device=dev),
-        )
-        if not self.gates_in_kernel:  # the caller forms the gates (rounded to fp32)
-            t["g"], t["beta"] = (
-                x.float() for x in gdn_gates(self.A_log, t["a"], self.dt_bias, t["b"])
-            )
-        return t
-
-    def gate_kwargs(self, tok):
-        """The gate keyword arguments of wrapper.run for this gate mode."""
-        if self.gates_in_kernel:
-            return dict(a=tok["a"], b=tok["b"], A_log=self.A_log, dt_bias=self.dt_bias)
-        return dict(g=tok["g"], beta=tok["beta"])
-
-    def gates(self, tok):
-        """(g, beta) of the reference: exact from a, b, or the fp32 g, beta the kernel got."""
-        if self.gates_in_kernel:
-            return gdn_gates(self.A_log, tok["a"], self.dt_bias, tok["b"])
-        return tok["g"], tok["beta"]
-
-    def run(self, wrapper, tok, slot_indices, out):
-        wrapper.run(tok["q"], tok["k"], tok["v"], slot_indices, out=out, **self.gate_kwargs(tok))
-
-    def reference(self, ref_pool, slot_indices, tok, pad_slot_id):
-        g, beta = self.gates(tok)
-        return gdn_step_pool(
-            ref_pool, slot_indices, tok["q"], tok["k"], tok["v"], g, beta, pad_slot_id=pad_slot_id
-        )
-
-
-class GDN(gpu_schedule.Family):
-    def __init__(self, shape, *, gates_in_kernel=True):
-        self.H, self.HV, self.K, self.V = SHAPES[shape]
-        self.gates_in_kernel = gates_in_kernel
-
-    def cache(self, num_slots, *, window, state_dtype, act_dtype, pad_slot_id):
-        return make_cache(
-            (self.H, self.HV, self.K, self.V),
-            num_slots,
-            window=window,
-            state_dtype=state_dtype,
-            act_dtype=act_dtype,
-            pad_slot_id=pad_slot_id,
-        )
-
-    def wrapper(self, cache, *, mode, batch, sr, seed, config=None):
-        wrapper = GDNDecodeWrapper(cache, mode=mode)
-        wrapper.plan(
-            batch, gates_in_kernel=self.gates_in_kernel, stochastic_rounding=sr, seed=seed,
-            config=config,
-        )  # fmt: skip
-        return wrapper
-
-    def inputs(self, gen, act):
-        return Inputs(
-            self.H, self.HV, self.K, self.V, act, gen, gates_in_kernel=self.gates_in_kernel
-        )
-
-    def out_shape(self, batch):
-        return (batch, self.HV, self.V)
-
-
-def make_cache(dims, num_slots, **kwargs):
-    H, HV, K, V = dims
-    return GDNDecodeCache(
-        num_slots,
-        num_k_heads=H,
-        num_v_heads=HV,
-        head_k_dim=K,
-        head_v_dim=V,
-        device="cuda",
-        **kwargs,
-    )
-
-
-def run_schedule(shape, batch, window, *, gates_in_kernel=True, **kwargs):
-    """Decode through the wrapper and the reference side by side (see gpu_schedule)."""
-    family = GDN(shape, gates_in_kernel=gates_in_kernel)
-    return gpu_schedule.run_schedule(family, batch, window, **kwargs)
+DELTA = delta_gpu.Delta(GDNDecodeCache, GDNDecodeWrapper, SHAPES, gdn_gates, gdn_step_pool,
+                        per_channel=False)  # fmt: skip
+Inputs = partial(delta_gpu.Inputs, DELTA)  # (H, HV, K, V, act, gen, *, gates_in_kernel=True)
+GDN = partial(delta_gpu.Family, DELTA)  # (shape, *, gates_in_kernel=True)
+make_cache = partial(delta_gpu.make_cache, DELTA)  # (dims, num_slots, **cache kwargs)
+run_schedule = partial(delta_gpu.run_schedule, DELTA)  # (shape, batch, window, **schedule kw)
 
 
 def tilings(shape, state_dtype):
@@ -142,21 +43,9 @@ def tilings(shape, state_dtype):
     return [rows for rows, _ in spec_tilings(spec)]
 
 
-def fp32_steps(batch, window):
-    # 256 steps, or at batch 256 enough for 3 flushes of the last slot to join (keeps the
-    # float64 reference affordable).
-    return 256 if batch <= 64 else 4 * window + 8
-
-
-@pytest.mark.parametrize("kernel", ["split", "per-item"])
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("batch", [1, 7, 64, 256])
-@pytest.mark.parametrize("window", [1, 4, 16, 32])
+@delta_gpu.replay_grid(SHAPES)
 def test_replay_fp32_matches_reference(shape, batch, window, kernel):
-    config = LaunchConfig(kernel=kernel)
-    r = run_schedule(shape, batch, window, steps=fp32_steps(batch, window), config=config)
-    assert r.min_flushes >= 3, r
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+    delta_gpu.check_replay_fp32(DELTA, shape, batch, window, kernel)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -202,25 +91,9 @@ def test_precomputed_gates_fp32_matches_reference(shape, batch):
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
 
-# Bounds for bf16 activations and 16-bit checkpoints, about 3x what the H200 measured on
-# 2026-11-29 (64 rows, L = 16, 64 steps; out / checkpoint relative error, qwen4b ~ qwen122b):
-# f32 state 1.7e-3 / 1.3e-7, bf16 2.2e-3 / 1.8e-3, bf16 + SR 2.6e-3 / 2.6e-3, f16 1.7e-3 /
-# 2.3e-4, f16 + SR 1.7e-3 / 3.2e-4 (benchmarks/results/HISTORY.md, session 8).
-LP_CASES = [
-    # (state dtype, sr, output bound, checkpoint bound)
-    (torch.float32, False, 5e-3, 1e-6),
-    (torch.bfloat16, False, 7e-3, 6e-3),
-    (torch.bfloat16, True, 8e-3, 8e-3),
-    (torch.float16, False, 5e-3, 7e-4),
-    (torch.float16, True, 5e-3, 1e-3),
-]
-
-
 @pytest.mark.parametrize("shape", ["qwen4b", "qwen122b"])
 @pytest.mark.parametrize(
-    "state, sr, out_bound, state_bound",
-    LP_CASES,
-    ids=["f32", "bf16", "bf16-sr", "f16", "f16-sr"],
+    "state, sr, out_bound, state_bound", delta_gpu.LP_CASES, ids=delta_gpu.LP_IDS
 )
 def test_low_precision_bounded(shape, state, sr, out_bound, state_bound):
     r = run_schedule(shape, 64, 16, act=torch.bfloat16, state=state, sr=sr, steps=64)
@@ -275,10 +148,7 @@ BITWISE_CASES = [
 @pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", BITWISE_CASES)
 def test_split_matches_per_item_bitwise(shape, gates_in_kernel, act, state, sr, window):
     """The split kernel does the per-item kernel's arithmetic in the same order."""
-    family = GDN(shape, gates_in_kernel=gates_in_kernel)
-    gpu_schedule.assert_kernels_agree(
-        family, ("split", "per-item"), act=act, state=state, sr=sr, window=window
-    )
+    delta_gpu.check_split_agrees(DELTA, (shape, gates_in_kernel, act, state, sr, window))
 
 
 @pytest.mark.parametrize(
@@ -287,12 +157,7 @@ def test_split_matches_per_item_bitwise(shape, gates_in_kernel, act, state, sr, 
 def test_split_variant_matches_per_item_bitwise(config, flag, case):
     """The 4-warp records CTAs and the capped-register state kernel (large batches) do the
     per-item kernel's arithmetic in the same order too."""
-    shape, gates_in_kernel, act, state, sr, window = case
-    family = GDN(shape, gates_in_kernel=gates_in_kernel)
-    gpu_schedule.assert_kernels_agree(
-        family, ("split", "per-item"), act=act, state=state, sr=sr, window=window,
-        config=config, launch_flags=flag,
-    )  # fmt: skip
+    delta_gpu.check_split_agrees(DELTA, case, config=config, launch_flags=flag)
 
 
 @pytest.mark.parametrize("shape", ["qwen122b", "k64"])
@@ -305,26 +170,8 @@ def test_split_matches_per_item_bitwise_without_speculative_loads(shape):
     )  # fmt: skip
 
 
-def sr_run(seed):
-    """The bf16 checkpoints after 40 SR steps (2 flushes per slot at L=16) with `seed`."""
-    dims = SHAPES["qwen4b"]
-    cache = make_cache(dims, 8, window=16, state_dtype=torch.bfloat16)
-    slots = cache.allocate(4)
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    cache.reset(slots, torch.randn((4, *cache.state.shape[1:]), generator=gen, device="cuda"))
-    inputs = Inputs(*dims, torch.bfloat16, gen)
-    w = GDNDecodeWrapper(cache)
-    w.plan(4, stochastic_rounding=True, seed=seed)
-    for _ in range(40):
-        inputs.run(w, inputs.token(4), slots, None)
-    torch.cuda.synchronize()
-    return cache.state.clone()
-
-
 def test_stochastic_rounding_is_deterministic():
-    first = sr_run(1234)
-    assert torch.equal(first, sr_run(1234)), "same seed must give the same bits"
-    assert not torch.equal(first, sr_run(4321)), "the seed must key the rounding noise"
+    delta_gpu.check_sr_deterministic(DELTA, "qwen4b")
 
 
 def test_cuda_graph_capture_and_replay():

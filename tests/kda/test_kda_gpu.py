@@ -1,31 +1,29 @@
 """KDA CUDA kernels against the float64 reference and fla (run on the H200; skipped without CUDA).
 
 The random schedule (padded rows, interleaved slots, staggered joins, NaN-poisoned outputs and
-rings, final checkpoints, cursors and untouched slots) is gpu_schedule.py's. Inputs: fresh random
-q, k, v every step (q and k normalised in the kernel) and per-channel gates whose decays exp(g)
-lie in about [0.55, 1) and differ across the K channels; raw a, b with A_log, dt_bias ("gates in
-kernel", fla's gate or the safe gate with a lower bound) or precomputed g, beta. The modules
-these tests load are the AOT preset `kda-tests` (python -m replayssm_jit aot --presets-from tests/support/aot_presets.py --preset kda-tests).
+rings, final checkpoints, cursors and untouched slots) is support/gpu_schedule.py's; the inputs,
+adapter and the checks both delta-rule suites make are support/delta_gpu.py's, shared with GDN.
+Inputs: per-channel gates whose decays exp(g) lie in about [0.55, 1) and differ across the K
+channels; raw a, b with A_log, dt_bias ("gates in kernel", fla's gate or the safe gate with a
+lower bound) or precomputed g, beta. The modules these tests load are the AOT preset
+`kda-tests` (python -m replayssm_jit aot --presets-from tests/support/aot_presets.py --preset
+kda-tests).
 """
 
 import inspect
+from functools import partial
 
 import pytest
 import torch
-from support import gpu_schedule
+from support import delta_gpu, gpu_schedule
 from support.gpu_schedule import rel_err
 
 from replayssm_jit import KDADecodeCache, KDADecodeWrapper, LaunchConfig
 from replayssm_jit.families.spec import kda_spec, spec_tilings
-from replayssm_jit.launch.config import LAUNCH_ENV
 from replayssm_jit.reference import kda_gates, kda_step_pool
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _no_launch_env(launch_env):
-    launch_env(LAUNCH_ENV, None)
+# Launch choices come from each test's LaunchConfig only (REPLAYSSM_LAUNCH would fill "auto").
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_launch_env")]
 
 
 SHAPES = {  # (H, HV, K, V)
@@ -33,107 +31,19 @@ SHAPES = {  # (H, HV, K, V)
     "k3shard": (12, 12, 128, 128),  # a Kimi-K3 tensor-parallel shard
     "gva": (8, 16, 128, 128),  # HV = 2H
 }
+DELTA = delta_gpu.Delta(KDADecodeCache, KDADecodeWrapper, SHAPES, kda_gates, kda_step_pool,
+                        per_channel=True)  # fmt: skip
+Inputs = partial(
+    delta_gpu.Inputs, DELTA
+)  # (H, HV, K, V, act, gen, *, gates_in_kernel, lower_bound)
+KDA = partial(delta_gpu.Family, DELTA)  # (shape, *, gates_in_kernel=True, lower_bound=None)
+make_cache = partial(delta_gpu.make_cache, DELTA)  # (dims, num_slots, **cache kwargs)
+run_schedule = partial(delta_gpu.run_schedule, DELTA)  # (shape, batch, window, **schedule kw)
 
 
-class Inputs(gpu_schedule.Inputs):
-    """Per-layer gate parameters plus a fresh token batch per call."""
-
-    def __init__(self, H, HV, K, V, act, gen, *, gates_in_kernel=True, lower_bound=None):
-        dev = "cuda"
-        self.H, self.HV, self.K, self.V, self.act, self.gen = H, HV, K, V, act, gen
-        self.gates_in_kernel, self.lower_bound = gates_in_kernel, lower_bound
-        # exp(A_log) in [0.5, 1.5); a + dt_bias in [-4.25, -0.75]: g in about [-0.6, -0.007]
-        self.A_log = torch.log(0.5 + torch.rand(HV, generator=gen, device=dev))
-        self.dt_bias = 0.5 * torch.rand(HV * K, generator=gen, device=dev) - 0.25
-
-    def token(self, batch):
-        g, dev, act = self.gen, "cuda", self.act
-        t = dict(
-            q=torch.randn(batch, self.H, self.K, generator=g, device=dev).to(act),
-            k=torch.randn(batch, self.H, self.K, generator=g, device=dev).to(act),
-            v=torch.randn(batch, self.HV, self.V, generator=g, device=dev).to(act),
-            a=-4.0 + 3.0 * torch.rand(batch, self.HV, self.K, generator=g, device=dev),
-            b=torch.randn(batch, self.HV, generator=g, device=dev),
-        )
-        if not self.gates_in_kernel:  # the caller forms the gates (rounded to fp32)
-            t["g"], t["beta"] = (x.float() for x in self._formed(t))
-        return t
-
-    def _formed(self, tok):
-        return kda_gates(self.A_log, tok["a"], self.dt_bias, tok["b"], self.lower_bound)
-
-    def gate_kwargs(self, tok):
-        if self.gates_in_kernel:
-            return dict(a=tok["a"], b=tok["b"], A_log=self.A_log, dt_bias=self.dt_bias)
-        return dict(g=tok["g"], beta=tok["beta"])
-
-    def gates(self, tok):
-        """(g, beta) of the reference: exact from a, b, or the fp32 g, beta the kernel got."""
-        if self.gates_in_kernel:
-            return self._formed(tok)
-        return tok["g"], tok["beta"]
-
-    def run(self, wrapper, tok, slot_indices, out):
-        wrapper.run(tok["q"], tok["k"], tok["v"], slot_indices, out=out, **self.gate_kwargs(tok))
-
-    def reference(self, ref_pool, slot_indices, tok, pad_slot_id):
-        g, beta = self.gates(tok)
-        return kda_step_pool(
-            ref_pool, slot_indices, tok["q"], tok["k"], tok["v"], g, beta, pad_slot_id=pad_slot_id
-        )
-
-
-class KDA(gpu_schedule.Family):
-    def __init__(self, shape, *, gates_in_kernel=True, lower_bound=None):
-        self.H, self.HV, self.K, self.V = SHAPES[shape]
-        self.gates_in_kernel, self.lower_bound = gates_in_kernel, lower_bound
-
-    def cache(self, num_slots, *, window, state_dtype, act_dtype, pad_slot_id):
-        return make_cache((self.H, self.HV, self.K, self.V), num_slots, window=window,
-                          state_dtype=state_dtype, act_dtype=act_dtype,
-                          pad_slot_id=pad_slot_id)  # fmt: skip
-
-    def wrapper(self, cache, *, mode, batch, sr, seed, config=None):
-        wrapper = KDADecodeWrapper(cache, mode=mode)
-        bound = {} if self.lower_bound is None else {"lower_bound": self.lower_bound}
-        wrapper.plan(batch, gates_in_kernel=self.gates_in_kernel, stochastic_rounding=sr,
-                     seed=seed, config=config, **bound)  # fmt: skip
-        return wrapper
-
-    def inputs(self, gen, act):
-        return Inputs(self.H, self.HV, self.K, self.V, act, gen,
-                      gates_in_kernel=self.gates_in_kernel, lower_bound=self.lower_bound)  # fmt: skip
-
-    def out_shape(self, batch):
-        return (batch, self.HV, self.V)
-
-
-def make_cache(dims, num_slots, **kwargs):
-    H, HV, K, V = dims
-    return KDADecodeCache(num_slots, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
-                          device="cuda", **kwargs)  # fmt: skip
-
-
-def run_schedule(shape, batch, window, *, gates_in_kernel=True, lower_bound=None, **kwargs):
-    family = KDA(shape, gates_in_kernel=gates_in_kernel, lower_bound=lower_bound)
-    return gpu_schedule.run_schedule(family, batch, window, **kwargs)
-
-
-def fp32_steps(batch, window):
-    # 256 steps, or at batch 256 enough for 3 flushes of the last slot to join (keeps the
-    # float64 reference affordable).
-    return 256 if batch <= 64 else 4 * window + 8
-
-
-@pytest.mark.parametrize("kernel", ["split", "per-item"])
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("batch", [1, 7, 64, 256])
-@pytest.mark.parametrize("window", [1, 4, 16, 32])
+@delta_gpu.replay_grid(SHAPES)
 def test_replay_fp32_matches_reference(shape, batch, window, kernel):
-    config = LaunchConfig(kernel=kernel)
-    r = run_schedule(shape, batch, window, steps=fp32_steps(batch, window), config=config)
-    assert r.min_flushes >= 3, r
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+    delta_gpu.check_replay_fp32(DELTA, shape, batch, window, kernel)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -183,20 +93,10 @@ def test_precomputed_gates_fp32_matches_reference(shape):
     assert r.out_err < 1e-5 and r.state_err < 1e-5, r
 
 
-# Provisional bounds (not yet measured on the H200): GDN's measured bounds (tests/gdn/test_gdn_gpu.py).
-LP_CASES = [
-    # (state dtype, sr, output bound, checkpoint bound)
-    (torch.float32, False, 5e-3, 1e-6),
-    (torch.bfloat16, False, 7e-3, 6e-3),
-    (torch.bfloat16, True, 8e-3, 8e-3),
-    (torch.float16, False, 5e-3, 7e-4),
-    (torch.float16, True, 5e-3, 1e-3),
-]
-
-
+# Provisional bounds (not yet measured on the H200): GDN's measured ones (support/delta_gpu.py).
 @pytest.mark.parametrize("shape", ["kimi48b", "k3shard"])
 @pytest.mark.parametrize(
-    "state, sr, out_bound, state_bound", LP_CASES, ids=["f32", "bf16", "bf16-sr", "f16", "f16-sr"]
+    "state, sr, out_bound, state_bound", delta_gpu.LP_CASES, ids=delta_gpu.LP_IDS
 )
 def test_low_precision_bounded(shape, state, sr, out_bound, state_bound):
     r = run_schedule(shape, 64, 16, act=torch.bfloat16, state=state, sr=sr, steps=64)
@@ -242,10 +142,8 @@ AGREEMENT_CASES = [
 @pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", AGREEMENT_CASES)
 def test_split_agrees_with_per_item(shape, gates_in_kernel, act, state, sr, window):
     """Bit for bit: both kernels contract the same FMAs (docs/tuning.md, KDA)."""
-    gpu_schedule.assert_kernels_agree(
-        KDA(shape, gates_in_kernel=gates_in_kernel), ("split", "per-item"), act=act, state=state,
-        sr=sr, window=window, rtol=0.0,
-    )  # fmt: skip
+    case = (shape, gates_in_kernel, act, state, sr, window)
+    delta_gpu.check_split_agrees(DELTA, case, rtol=0.0)
 
 
 @pytest.mark.parametrize(
@@ -253,11 +151,7 @@ def test_split_agrees_with_per_item(shape, gates_in_kernel, act, state, sr, wind
     gpu_schedule.split_variant_params(AGREEMENT_CASES[:3], AGREEMENT_CASES[2:]),
 )
 def test_split_variant_agrees_with_per_item(config, flag, case):
-    shape, gates_in_kernel, act, state, sr, window = case
-    gpu_schedule.assert_kernels_agree(
-        KDA(shape, gates_in_kernel=gates_in_kernel), ("split", "per-item"), act=act, state=state,
-        sr=sr, window=window, config=config, launch_flags=flag, rtol=0.0,
-    )  # fmt: skip
+    delta_gpu.check_split_agrees(DELTA, case, config=config, launch_flags=flag, rtol=0.0)
 
 
 def test_split_agrees_with_per_item_without_speculative_loads():
@@ -276,26 +170,8 @@ def test_per_item_matches_flush_every_step_bitwise_at_window_1():
     )  # fmt: skip
 
 
-def sr_run(seed):
-    """The bf16 checkpoints after 40 SR steps (2 flushes per slot at L = 16) with `seed`."""
-    dims = SHAPES["k3shard"]
-    cache = make_cache(dims, 8, window=16, state_dtype=torch.bfloat16)
-    slots = cache.allocate(4)
-    gen = torch.Generator(device="cuda").manual_seed(7)
-    cache.reset(slots, torch.randn((4, *cache.state.shape[1:]), generator=gen, device="cuda"))
-    inputs = Inputs(*dims, torch.bfloat16, gen)
-    w = KDADecodeWrapper(cache)
-    w.plan(4, stochastic_rounding=True, seed=seed)
-    for _ in range(40):
-        inputs.run(w, inputs.token(4), slots, None)
-    torch.cuda.synchronize()
-    return cache.state.clone()
-
-
 def test_stochastic_rounding_is_deterministic():
-    first = sr_run(1234)
-    assert torch.equal(first, sr_run(1234)), "same seed must give the same bits"
-    assert not torch.equal(first, sr_run(4321)), "the seed must key the rounding noise"
+    delta_gpu.check_sr_deterministic(DELTA, "k3shard")
 
 
 def test_records_hold_per_channel_gates():
@@ -362,14 +238,7 @@ def test_conventional_matches_fla_fused_recurrent_kda(act):
                                 fla_pool[idx.long()], scale=K**-0.5)  # fmt: skip
         fla_pool[idx.long()] = h.to(fla_pool.dtype)
         y_ref = kda_step_pool(ref_pool, idx, tok["q"], tok["k"], tok["v"], g, beta)
-        assert not torch.isnan(y_ours).any() and not torch.isnan(y_fla).any(), step
-        e_peer, e_ours, e_fla = (
-            rel_err(y_ours, y_fla),
-            rel_err(y_ours, y_ref),
-            rel_err(y_fla, y_ref),
-        )
-        assert e_peer < peer_tol, (step, e_peer)
-        assert e_ours <= 2 * e_fla + slack, (step, e_ours, e_fla)
+        delta_gpu.check_against_peer(step, y_ours, y_fla, y_ref, peer_tol, slack)
     torch.cuda.synchronize()
     assert rel_err(cache.state, fla_pool) < 1e-5
     assert rel_err(cache.state, ref_pool) < 1e-5

@@ -1,7 +1,8 @@
 """Mamba-2 CUDA kernels against the float64 reference (run on the H200; skipped without CUDA).
 
 The random schedule (padded rows, interleaved slots, staggered joins, NaN poison, final
-checkpoints, cursors and untouched slots) lives in gpu_schedule.py, shared with GDN.
+checkpoints, cursors and untouched slots) lives in support/gpu_schedule.py, shared with GDN and
+KDA.
 """
 
 import pytest
@@ -11,17 +12,10 @@ from support.gpu_schedule import rel_err
 
 from replayssm_jit import LaunchConfig, Mamba2DecodeCache, Mamba2DecodeWrapper
 from replayssm_jit.families.spec import mamba2_spec, spec_tilings
-from replayssm_jit.launch.config import LAUNCH_ENV
 from replayssm_jit.reference import mamba2_step_pool
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _no_launch_env(launch_env):
-    """Launch choices come from each test's LaunchConfig only (REPLAYSSM_LAUNCH is for
-    experiments and would fill the fields a test leaves "auto")."""
-    launch_env(LAUNCH_ENV, None)
+# Launch choices come from each test's LaunchConfig only (REPLAYSSM_LAUNCH would fill "auto").
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_launch_env")]
 
 
 SHAPES = {  # (H, P, N, G)
