@@ -32,6 +32,7 @@ Inputs = partial(delta_gpu.Inputs, DELTA)  # (H, HV, K, V, act, gen, *, gates_in
 GDN = partial(delta_gpu.Family, DELTA)  # (shape, *, gates_in_kernel=True)
 make_cache = partial(delta_gpu.make_cache, DELTA)  # (dims, num_slots, **cache kwargs)
 run_schedule = partial(delta_gpu.run_schedule, DELTA)  # (shape, batch, window, **schedule kw)
+check = partial(gpu_schedule.check_schedule, run_schedule)  # (run_schedule args, bounds)
 
 
 def tilings(shape, state_dtype):
@@ -55,8 +56,7 @@ def test_flush_every_step_fp32_matches_reference(shape, batch, window):
     """The per-item kernel flushing every token (the default below one (row, head) pair per SM
     with FP32 checkpoints): the checkpoint is the full state after every step."""
     config = LaunchConfig(kernel="flush-every-step")
-    r = run_schedule(shape, batch, window, steps=40, config=config)
-    assert r.out_err < 1e-5 and r.state_err < 1e-5 and r.min_flushes >= 3, r
+    check(shape, batch, window, steps=40, config=config, min_flushes=3)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -72,23 +72,19 @@ def test_switching_kernels_carries_held_records(shape, first, then):
     """A wrapper planned for another batch takes over the cache mid-window: records held by one
     kernel are folded or replayed by the next (L = 16, switch after 21 steps)."""
     config = LaunchConfig(kernel=first)
-    r = run_schedule(shape, 7, 16, steps=48, switch=(21, then), config=config)
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+    check(shape, 7, 16, steps=48, switch=(21, then), config=config)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 64, 256])
 def test_conventional_fp32_matches_reference(shape, batch):
-    r = run_schedule(shape, batch, 1, mode="conventional", steps=64)
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+    check(shape, batch, 1, mode="conventional", steps=64)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [7, 64])
 def test_precomputed_gates_fp32_matches_reference(shape, batch):
-    r = run_schedule(shape, batch, 16, gates_in_kernel=False, steps=64)
-    assert r.min_flushes >= 3, r
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+    check(shape, batch, 16, gates_in_kernel=False, steps=64, min_flushes=3)
 
 
 @pytest.mark.parametrize("shape", ["qwen4b", "qwen122b"])
@@ -96,14 +92,13 @@ def test_precomputed_gates_fp32_matches_reference(shape, batch):
     "state, sr, out_bound, state_bound", delta_gpu.LP_CASES, ids=delta_gpu.LP_IDS
 )
 def test_low_precision_bounded(shape, state, sr, out_bound, state_bound):
-    r = run_schedule(shape, 64, 16, act=torch.bfloat16, state=state, sr=sr, steps=64)
-    print(f"\n{shape} state={state} sr={sr}: out {r.out_err:.2e} checkpoint {r.state_err:.2e}")
-    assert r.out_err < out_bound and r.state_err < state_bound, r
+    bounds = dict(out_bound=out_bound, state_bound=state_bound)
+    say = f"{shape} state={state} sr={sr}"
+    check(shape, 64, 16, act=torch.bfloat16, state=state, sr=sr, steps=64, say=say, **bounds)
 
 
 def test_vllm_pad_slot_zero():
-    r = run_schedule("k64", 7, 4, pad_slot_id=0, steps=24)
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+    check("k64", 7, 4, pad_slot_id=0, steps=24)
 
 
 @pytest.mark.parametrize(
@@ -119,9 +114,9 @@ def test_every_row_tiling(act, state, out_bound, state_bound):
     assert len(tiles) > 1
     for rows in tiles:
         config = LaunchConfig(kernel="per-item", rows_per_cta=rows)
-        r = run_schedule("qwen4b", 7, 4, act=act, state=state, steps=24, config=config)
-        print(f"\nrows_per_cta={rows} state={state}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
-        assert r.out_err < out_bound and r.state_err < state_bound, (rows, r)
+        say = f"rows_per_cta={rows} state={state}"
+        check("qwen4b", 7, 4, act=act, state=state, steps=24, config=config, say=say, what=rows,
+              out_bound=out_bound, state_bound=state_bound)  # fmt: skip
 
 
 @pytest.mark.parametrize("shape", ["qwen4b", "k64"])
@@ -130,9 +125,7 @@ def test_every_split_tile(shape):
     rows_per_cta (L = 4, padded rows)."""
     for rows in tilings(shape, "f32"):
         config = LaunchConfig(kernel="split", rows_per_cta=rows)
-        r = run_schedule(shape, 7, 4, steps=24, config=config)
-        print(f"\nsplit rows={rows}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
-        assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
+        check(shape, 7, 4, steps=24, config=config, say=f"split rows={rows}", what=rows)
 
 
 # (shape, gates in kernel, activation, checkpoint, SR, L): specializations the H200 preset prebuilds.

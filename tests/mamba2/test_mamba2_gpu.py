@@ -5,6 +5,8 @@ checkpoints, cursors and untouched slots) lives in support/gpu_schedule.py, shar
 KDA.
 """
 
+from functools import partial
+
 import pytest
 import torch
 from support import gpu_schedule
@@ -123,16 +125,18 @@ def run_schedule(shape, batch, window, *, has_z=False, **kwargs) -> gpu_schedule
     return gpu_schedule.run_schedule(Mamba2(shape, has_z=has_z), batch, window, **kwargs)
 
 
+check = partial(gpu_schedule.check_schedule, run_schedule)  # (run_schedule args, bounds)
+
+
 @pytest.mark.parametrize("kernel", ["split", "per-item"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 7, 64, 256])
 @pytest.mark.parametrize("window", [1, 4, 16, 32])
 def test_replay_fp32_matches_reference(shape, batch, window, kernel):
-    r = run_schedule(
-        shape, batch, window, steps=256 if batch <= 64 else 3 * window + 8, has_z=shape == "odd",
-        config=LaunchConfig(kernel=kernel),
-    )  # fmt: skip
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+    steps = 256 if batch <= 64 else 3 * window + 8
+    check(
+        shape, batch, window, steps=steps, has_z=shape == "odd", config=LaunchConfig(kernel=kernel)
+    )
 
 
 def test_replay_defaults_to_split_kernel():
@@ -152,9 +156,8 @@ def test_every_split_tile(shape):
     spec = mamba2_spec(headdim=P, dstate=N, heads_per_group=H // G, window=4, act_dtype="f32")
     for rows, _ in spec_tilings(spec):
         config = LaunchConfig(kernel="split", rows_per_cta=rows)
-        r = run_schedule(shape, 7, 4, steps=24, has_z=shape == "odd", config=config)
-        print(f"\nsplit rows={rows}: out {r.out_err:.2e} ckpt {r.state_err:.2e}")
-        assert r.out_err < 1e-5 and r.state_err < 1e-5, (rows, r)
+        say = f"split rows={rows}"
+        check(shape, 7, 4, steps=24, has_z=shape == "odd", config=config, say=say, what=rows)
 
 
 # (shape, activation, checkpoint, SR, L): specializations the H200 preset prebuilds.
@@ -194,8 +197,7 @@ def test_flush_every_step_fp32_matches_reference(shape, batch, window):
     """The per-item kernel flushing every token (the default below one (row, head) pair per SM
     with FP32 checkpoints): the checkpoint is the full state after every step."""
     config = LaunchConfig(kernel="flush-every-step")
-    r = run_schedule(shape, batch, window, steps=40, has_z=shape == "odd", config=config)
-    assert r.out_err < 1e-5 and r.state_err < 1e-5 and r.min_flushes >= 3, r
+    check(shape, batch, window, steps=40, has_z=shape == "odd", config=config, min_flushes=3)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -210,18 +212,14 @@ def test_flush_every_step_fp32_matches_reference(shape, batch, window):
 def test_switching_kernels_carries_held_records(shape, first, then):
     """A wrapper planned for another batch takes over the cache mid-window: records held by one
     kernel are folded or replayed by the next (L = 16, switch after 21 steps)."""
-    r = run_schedule(
-        shape, 7, 16, steps=48, switch=(21, then), has_z=shape == "odd",
-        config=LaunchConfig(kernel=first),
-    )  # fmt: skip
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+    config = LaunchConfig(kernel=first)
+    check(shape, 7, 16, steps=48, switch=(21, then), has_z=shape == "odd", config=config)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("batch", [1, 64, 256])
 def test_conventional_fp32_matches_reference(shape, batch):
-    r = run_schedule(shape, batch, 1, mode="conventional", steps=64, has_z=shape == "odd")
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+    check(shape, batch, 1, mode="conventional", steps=64, has_z=shape == "odd")
 
 
 # Bounds for 16-bit activations/checkpoints, measured on the H200 and documented in the README.
@@ -238,14 +236,13 @@ LP_CASES = [
 @pytest.mark.parametrize("shape", ["super120b", "nano4b"])
 @pytest.mark.parametrize("state, sr, out_bound, state_bound", LP_CASES)
 def test_low_precision_bounded(shape, state, sr, out_bound, state_bound):
-    r = run_schedule(shape, 64, 16, act=torch.bfloat16, state=state, sr=sr, steps=64)
-    print(f"\n{shape} state={state} sr={sr}: out {r.out_err:.2e} checkpoint {r.state_err:.2e}")
-    assert r.out_err < out_bound and r.state_err < state_bound, r
+    bounds = dict(out_bound=out_bound, state_bound=state_bound)
+    say = f"{shape} state={state} sr={sr}"
+    check(shape, 64, 16, act=torch.bfloat16, state=state, sr=sr, steps=64, say=say, **bounds)
 
 
 def test_vllm_pad_slot_zero():
-    r = run_schedule("super120b", 7, 4, pad_slot_id=0, steps=24)
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
+    check("super120b", 7, 4, pad_slot_id=0, steps=24)
 
 
 def test_stochastic_rounding_is_deterministic():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import pytest
 import torch
@@ -174,16 +175,11 @@ def replay_grid(shapes):
 
 def check_replay_fp32(delta, shape, batch, window, kernel):
     """FP32 ReplaySSM through `kernel` follows the reference over at least three flushes."""
-    config = LaunchConfig(kernel=kernel)
-    steps = fp32_steps(batch, window)
-    r = run_schedule(delta, shape, batch, window, steps=steps, config=config)
-    assert r.min_flushes >= 3, r
-    assert r.out_err < 1e-5 and r.state_err < 1e-5, r
-
-
-def check_within(r, out_bound=1e-5, state_bound=1e-5):
-    """A schedule's outputs and final checkpoints are within the bounds."""
-    assert r.out_err < out_bound and r.state_err < state_bound, r
+    steps, config = fp32_steps(batch, window), LaunchConfig(kernel=kernel)
+    run = partial(run_schedule, delta)
+    gpu_schedule.check_schedule(
+        run, shape, batch, window, steps=steps, config=config, min_flushes=3
+    )
 
 
 def check_split_agrees(delta, case, **kw):

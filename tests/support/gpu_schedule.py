@@ -282,3 +282,18 @@ def split_variant_params(four_warp_cases: list, capped_cases: list) -> list:
         for name, config, flag, cases in variants
         for case in cases
     ]
+
+
+def check_schedule(
+    run, *args, out_bound=1e-5, state_bound=1e-5, min_flushes=0, say=None, what=None, **kwargs
+) -> ScheduleResult:
+    """Run a family's schedule (`run`: its run_schedule) and require the worst output and the
+    final checkpoints within the bounds of the float64 reference, after at least `min_flushes`
+    flushes of every live slot. `say`: print the errors after that label; `what`: named in the
+    assertion messages (a loop's variable)."""
+    r = run(*args, **kwargs)
+    if say is not None:
+        print(f"\n{say}: out {r.out_err:.2e} checkpoint {r.state_err:.2e}")
+    assert r.min_flushes >= min_flushes, (what, r)
+    assert r.out_err < out_bound and r.state_err < state_bound, (what, r)
+    return r
