@@ -144,15 +144,14 @@ def fp32_steps(batch, window):
 # f32 state 1.7e-3 / 1.3e-7, bf16 2.2e-3 / 1.8e-3, bf16 + SR 2.6e-3 / 2.6e-3, f16 1.7e-3 /
 # 2.3e-4, f16 + SR 1.7e-3 / 3.2e-4 (benchmarks/results/HISTORY.md, session 8). KDA's are
 # provisional: GDN's, not yet measured for KDA on the H200.
-LP_CASES = [
-    # (state dtype, sr, output bound, checkpoint bound)
-    (torch.float32, False, 5e-3, 1e-6),
-    (torch.bfloat16, False, 7e-3, 6e-3),
-    (torch.bfloat16, True, 8e-3, 8e-3),
-    (torch.float16, False, 5e-3, 7e-4),
-    (torch.float16, True, 5e-3, 1e-3),
-]
-LP_IDS = ["f32", "bf16", "bf16-sr", "f16", "f16-sr"]
+LOW_PRECISION = {  # test id: (state dtype, sr, output bound, checkpoint bound)
+    "f32": (torch.float32, False, 5e-3, 1e-6),
+    "bf16": (torch.bfloat16, False, 7e-3, 6e-3),
+    "bf16-sr": (torch.bfloat16, True, 8e-3, 8e-3),
+    "f16": (torch.float16, False, 5e-3, 7e-4),
+    "f16-sr": (torch.float16, True, 5e-3, 1e-3),
+}
+LP_CASES, LP_IDS = list(LOW_PRECISION.values()), list(LOW_PRECISION)
 
 
 def replay_grid(shapes):
