@@ -20,16 +20,7 @@ from benchmarks.e2e.replica import MODES, Replica, Weights, acceptance_probs, re
 STEPS = 24  # 6 flushes at the tiny window 4
 WINDOW = 4
 
-pytestmark = pytest.mark.usefixtures("no_launch_env")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: the tensors are tiny, and threads only contend on a busy box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("no_launch_env", "single_thread")  # tiny tensors
 
 
 @pytest.fixture(scope="module")

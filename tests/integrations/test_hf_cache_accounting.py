@@ -29,12 +29,7 @@ pytest.importorskip("transformers")
 FIRST, MORE = 24, 16  # tokens of the first generate(), then of the continuation
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny matmuls: one intra-op thread
 
 
 def _greedy(model, ids, mask, new_tokens, cache=None):

@@ -26,13 +26,8 @@ NEW_TOKENS, WINDOW, VOCAB = 64, 16, 96
 PROMPT_LENGTHS = (9, 5, 12)  # rows left-padded to 12 tokens
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls: thread hand-offs would dominate on a shared 2-core runner."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Tiny matmuls: thread hand-offs would dominate on a shared 2-core runner (one thread).
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,13 +40,8 @@ NUM_SLOTS = 6
 SLOT_START = {1: 0, 2: 1, 3: 2, 4: 3}  # named slots, and the step each joins at (staggered)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: these tensors are tiny, and threads only contend on a busy box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One intra-op thread (conftest's single_thread): tiny tensors, and threads contend on a busy box.
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 # ---------------------------------------------------------------------------------------------

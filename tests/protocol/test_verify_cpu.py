@@ -62,16 +62,7 @@ NUM_SLOTS = 8
 NAMED = (1, 2, 3, 4)  # slots the schedules name; 5..7 never (0 may be the pad slot)
 TOL = 1e-5
 
-pytestmark = pytest.mark.usefixtures("no_launch_env")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: these tensors are tiny, and threads only contend on a busy box."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("no_launch_env", "single_thread")  # tiny tensors
 
 
 # ---------------------------------------------------------------------------------------------
