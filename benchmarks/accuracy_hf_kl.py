@@ -12,7 +12,7 @@ rounding besides FP32 arithmetic is the SSM checkpoint's:
               of 4 heads, headdim 64, dstate 128 (Nemotron-H's head shape), 2 groups.
   qwen3_next  Qwen3-Next, hidden 64, vocab 256, 4 layers GDN-GDN-GDN-attention (dense MLPs);
               GDN mixers of 1 key head and 2 value heads, K = V = 128 (Qwen3-Next's head).
-As in tests/test_hf_dropin.py, the SSM mixers get long memories (per-token decays near 1, D
+As in tests/integrations/test_hf_dropin.py, the SSM mixers get long memories (per-token decays near 1, D
 small, input projections x8) so that the state carries the output; the LM head is drawn with
 std 3 / sqrt(hidden) so that the next-token distributions are peaked rather than near uniform
 (the reference's mean entropy is in the JSON).
@@ -120,7 +120,7 @@ def build_model(name: str, seed: int, device: torch.device) -> torch.nn.Module:
 
 def _long_memory(mixer, gen) -> None:
     """Per-token decays near 1 (A in [0.02, 0.1], dt biases in [-3, -2.5]), D = 0.01, and input
-    projections x8: the state's readout dominates the mixer's output (tests/test_hf_dropin.py)."""
+    projections x8: the state's readout dominates the mixer's output (tests/integrations/test_hf_dropin.py)."""
     heads = mixer.A_log.shape[0]
     mixer.A_log.copy_(torch.log(0.02 + 0.08 * torch.rand(heads, generator=gen)))
     mixer.dt_bias.copy_(-3.0 + 0.5 * torch.rand(heads, generator=gen))

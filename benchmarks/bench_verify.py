@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from harness import SCRATCH_DIR, copy_ceiling, environment, time_graph, write_results
-from verify_schedule import GDNFamily, KDAFamily, Mamba2Family
+from support.verify_schedule import GDNFamily, KDAFamily, Mamba2Family
 
 from replayssm_jit import LaunchConfig, commit_drafts, commit_snapshots, plan_decode, reset_slots
 from replayssm_jit.core.models import get_model

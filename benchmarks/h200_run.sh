@@ -40,14 +40,14 @@ for step in $what; do
       python3 benchmarks/bench_gdn.py --out "$OUT" ${GDN_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-gdn.log" | tail -60
       rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
     gdn)
-      python3 -m pytest tests/test_gdn_gpu.py tests/test_gdn_peers_gpu.py -m gpu -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} \
+      python3 -m pytest tests/gdn/test_gdn_gpu.py tests/gdn/test_gdn_peers_gpu.py -m gpu -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} \
         2>&1 | tee "$OUT/pytest-gdn.log" | tail -40
       rc=$(( rc | ${PIPESTATUS[0]} )) ;;&
     verify)
       # Needs the verify-tests and verify-bench presets in REPLAYSSM_AOT_DIR (about 100 s to build there
       # with --jobs 16). One pytest process per model keeps the device busy while the next one stages.
       for m in super120b nano4b qwen4b qwen122b; do
-        python3 -m pytest tests/test_verify_gpu.py -m gpu -q -p no:cacheprovider -k "$m" ${PYTEST_ARGS:-} \
+        python3 -m pytest tests/protocol/test_verify_gpu.py -m gpu -q -p no:cacheprovider -k "$m" ${PYTEST_ARGS:-} \
           > "$OUT/pytest-verify-$m.log" 2>&1 &
       done
       wait

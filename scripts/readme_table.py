@@ -6,7 +6,7 @@
 
 Every figure in the table is read from a JSON file under benchmarks/results/, and every row links
 the folders its figures come from, so a figure lives in its results folder and nowhere by hand.
-tests/test_readme_table.py runs the check on the CPU.
+tests/docs/test_readme_table.py runs the check on the CPU.
 """
 
 from __future__ import annotations

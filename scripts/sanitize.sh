@@ -5,7 +5,7 @@
 # Prepare here (line information in the modules, so that reports name source lines; the device side
 # uses the same REPLAYSSM_JIT_DEBUG, which enters the modules' digests):
 #   ../shared/tools/device-bundle .device
-#   REPLAYSSM_JIT_DEBUG=1 python -m replayssm_jit aot --out .device/aot-sanitizer --presets-from tests/aot_presets.py --preset sanitizer
+#   REPLAYSSM_JIT_DEBUG=1 python -m replayssm_jit aot --out .device/aot-sanitizer --presets-from tests/support/aot_presets.py --preset sanitizer
 #   REPLAYSSM_JIT_DEBUG=1 REPLAYSSM_AOT_DIR=.device/aot-sanitizer python scripts/sanitize_kernels.py --check-preset
 # On the device: bash scripts/sanitize.sh [memcheck|racecheck|initcheck|synccheck|plain]...
 #   (default: the four tools in that order; plain: the script without a sanitizer)

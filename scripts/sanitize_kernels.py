@@ -36,7 +36,7 @@ commit_snapshots is not run: it is PyTorch ops, not a kernel of ours.
     compute-sanitizer --tool memcheck python scripts/sanitize_kernels.py [--quick] ...
 
 scripts/sanitize.sh runs it under each tool on the H200; the modules come from the AOT preset
-"sanitizer" (tests/aot_presets.py), which lists exactly the specs this script loads.
+"sanitizer" (tests/support/aot_presets.py), which lists exactly the specs this script loads.
 --device cpu runs the same schedules through the PyTorch path (a check of this script's own
 bookkeeping; the launch choices do not apply there, and the CPU path checks slot ids on the host
 and raises, so the out-of-range row becomes a pad row there).
@@ -779,7 +779,7 @@ def check_preset(configs: list[Config], complete: bool) -> int:
     """Every URI the configs load is in the AOT preset (and, for the complete set, nothing
     else is); with REPLAYSSM_AOT_DIR set, each is also built there with the current sources."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    import aot_presets  # the test suites' presets (the same module the tests import)
+    from support import aot_presets  # the test suites' presets (the module the tests import)
 
     preset = {s.uri: s for s in aot_presets.PRESETS[PRESET]()}
     needed = {c.uri: c.spec for c in configs}

@@ -1,11 +1,16 @@
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from replayssm_jit.launch.environment import reload_launch_environment
+
+# Every folder's tests import the shared scaffolding as `support.x`, under any import mode.
+if str(Path(__file__).parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).parent))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -76,8 +81,8 @@ def aot_split_modules(tmp_path_factory):
 
 
 # ---------------------------------------------------------------------------------------------
-# Reference-oracle test helpers (tests/test_reference_*.py): relative-error check and the random
-# flush / speculative schedule driver.
+# Reference-oracle test helpers (tests/reference/test_reference_*.py): relative-error check and
+# the random flush / speculative schedule driver.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -253,7 +258,8 @@ def replay_kernel(request, launch_env):
 
 # ---------------------------------------------------------------------------------------------
 # Hypothesis profiles (HYPOTHESIS_PROFILE selects one; "ci" by default): "ci" keeps the fuzzing of
-# tests/test_fuzz_entries.py well under two minutes on two cores, "long" runs many more examples.
+# tests/ops/test_fuzz_entries.py well under two minutes on two cores, "long" runs many more
+# examples.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -270,10 +276,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_terminal_summary(terminalreporter):
-    """How many fuzzed calls ran this session (tests/fuzz/core.py counts them), per entry."""
-    import sys
-
-    core = sys.modules.get("fuzz.core")
+    """How many fuzzed calls ran this session (support/fuzz/core.py counts them), per entry."""
+    core = sys.modules.get("support.fuzz.core")
     if core is None or not core.COUNTS:
         return
     counts = core.COUNTS

@@ -4,7 +4,7 @@ specializations ahead of time into DIR (REPLAYSSM_AOT_DIR then points the loader
 `python -m replayssm_jit aot wheel --out DIST ...` builds the same modules, for sm_90a by
 default, into an installable `replayssm-jit-cache` wheel (jit/wheel.py), which the loader
 searches after REPLAYSSM_AOT_DIR. `--presets-from FILE` adds the presets a Python file defines
-in a PRESETS dict (the test suites' own: tests/aot_presets.py, benchmarks/aot_presets.py).
+in a PRESETS dict (the test suites' own: tests/support/aot_presets.py, benchmarks/aot_presets.py).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _parser(prog: str, description: str, out_help: str, presets: dict) -> argpar
         type=Path,
         action="append",
         default=[],
-        help="a Python file whose PRESETS dict adds presets (e.g. tests/aot_presets.py)",
+        help="a Python file whose PRESETS dict adds presets (e.g. tests/support/aot_presets.py)",
     )
     parser.add_argument(
         "--jobs",

@@ -1,7 +1,7 @@
 """The AOT presets the package ships: named lists of specializations to prebuild.
 
 `python -m replayssm_jit aot --preset NAME` builds one (`--list` prints its URIs); test and
-benchmark suites keep their own presets beside them (tests/aot_presets.py,
+benchmark suites keep their own presets beside them (tests/support/aot_presets.py,
 benchmarks/aot_presets.py) and pass them with `--presets-from FILE`.
 """
 
@@ -58,7 +58,7 @@ def preset_h200() -> list[KernelSpec]:
         specs += model_specs(family, (1, 4, 8, 16, 32), ("bf16",), ("f32", "bf16"))
         specs += model_specs(family, (16,), ("bf16",), ("bf16", "f16"), ("sr",))
     specs += model_specs("mamba2", (16,), ("bf16",), ("f16",))
-    # The seed read from a device tensor (tests/test_seed_tensor_gpu.py's shapes).
+    # The seed read from a device tensor (tests/protocol/test_seed_tensor_gpu.py's shapes).
     specs += [
         family_spec("mamba2", headdim=64, dstate=128, heads_per_group=16, state_dtype="bf16",
                     flags=(*get_family("mamba2").default_flags, "sr", "device_seed")),
