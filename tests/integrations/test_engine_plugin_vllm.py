@@ -11,14 +11,15 @@ import importlib.util
 import logging
 import sys
 import types
-from pathlib import Path
 
 import pytest
-import tomllib
 import torch
+from support.paths import ROOT
 
 from replayssm_jit.integrations.vllm import plugin
 from replayssm_jit.reference.mamba2 import mamba2_step
+
+tomllib = pytest.importorskip("tomllib")  # (Python 3.11+)
 
 H, G, P, N, SLOTS = 4, 2, 8, 16, 5
 
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("no_launch_env")
 
 
 def test_the_entry_point_is_declared_and_resolves():
-    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     target = meta["project"]["entry-points"]["vllm.general_plugins"]["replayssm"]
     module, func = target.split(":")
     assert getattr(importlib.import_module(module), func) is plugin.register
