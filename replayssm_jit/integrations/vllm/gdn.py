@@ -45,7 +45,7 @@ def _check_plan_scalars(layer: ReplaySSMLayer, rows, scale, use_qk_l2norm, lower
     if scale is not None and not math.isclose(float(scale), planned, rel_tol=1e-6):
         raise ValueError(f"scale: expected {planned} (as planned), got {scale}")
     bound = rows.plan.family_options.get("lower_bound")
-    if rows.plan.family.name == "kda" and lower_bound != bound:
+    if "lower_bound" in rows.plan.family_options and lower_bound != bound:
         raise ValueError(f"lower_bound: expected {bound} (as planned), got {lower_bound}")
 
 

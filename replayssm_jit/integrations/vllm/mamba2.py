@@ -119,7 +119,7 @@ def mamba2_call(
     gates = rows.step_gates if T == 1 else rows.draft_gates
     named = (("x", x), ("B", B), ("C", C), ("z", z))
     if varlen:  # rows of 1..T tokens: gathered into the plan's [batch, T, ...] buffers
-        packed = rows.packed
+        packed = rows.packed_rows()
         packed.lay_out(cu_seqlens, x.shape[0])
         packed.dt[: x.shape[0]].copy_(dt)
         torch.index_select(packed.dt, 0, packed.src.view(-1), out=gates[0].view(batch * T, -1))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from replayssm_jit.core.cursor_words import CURSOR_PENDING
+from replayssm_jit.families.schema import expected_shape
 from replayssm_jit.integrations.vllm.varlen import PackedRows
 from replayssm_jit.ops import decode
 from replayssm_jit.ops.library import plan_handle
@@ -32,7 +33,7 @@ def reads_device_values(plan: DecodePlan) -> bool:
     return decode.reads_device_values(plan) and not torch.compiler.is_compiling()
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class LayerRows:
     """A plan with its torch.library handle and the buffers an adapter writes instead of
     allocating: slot ids, the accepted-count mapping, and FP32 copies of the engines' bf16 gates."""
@@ -51,27 +52,29 @@ class LayerRows:
     def make(cls, plan: DecodePlan) -> LayerRows:
         batch, dev, T = plan.batch_size, plan.device, plan.layout.drafts
         shape = plan.layout.shape
-        H, K = shape.value_heads, shape.key_dim
-        per_channel = getattr(plan.family, "decay_per_channel", False)
-        if plan.family.name == "mamba2":
-            gate_shapes = ((H,),)
-        else:
-            gate_shapes = ((H, K) if per_channel else (H,), (H,))
+        # The family's FP32 per-token gates its planned flags take (dt; a, b; or g, beta).
+        gate_inputs = [arg for arg in plan.family.inputs if arg.dtype == "f32"
+                       and arg.shape[:1] == ("lead",) and arg.present(plan.spec.flags)]  # fmt: skip
 
         def gates(lead):
-            return tuple(torch.zeros((*lead, *s), dtype=torch.float32, device=dev)
-                         for s in gate_shapes)  # fmt: skip
+            return tuple(torch.zeros(expected_shape(arg, shape, lead), dtype=torch.float32,
+                                     device=dev) for arg in gate_inputs)  # fmt: skip
 
         def ints():
             return torch.zeros(batch, dtype=torch.int32, device=dev)
 
-        packed = None
-        if plan.family.name == "mamba2" and T > 1:
-            packed = PackedRows.make(batch, T, shape, plan.layout.act_dtype, dev)
         return cls(
             plan, plan_handle(plan), ints(), ints(), ints(), ints(), gates((batch,)),
-            gates((batch, T)) if T > 1 else (), packed,
+            gates((batch, T)) if T > 1 else (),
         )  # fmt: skip
+
+    def packed_rows(self) -> PackedRows:
+        """Varlen MTP's row buffers, made at the first packed call (warm-up, before capture)."""
+        if self.packed is None:
+            plan = self.plan
+            self.packed = PackedRows.make(plan.batch_size, plan.layout.drafts, plan.layout.shape,
+                                          plan.layout.act_dtype, plan.device)  # fmt: skip
+        return self.packed
 
     # -----------------------------------------------------------------------------------------
 
