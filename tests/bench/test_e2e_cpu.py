@@ -114,7 +114,7 @@ def test_replica_argument_errors(tiny_weights):
     weights = tiny_weights("qwen3.5-4b")
     with pytest.raises(ValueError, match="mode: expected one of"):
         Replica(weights, "fast", 1, 16)
-    with pytest.raises(ValueError, match="broken: expected None or 'skip_prefill_state'"):
+    with pytest.raises(ValueError, match="broken: expected one of"):
         Replica(weights, "conventional", 1, 16, broken="other")
     with pytest.raises(ValueError, match="attention: expected 'sdpa' or 'flashinfer'"):
         Replica(weights, "conventional", 1, 16, attention="flash")
