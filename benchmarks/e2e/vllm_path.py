@@ -82,6 +82,8 @@ class VLLMBinding:
     """One SSM layer through the backend: the SSMMixer's op (inputs with a leading [batch] or
     [batch, T]; returns [batch, (T,) HV, V]) plus the replica's load/commit/bytes hooks."""
 
+    model_dtype_gates = True  # dt, a, b come as vLLM passes them (the adapter copies to FP32)
+
     def __init__(self, path: VLLMPath, s, layout, plan_options: dict, params: dict,
                  check_values: bool):  # fmt: skip
         self.path, self.s, self.layout = path, s, layout
@@ -126,7 +128,7 @@ class VLLMBinding:
             x = inputs["x"].reshape(tokens, s.heads, s.value_dim)
             if self.out is None or self.out.shape[0] != tokens:
                 self.out = torch.empty_like(x)  # vLLM's preallocated_ssm_out_d
-            dt = inputs["dt"].to(x.dtype).reshape(tokens, s.heads)[:, :, None]
+            dt = inputs["dt"].reshape(tokens, s.heads)[:, :, None]
             path.backend.selective_state_update(
                 self.pool["state"], x, dt.expand(-1, -1, s.value_dim), self.A,
                 inputs["B"].reshape(tokens, s.key_heads, s.key_dim),
@@ -139,10 +141,9 @@ class VLLMBinding:
             )  # fmt: skip
             return self.out
         q, k, v = (inputs[n].reshape(1, tokens, *inputs[n].shape[-2:]) for n in ("q", "k", "v"))
-        act = v.dtype  # vLLM's gates come from the projection in the model dtype
         lead = inputs["b"].dim() - 1
-        a = inputs["a"].to(act).reshape(tokens, *inputs["a"].shape[lead:])
-        b = inputs["b"].to(act).reshape(tokens, s.heads)
+        a = inputs["a"].reshape(tokens, *inputs["a"].shape[lead:])
+        b = inputs["b"].reshape(tokens, s.heads)
         if spec:
             indices = path.state_indices
         else:

@@ -179,6 +179,19 @@ def test_vllm_path_gives_the_ops_paths_tokens(tiny_weights, name, mode, steps):
     assert res["max_abs_dlogit"] < 1e-5, res
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_vllm_path_takes_model_dtype_gates(name):
+    """BF16 activations: dt, a, b reach the adapter in BF16 as vLLM passes them; its FP32 copies
+    are the ops path's .float(), so the tokens and logits still match."""
+    cfg = configs.tiny(configs.get_config(name), window=WINDOW)
+    weights = Weights(cfg, "cpu", torch.bfloat16, seed=0)
+    for mode, steps in (("replay_fp32", 2 * WINDOW), ("spec_replay", 4)):
+        res = run.compare_modes(weights, mode, mode, batch=2, context=16, steps=steps,
+                                ssm_path="vllm")  # fmt: skip
+        assert res["ssm_path"] == "vllm" and res["tokens_identical"], res
+        assert res["max_abs_dlogit"] == 0.0, res
+
+
 def test_vllm_path_separate_e4m3_gives_the_ops_paths_tokens(tiny_weights):
     res = run.compare_modes(tiny_weights("qwen3.5-4b"), "separate_e4m3", "separate_e4m3",
                             batch=2, context=16, steps=STEPS, ssm_path="vllm")  # fmt: skip
