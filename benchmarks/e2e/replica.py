@@ -300,12 +300,13 @@ class Replica:
     num_accepted_tokens without the bonus token). attention: "sdpa" (torch) or "flashinfer" (its
     batch decode for one-token GQA steps; MLA and drafts stay on SDPA). ssm_path: "ops" (the
     functional ops) or "vllm" (the vLLM adapter, vllm_path.py, where the mode has one; else the
-    ops, with the reason in `ssm_path_note`)."""
+    ops, with the reason in `ssm_path_note`). pad_rows: on the vLLM path, the last rows are a
+    CUDA-graph batch's pads on the null block (their SSM output is zero, their tokens unused)."""
 
     def __init__(self, weights: Weights, mode: Mode | str, batch: int, context: int, *,
                  seed: int = 1, ring: int = 256, accept_steps: int = 4096,
                  broken: str | None = None, attention: str = "sdpa",
-                 ssm_path: str = "ops"):  # fmt: skip
+                 ssm_path: str = "ops", pad_rows: int = 0):  # fmt: skip
         cfg, dev = weights.cfg, weights.device
         if attention not in ("sdpa", "flashinfer"):
             raise ValueError(f"attention: expected 'sdpa' or 'flashinfer', got {attention!r}")
@@ -338,8 +339,13 @@ class Replica:
         data = Init(seed, dev, weights.dtype)
         self.vllm = None
         if self.ssm_path == "vllm":
-            self.vllm = vllm_path.VLLMPath(batch, self.T, dev, broken=broken
+            self.vllm = vllm_path.VLLMPath(batch, self.T, dev, pad_rows=pad_rows, broken=broken
                                            if broken in vllm_path.BROKEN else None)  # fmt: skip
+        elif pad_rows:
+            raise ValueError(
+                f"pad_rows: expected 0 unless the SSM layers run through the vLLM adapter, got "
+                f"{pad_rows} with ssm_path {self.ssm_path!r}"
+            )
         self.layers = []
         for block in weights.blocks:
             layer = dict(block)

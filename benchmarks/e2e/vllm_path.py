@@ -50,12 +50,18 @@ class VLLMPath:
     is: the backend, block indices, cu_seqlens and num_accepted_tokens."""
 
     def __init__(self, batch: int, drafts: int, device: torch.device,
-                 broken: str | None = None):  # fmt: skip
+                 broken: str | None = None, pad_rows: int = 0):  # fmt: skip
         if broken not in (None, *BROKEN):
             raise ValueError(f"broken: expected None or one of {BROKEN}, got {broken!r}")
+        if not 0 <= pad_rows < batch:
+            raise ValueError(f"pad_rows: expected 0..{batch - 1} (batch {batch}), got {pad_rows}")
         self.batch, self.T, self.device, self.broken = batch, drafts, device, broken
+        self.live_rows = batch - pad_rows
         self.backend = ReplaySSMBackend()
         blocks = torch.arange(1, batch + 1, dtype=torch.int32, device=device)
+        # A CUDA-graph batch's pad rows name the null block, as vLLM pads them.
+        blocks[self.live_rows :] = NULL_BLOCK_ID
+        self.live = blocks != NULL_BLOCK_ID
         if drafts > 1:  # [batch, 1 + T]: the per-draft columns are the null block, unused
             spare = torch.full((batch, drafts), NULL_BLOCK_ID, dtype=torch.int32, device=device)
             self.state_indices = torch.cat([blocks[:, None], spare], dim=1)
@@ -73,6 +79,7 @@ class VLLMPath:
         if self.broken == "num_accepted_off_by_one":
             accepted = (accepted - 1).clamp_(min=1)
         self.num_accepted_tokens.copy_(accepted)
+        self.num_accepted_tokens.masked_fill_(~self.live, 1)  # vLLM fills pad rows with 1
 
     def bind(self, s, layout, plan_options: dict, params: dict, check_values: bool):
         return VLLMBinding(self, s, layout, plan_options, params, check_values)
@@ -107,7 +114,9 @@ class VLLMBinding:
     def load_prefill(self, initial_state: torch.Tensor | None) -> None:
         """The prefill's final state into the rows' blocks (reset_slots: the adapter has no load
         path of its own)."""
-        reset_slots(self.layout, self.pool, self.path.blocks, initial_state=initial_state,
+        live = self.path.live_rows  # (pad rows hold no request: nothing to load)
+        state = None if initial_state is None else initial_state[:live]
+        reset_slots(self.layout, self.pool, self.path.blocks[:live], initial_state=state,
                     check_slot_values=self.layer.check_slot_values)  # fmt: skip
 
     def commit(self, accepted: torch.Tensor) -> None:

@@ -228,6 +228,27 @@ def test_vllm_path_uses_blocks_past_the_null_block(tiny_weights, name):
         assert fallback.ssm_path == "ops" and why in fallback.ssm_path_note
 
 
+@pytest.mark.parametrize("mode", ["replay_fp32", "spec_replay"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_vllm_path_pad_rows_on_the_null_block(tiny_weights, name, mode):
+    """A padded CUDA-graph batch: the last row names block 0, which stays untouched; the live
+    rows' tokens and logits are the ops path's (every other layer works row by row; the MoE's
+    per-expert GEMMs see other row counts, hence a tolerance on the logits)."""
+    weights = tiny_weights(name)
+    ops = Replica(weights, mode, 3, 16)
+    padded = Replica(weights, mode, 3, 16, ssm_path="vllm", pad_rows=1)
+    for _ in range(2 * WINDOW if mode == "replay_fp32" else 4):
+        ops.step()
+        padded.step()
+        assert torch.equal(ops.targets[:2], padded.targets[:2])
+        assert float((ops.logits[:2] - padded.logits[:2]).abs().max()) < 1e-4
+    for layer in padded.layers:
+        if "binding" in layer:
+            pool = layer["binding"].pool
+            assert all(not bool(t[0].float().abs().sum()) for t in pool.values())
+            assert not bool(pool["cursors"][3].abs().sum())  # block 3: the pad row's, unused
+
+
 def test_vllm_path_argument_errors(tiny_weights):
     weights = tiny_weights("qwen3.5-4b")
     with pytest.raises(ValueError, match="ssm_path: expected one of"):
@@ -236,6 +257,10 @@ def test_vllm_path_argument_errors(tiny_weights):
         Replica(weights, "replay_fp32", 1, 16, ssm_path="vllm", broken="num_accepted_off_by_one")
     with pytest.raises(ValueError, match="broken: expected 'num_accepted_off_by_one' only"):
         Replica(weights, "spec_replay", 1, 16, broken="num_accepted_off_by_one")
+    with pytest.raises(ValueError, match="pad_rows: expected 0 unless"):
+        Replica(weights, "conventional", 2, 16, ssm_path="vllm", pad_rows=1)
+    with pytest.raises(ValueError, match=r"pad_rows: expected 0\.\.1 \(batch 2\), got 2"):
+        Replica(weights, "replay_fp32", 2, 16, ssm_path="vllm", pad_rows=2)
     with pytest.raises(SystemExit):
         run.parse_args(["--ssm-path", "sglang", "--device", "cpu"])
 
