@@ -145,6 +145,8 @@ class SSMMixer:
             else:
                 self.window = window  # commit() keeps the accepted prefix
         lead = (batch,) if t == 1 else (batch, t)
+        # The ops take FP32 gates; an engine's call (vllm_path) takes them in the model dtype.
+        gate = (lambda g: g) if getattr(self.op, "model_dtype_gates", False) else torch.Tensor.float
         if s.family == "mamba2":
             inner, bc = s.heads * s.value_dim, s.key_heads * s.key_dim
             xs, Bs, Cs = torch.split(conv, (inner, bc, bc), dim=-1)
@@ -152,7 +154,7 @@ class SSMMixer:
                 x=xs.reshape(*lead, s.heads, s.value_dim).contiguous(),
                 B=Bs.reshape(*lead, s.key_heads, s.key_dim).contiguous(),
                 C=Cs.reshape(*lead, s.key_heads, s.key_dim).contiguous(),
-                dt=dt.float().reshape(*lead, s.heads).contiguous(),
+                dt=gate(dt).reshape(*lead, s.heads).contiguous(),
             )
         else:
             qk = s.key_heads * s.key_dim
@@ -162,8 +164,8 @@ class SSMMixer:
                 q=qs.reshape(*lead, s.key_heads, s.key_dim).contiguous(),
                 k=ks.reshape(*lead, s.key_heads, s.key_dim).contiguous(),
                 v=vs.reshape(*lead, s.heads, s.value_dim).contiguous(),
-                a=a.float().reshape(gate_shape).contiguous(),
-                b=b.float().reshape(*lead, s.heads).contiguous(),
+                a=gate(a).reshape(gate_shape).contiguous(),
+                b=gate(b).reshape(*lead, s.heads).contiguous(),
             )
         with record_function("e2e.ssm.op"):
             y = self.op(inputs, t).reshape(batch, t, s.heads, s.value_dim)

@@ -32,6 +32,7 @@ from replayssm_jit import (
     reset_slots,
 )
 
+from . import vllm_path
 from .configs import ModelConfig, SSMConfig
 from .layers import (
     MLP,
@@ -45,9 +46,12 @@ from .layers import (
     rms_norm,
     ssm_state_shape,
 )
+from .vllm_path import unsupported
 
 F32, BF16, E4M3 = torch.float32, torch.bfloat16, torch.float8_e4m3fn
 SPEC_DRAFTS = 4
+SSM_PATHS = ("ops", "vllm")
+BROKEN = (None, "skip_prefill_state", *vllm_path.BROKEN)
 
 
 @dataclass(frozen=True)
@@ -292,12 +296,17 @@ class Replica:
     """One mode's engine state over `weights`, at one batch size and context.
 
     broken: a deliberately wrong variant for the tests ("skip_prefill_state": the slots start
-    from zero instead of the prefill's state). attention: "sdpa" (torch) or "flashinfer" (its
-    batch decode for one-token GQA steps; MLA and drafts stay on SDPA)."""
+    from zero instead of the prefill's state; "num_accepted_off_by_one": the vLLM path's
+    num_accepted_tokens without the bonus token). attention: "sdpa" (torch) or "flashinfer" (its
+    batch decode for one-token GQA steps; MLA and drafts stay on SDPA). ssm_path: "ops" (the
+    functional ops) or "vllm" (the vLLM adapter, vllm_path.py, where the mode has one; else the
+    ops, with the reason in `ssm_path_note`). pad_rows: on the vLLM path, the last rows are a
+    CUDA-graph batch's pads on the null block (their SSM output is zero, their tokens unused)."""
 
     def __init__(self, weights: Weights, mode: Mode | str, batch: int, context: int, *,
                  seed: int = 1, ring: int = 256, accept_steps: int = 4096,
-                 broken: str | None = None, attention: str = "sdpa"):  # fmt: skip
+                 broken: str | None = None, attention: str = "sdpa",
+                 ssm_path: str = "ops", pad_rows: int = 0):  # fmt: skip
         cfg, dev = weights.cfg, weights.device
         if attention not in ("sdpa", "flashinfer"):
             raise ValueError(f"attention: expected 'sdpa' or 'flashinfer', got {attention!r}")
@@ -306,8 +315,17 @@ class Replica:
         why = refusal(cfg, self.mode)
         if why:
             raise ValueError(f"mode: {why}")
-        if broken not in (None, "skip_prefill_state"):
-            raise ValueError(f"broken: expected None or 'skip_prefill_state', got {broken!r}")
+        if broken not in BROKEN:
+            raise ValueError(f"broken: expected one of {BROKEN}, got {broken!r}")
+        if ssm_path not in SSM_PATHS:
+            raise ValueError(f"ssm_path: expected one of {SSM_PATHS}, got {ssm_path!r}")
+        self.ssm_path_note = unsupported(self.mode) if ssm_path == "vllm" else None
+        self.ssm_path = "ops" if self.ssm_path_note else ssm_path
+        if broken in vllm_path.BROKEN and not (self.ssm_path == "vllm" and self.mode.speculative):
+            raise ValueError(
+                f"broken: expected {broken!r} only with ssm_path 'vllm' in a speculative mode "
+                f"with an adapter, got ssm_path {ssm_path!r} and mode {self.mode.name!r}"
+            )
         self.ring = max(1, min(ring, context // 2))
         self.T = self.mode.drafts
         self.ctx = StepContext(
@@ -319,13 +337,28 @@ class Replica:
         self.emitted = torch.zeros((), dtype=torch.int64, device=dev)
         # The prompt's state: the same draws in every mode, so tokens compare across modes.
         data = Init(seed, dev, weights.dtype)
+        self.vllm = None
+        if self.ssm_path == "vllm":
+            self.vllm = vllm_path.VLLMPath(batch, self.T, dev, pad_rows=pad_rows, broken=broken
+                                           if broken in vllm_path.BROKEN else None)  # fmt: skip
+        elif pad_rows:
+            raise ValueError(
+                f"pad_rows: expected 0 unless the SSM layers run through the vLLM adapter, got "
+                f"{pad_rows} with ssm_path {self.ssm_path!r}"
+            )
         self.layers = []
         for block in weights.blocks:
             layer = dict(block)
             if "ssm" in block:
                 sw = block["ssm"]
-                binding = SSMBinding(cfg.ssm, self.mode, cfg.window, batch, dev, weights.dtype,
-                                     sw.params, self.prev_accepted)  # fmt: skip
+                if self.vllm is None:
+                    binding = SSMBinding(cfg.ssm, self.mode, cfg.window, batch, dev,
+                                         weights.dtype, sw.params, self.prev_accepted)  # fmt: skip
+                else:
+                    binding = self.vllm.bind(
+                        cfg.ssm, make_layout(cfg.ssm, self.mode, cfg.window, weights.dtype),
+                        plan_options(cfg.ssm, self.mode), sw.params, dev.type == "cpu",
+                    )  # fmt: skip
                 state0 = data.weight(batch, *ssm_state_shape(cfg.ssm), fan_in=1).float()
                 conv0 = data.weight(batch, sw.conv_dim, cfg.ssm.conv - 1, fan_in=1)
                 binding.load_prefill(None if broken == "skip_prefill_state" else state0)
@@ -411,6 +444,8 @@ class Replica:
                     layer["mixer"].commit(self.ctx)
                     layer["binding"].commit(accepted.to(torch.int32))
             self.prev_accepted.copy_(accepted)  # our verify's fused commit, next step
+            if self.vllm is not None:  # vLLM's num_accepted_tokens for the next call
+                self.vllm.commit(accepted.to(torch.int32))
             last = (accepted - 1).view(-1, 1)
             bonus = targets.gather(1, last).view(-1)
             h_last = h.gather(1, last[:, :, None].expand(-1, 1, h.shape[-1])).squeeze(1)

@@ -153,12 +153,14 @@ def memory_row(replica: Replica, weight_bytes: int, budget: float, reserve: floa
 
 def compare_modes(weights: Weights, mode: str, reference: str, *, batch: int, context: int,
                   steps: int, graphs: bool = False, broken: str | None = None,
-                  seed: int = 1) -> dict:  # fmt: skip
+                  seed: int = 1, ssm_path: str = "ops",
+                  reference_ssm_path: str = "ops") -> dict:  # fmt: skip
     """Run `reference` and `mode` from the same prefill state, each feeding back its own greedy
     tokens, for `steps` steps: token agreement, the first step whose tokens differ, and the max
-    |Δlogit| over the steps before each row's first difference."""
-    ref = Replica(weights, reference, batch, context, seed=seed)
-    run = Replica(weights, mode, batch, context, seed=seed, broken=broken)
+    |Δlogit| over the steps before each row's first difference. ssm_path applies to `mode`'s
+    replica, reference_ssm_path to the reference's."""
+    ref = Replica(weights, reference, batch, context, seed=seed, ssm_path=reference_ssm_path)
+    run = Replica(weights, mode, batch, context, seed=seed, broken=broken, ssm_path=ssm_path)
     ref_step, run_step = make_stepper(ref, graphs), make_stepper(run, graphs)
     alive = torch.ones(batch, dtype=torch.bool, device=weights.device)
     agree, first, max_d = 0, None, 0.0
@@ -180,14 +182,14 @@ def compare_modes(weights: Weights, mode: str, reference: str, *, batch: int, co
         "flushes": steps // window if get_mode(mode).replay else 0,
         "tokens_identical": first is None, "token_agreement": agree / (steps * batch),
         "first_divergence_step": first, "max_abs_dlogit": max_d, "broken": broken,
-        "graphs": graphs,
+        "graphs": graphs, "ssm_path": run.ssm_path, "reference_ssm_path": ref.ssm_path,
     }  # fmt: skip
 
 
 def correctness(weights: Weights, modes: list[str], *, batch: int, context: int, steps: int,
-                graphs: bool) -> list[dict]:  # fmt: skip
+                graphs: bool, ssm_path: str = "ops") -> list[dict]:  # fmt: skip
     """Each mode against conventional (the speculative ones against the snapshot baseline,
-    which draws the same accepted counts)."""
+    which draws the same accepted counts); the references have no adapter and run the ops."""
     out = []
     for mode in modes:
         if mode == "conventional" or refusal(weights.cfg, get_mode(mode)):
@@ -196,7 +198,7 @@ def correctness(weights: Weights, modes: list[str], *, batch: int, context: int,
             continue
         reference = "spec_snapshot" if mode == "spec_replay" else "conventional"
         out.append(compare_modes(weights, mode, reference, batch=batch, context=context,
-                                 steps=steps, graphs=graphs))  # fmt: skip
+                                 steps=steps, graphs=graphs, ssm_path=ssm_path))  # fmt: skip
     return out
 
 
@@ -236,11 +238,15 @@ def run_point(weights: Weights, mode: str, batch: int, context: int, args, wbyte
         return {**row, "refused": why}
     try:
         replica = Replica(weights, mode, batch, context, seed=args.seed,
-                          attention=attention_for(weights.cfg, args))  # fmt: skip
+                          attention=attention_for(weights.cfg, args),
+                          ssm_path=args.ssm_path)  # fmt: skip
     except torch.cuda.OutOfMemoryError as e:  # (a large batch at a long context: say so, go on)
         torch.cuda.empty_cache()
         return {**row, "out_of_memory": str(e).splitlines()[0]}
     row["attention"] = "flashinfer" if replica.attn_decode is not None else "sdpa"
+    row["ssm_path"] = replica.ssm_path  # what ran: "vllm" falls back to "ops" where no adapter
+    if replica.ssm_path_note:
+        row["ssm_path_fallback"] = replica.ssm_path_note
     row["memory"] = memory_row(replica, wbytes, args.memory_gib * GIB, args.reserve_gib * GIB)
     row.update(profile_step(replica))
     row["tokens_per_step_expected"] = batch * (
@@ -331,6 +337,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="attention decode (auto: FlashInfer's batch decode where installed on CUDA, for "
         "GQA models; MLA and drafts always SDPA). Each run row records which ran",
     )
+    p.add_argument(
+        "--ssm-path",
+        choices=("ops", "vllm"),
+        default="ops",
+        help="how the SSM layers call ReplaySSM: the functional ops, or the vLLM adapter with "
+        "vLLM's call signatures (modes without an adapter use the ops; each run row records "
+        "which ran and why)",
+    )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--out", default="benchmarks/scratch/e2e", help="folder for e2e.json and the plots"
@@ -394,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         "attention": ("per run row: FlashInfer's batch decode (one-token GQA steps) or torch SDPA, "
                       "over a KV cache of exactly --context tokens"),
         "experts": ("BF16, torch._grouped_mm" if args.timed else f"{args.dtype} per-expert loop (CPU)"),
-        "dtype": str(args.dtype), "graphs": args.graphs,
+        "dtype": str(args.dtype), "graphs": args.graphs, "ssm_path": args.ssm_path,
         "modes": {m: MODES[m].what for m in args.modes},
         "models": {}, "runs": [], "correctness": [],
     }  # fmt: skip
@@ -425,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                                   share_experts=bool(share))  # fmt: skip
             result["correctness"] += correctness(check_w, args.modes, batch=args.check_batch,
                                                  context=args.contexts[0], steps=args.check_steps,
-                                                 graphs=args.graphs)  # fmt: skip
+                                                 graphs=args.graphs,
+                                                 ssm_path=args.ssm_path)  # fmt: skip
             del check_w
             bar.update(1)
         del weights

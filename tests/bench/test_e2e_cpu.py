@@ -114,7 +114,7 @@ def test_replica_argument_errors(tiny_weights):
     weights = tiny_weights("qwen3.5-4b")
     with pytest.raises(ValueError, match="mode: expected one of"):
         Replica(weights, "fast", 1, 16)
-    with pytest.raises(ValueError, match="broken: expected None or 'skip_prefill_state'"):
+    with pytest.raises(ValueError, match="broken: expected one of"):
         Replica(weights, "conventional", 1, 16, broken="other")
     with pytest.raises(ValueError, match="attention: expected 'sdpa' or 'flashinfer'"):
         Replica(weights, "conventional", 1, 16, attention="flash")
@@ -158,3 +158,123 @@ def test_cli_writes_json_and_plots(tmp_path):
         assert checks[(model, "spec_replay")]["reference"] == "spec_snapshot"
     assert (tmp_path / "speedup.png").stat().st_size > 0
     assert (tmp_path / "memory_breakdown.png").stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# --ssm-path vllm: the SSM layers through the vLLM adapter, as vLLM's model code calls it
+# ---------------------------------------------------------------------------------------------
+
+FAMILIES = ["nemotron-3-nano-4b", "qwen3.5-4b", "kimi-linear-48b"]  # Mamba-2, GDN, KDA
+
+
+@pytest.mark.parametrize("mode, steps", [("replay_fp32", STEPS), ("spec_replay", 12)])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_vllm_path_gives_the_ops_paths_tokens(tiny_weights, name, mode, steps):
+    """FP32: the adapter's calls (MTP with num_accepted_tokens in the speculative mode) give the
+    ops' tokens over several flushes (spec: 12 verifies of ~3.4 kept tokens at L = 4)."""
+    res = run.compare_modes(tiny_weights(name), mode, mode, batch=2, context=16, steps=steps,
+                            ssm_path="vllm")  # fmt: skip
+    assert (res["ssm_path"], res["reference_ssm_path"]) == ("vllm", "ops"), res
+    assert res["tokens_identical"] and res["token_agreement"] == 1.0, res
+    assert res["max_abs_dlogit"] < 1e-5, res
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_vllm_path_takes_model_dtype_gates(name):
+    """BF16 activations: dt, a, b reach the adapter in BF16 as vLLM passes them; its FP32 copies
+    are the ops path's .float(), so the tokens and logits still match."""
+    cfg = configs.tiny(configs.get_config(name), window=WINDOW)
+    weights = Weights(cfg, "cpu", torch.bfloat16, seed=0)
+    for mode, steps in (("replay_fp32", 2 * WINDOW), ("spec_replay", 4)):
+        res = run.compare_modes(weights, mode, mode, batch=2, context=16, steps=steps,
+                                ssm_path="vllm")  # fmt: skip
+        assert res["ssm_path"] == "vllm" and res["tokens_identical"], res
+        assert res["max_abs_dlogit"] == 0.0, res
+
+
+def test_vllm_path_separate_e4m3_gives_the_ops_paths_tokens(tiny_weights):
+    res = run.compare_modes(tiny_weights("qwen3.5-4b"), "separate_e4m3", "separate_e4m3",
+                            batch=2, context=16, steps=STEPS, ssm_path="vllm")  # fmt: skip
+    assert res["ssm_path"] == "vllm" and res["tokens_identical"], res
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_vllm_path_off_by_one_num_accepted_tokens_is_caught(tiny_weights, name):
+    """num_accepted_tokens without the bonus token (clamped to vLLM's minimum 1, so the
+    adapter's value check passes) commits too few drafts: the tokens differ."""
+    res = run.compare_modes(tiny_weights(name), "spec_replay", "spec_replay", batch=2,
+                            context=16, steps=12, ssm_path="vllm",
+                            broken="num_accepted_off_by_one")  # fmt: skip
+    assert res["ssm_path"] == "vllm" and not res["tokens_identical"], res
+    assert res["max_abs_dlogit"] > 1e-2, res
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_vllm_path_uses_blocks_past_the_null_block(tiny_weights, name):
+    """Rows hold blocks 1..batch through the backend; block 0 (vLLM's null block) is never
+    written, and modes without an adapter fall back to the ops and say why."""
+    r = Replica(tiny_weights(name), "spec_replay", 2, 16, ssm_path="vllm")
+    for _ in range(3):
+        r.step()
+    bindings = [layer["binding"] for layer in r.layers if "binding" in layer]
+    assert r.ssm_path == "vllm" and bindings
+    for b in bindings:
+        assert b.path.backend.layer(b.pool["state"]) is b.layer  # registered with the backend
+        assert all(not bool(t[0].float().abs().sum()) for t in b.pool.values())
+        assert int(b.pool["cursors"][1:, :2].abs().sum()) > 0
+    assert r.vllm.num_accepted_tokens.tolist() == r.prev_accepted.tolist()
+    for mode, why in (("conventional", "plans ReplaySSM only"), ("spec_snapshot", "snapshot")):
+        fallback = Replica(tiny_weights(name), mode, 2, 16, ssm_path="vllm")
+        assert fallback.ssm_path == "ops" and why in fallback.ssm_path_note
+
+
+@pytest.mark.parametrize("mode", ["replay_fp32", "spec_replay"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_vllm_path_pad_rows_on_the_null_block(tiny_weights, name, mode):
+    """A padded CUDA-graph batch: the last row names block 0, which stays untouched; the live
+    rows' tokens and logits are the ops path's (every other layer works row by row; the MoE's
+    per-expert GEMMs see other row counts, hence a tolerance on the logits)."""
+    weights = tiny_weights(name)
+    ops = Replica(weights, mode, 3, 16)
+    padded = Replica(weights, mode, 3, 16, ssm_path="vllm", pad_rows=1)
+    for _ in range(2 * WINDOW if mode == "replay_fp32" else 4):
+        ops.step()
+        padded.step()
+        assert torch.equal(ops.targets[:2], padded.targets[:2])
+        assert float((ops.logits[:2] - padded.logits[:2]).abs().max()) < 1e-4
+    for layer in padded.layers:
+        if "binding" in layer:
+            pool = layer["binding"].pool
+            assert all(not bool(t[0].float().abs().sum()) for t in pool.values())
+            assert not bool(pool["cursors"][3].abs().sum())  # block 3: the pad row's, unused
+
+
+def test_vllm_path_argument_errors(tiny_weights):
+    weights = tiny_weights("qwen3.5-4b")
+    with pytest.raises(ValueError, match="ssm_path: expected one of"):
+        Replica(weights, "replay_fp32", 1, 16, ssm_path="sglang")
+    with pytest.raises(ValueError, match="broken: expected 'num_accepted_off_by_one' only"):
+        Replica(weights, "replay_fp32", 1, 16, ssm_path="vllm", broken="num_accepted_off_by_one")
+    with pytest.raises(ValueError, match="broken: expected 'num_accepted_off_by_one' only"):
+        Replica(weights, "spec_replay", 1, 16, broken="num_accepted_off_by_one")
+    with pytest.raises(ValueError, match="pad_rows: expected 0 unless"):
+        Replica(weights, "conventional", 2, 16, ssm_path="vllm", pad_rows=1)
+    with pytest.raises(ValueError, match=r"pad_rows: expected 0\.\.1 \(batch 2\), got 2"):
+        Replica(weights, "replay_fp32", 2, 16, ssm_path="vllm", pad_rows=2)
+    with pytest.raises(SystemExit):
+        run.parse_args(["--ssm-path", "sglang", "--device", "cpu"])
+
+
+def test_cli_records_the_ssm_path_per_run_row(tmp_path):
+    argv = ["--tiny", "--device", "cpu", "--model", "qwen4b", "--batch", "2", "--context", "16",
+            "--mode", "conventional,replay_fp32,spec_replay,spec_snapshot", "--ssm-path", "vllm",
+            "--check-steps", "8", "--check-batch", "1", "--out", str(tmp_path)]  # fmt: skip
+    assert run.main(argv) == 0
+    result = json.loads((tmp_path / "e2e.json").read_text())
+    assert result["ssm_path"] == "vllm"
+    paths = {r["mode"]: (r["ssm_path"], "ssm_path_fallback" in r) for r in result["runs"]}
+    assert paths == {"conventional": ("ops", True), "replay_fp32": ("vllm", False),
+                     "spec_replay": ("vllm", False), "spec_snapshot": ("ops", True)}  # fmt: skip
+    checks = {c["mode"]: c for c in result["correctness"]}
+    assert checks["replay_fp32"]["ssm_path"] == "vllm" and checks["replay_fp32"]["tokens_identical"]
+    assert checks["spec_replay"]["ssm_path"] == "vllm" and checks["spec_replay"]["tokens_identical"]
