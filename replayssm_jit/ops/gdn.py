@@ -101,3 +101,18 @@ def delta_fold_held(plan: DecodePlan, tensors, slot: int, held: int, params) -> 
         us = torch_path.recompute_held_u(state, ring["rec_k"], ring["rec_g"], ring["rec_v"],
                                          ring["rec_beta"], l2norm, per_key)  # fmt: skip
     return torch_path.delta_fold(state, us, ring["rec_k"], ring["rec_g"], l2norm, per_key)
+
+
+def delta_fold_rows(plan: DecodePlan, tensors, rows: torch.Tensor, held: int,
+                    params) -> torch.Tensor:  # fmt: skip
+    """materialize_states' fold for GDN and KDA: the checkpoints of `rows` ([n] int64 slot ids on
+    the state's device) with their first `held` (>= 1) records folded in, as delta_fold_held."""
+    state = torch_path.checkpoint_values(tensors, rows)
+    shape = plan.layout.shape
+    ring = {n: tensors[n][rows, :, :held].to(torch.float32) for n in plan.layout.ring_names}
+    l2norm, per_key = "qk_l2norm" in plan.spec.flags, shape.value_heads // shape.key_heads
+    us = ring["rec_u"]
+    if plan.layout.read_dtype is not None:  # the carried copy's u's, as delta_fold_held's
+        us = torch_path.recompute_held_u(state, ring["rec_k"], ring["rec_g"], ring["rec_v"],
+                                         ring["rec_beta"], l2norm, per_key)  # fmt: skip
+    return torch_path.delta_fold(state, us, ring["rec_k"], ring["rec_g"], l2norm, per_key)

@@ -97,3 +97,15 @@ def mamba2_fold_held(plan: DecodePlan, tensors, slot: int, held: int, params) ->
     rings = [tensors[name][slot : slot + 1, :, :held].to(torch.float32)
              for name in plan.layout.ring_names]  # fmt: skip
     return torch_path.mamba2_fold(state, *rings, params["A"], per_group)
+
+
+def mamba2_fold_rows(plan: DecodePlan, tensors, rows: torch.Tensor, held: int,
+                     params) -> torch.Tensor:  # fmt: skip
+    """materialize_states' fold: the checkpoints of `rows` ([n] int64 slot ids on the state's
+    device) with their first `held` (>= 1) records folded in, as mamba2_fold_held folds one."""
+    state = torch_path.checkpoint_values(tensors, rows)
+    heads = plan.layout.shape.value_heads
+    per_group = heads // plan.layout.shape.key_heads
+    rings = [tensors[name][rows, :, :held].to(torch.float32)
+             for name in plan.layout.ring_names]  # fmt: skip
+    return torch_path.mamba2_fold(state, *rings, params["A"], per_group)
