@@ -107,8 +107,9 @@ def materialize_states(
         that device (a [layers, batch, *S] tensor serves), S the state's per-slot shape
         (Mamba-2 [H, P, N], GDN and KDA [HV, V, K]). params: per layer the fold's parameters
         (Mamba-2 {"A": A [H] float32}; GDN, KDA {}); None where no layer needs any.
-    No host read of device values and no loop per slot: each layer folds every row for each
-    record count 1..CAP-1 and keeps the count its cursor holds. On CPU tensors the ids and held
+    No host read of device values and no loop per slot: each layer folds CAP-1 record positions
+    for every row at once, the positions past a row's count zeroed (exact zeros after its
+    records: the bits stay materialize_slots'). On CPU tensors the ids and held
     counts are checked (ValueError); on a device they cannot be without a sync, so a row whose
     id is past the pool or whose cursor holds a count outside 0..CAP-1 is written NaN.
     Runs the torch path on every device (the CUDA kernel has not yet run on a GPU).
@@ -194,24 +195,21 @@ def _check_host_rows(plan, tensors, layer: int, ids: torch.Tensor, num_slots: in
 
 
 def _materialize_layer(plan, tensors, ids: torch.Tensor, dest: torch.Tensor, params) -> None:
-    """One layer's rows: gather, fold each record count for every row, keep the row's own
-    count; a masked select throughout, so nothing reads a device value on the host."""
+    """One layer's rows: gather, fold CAP-1 record positions for every row with those past its
+    count zeroed, select; nothing reads a device value on the host."""
     num_slots = tensors["state"].shape[0]
     pad = ids < 0
     rows = ids.clamp(0, num_slots - 1).long()  # pads and stray ids read slot 0 or the last
-    value = torch_path.checkpoint_values(tensors, rows)
     held = tensors["cursors"][rows, CURSOR_HELD]
     if plan.replay:
-        fold = family_ops(plan.family).fold_rows
-        for count in range(1, plan.layout.capacity):
-            keep = (held == count).view(-1, *[1] * (value.dim() - 1))
-            value = torch.where(keep, fold(plan, tensors, rows, count, params), value)
         stray = (held < 0) | (held >= plan.layout.capacity)
+        value = family_ops(plan.family).fold_rows(plan, tensors, rows, held, params)
     else:
         stray = held != 0
-    stray = (stray | (ids >= num_slots)).view(-1, *[1] * (value.dim() - 1))
-    value = torch.where(stray, torch.full_like(value, float("nan")), value)
-    dest.copy_(torch.where(pad.view(-1, *[1] * (value.dim() - 1)), dest, value))
+        value = torch_path.checkpoint_values(tensors, rows)
+    shape = (-1, *[1] * (value.dim() - 1))
+    value = torch.where((stray | (ids >= num_slots)).view(shape), float("nan"), value)
+    dest.copy_(torch.where(pad.view(shape), dest, value))
 
 
 def _empty(plan: DecodePlan, tensors) -> torch.Tensor:

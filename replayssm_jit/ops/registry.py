@@ -37,8 +37,8 @@ def _no_fold_params(plan, tensors, params) -> None:
 class FamilyOps:
     """A family's public ops (by the schema's op names: decode, verify, snapshot_verify) and
     materialize_slots' fold of a slot's held records: fold(plan, tensors, slot, held, params),
-    materialize_states' of many slots' first `held` records: fold_rows(plan, tensors, rows,
-    held, params), with the model parameters they need besides the records (fold_params) and
+    materialize_states' of many slots, each its own count: fold_rows(plan, tensors, rows,
+    held, params) (rows and held [n] tensors), with the model parameters they need besides the records (fold_params) and
     their check."""
 
     decode: Callable

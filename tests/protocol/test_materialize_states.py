@@ -146,11 +146,14 @@ def test_a_fold_in_reverse_record_order_is_caught(single_thread, monkeypatch):
     good = registry.FAMILY_OPS[fam]
 
     def reversed_fold(plan, tensors, rows, held, params):
+        # Each row's held records last to first: position p reads record held - 1 - p.
+        position = torch.arange(plan.layout.capacity)
+        source = torch.where(position < held[:, None], held[:, None] - 1 - position, position)
         flipped = dict(tensors)
         for name in plan.layout.ring_names:
-            ring = tensors[name].clone()
-            ring[:, :, :held] = ring[:, :, :held].flip(2)
-            flipped[name] = ring
+            ring = tensors[name][rows]
+            index = source.view(len(rows), 1, -1, *[1] * (ring.dim() - 3)).expand_as(ring)
+            flipped[name] = tensors[name].clone().index_copy_(0, rows, ring.gather(2, index))
         return good.fold_rows(plan, flipped, rows, held, params)
 
     monkeypatch.setitem(registry.FAMILY_OPS, fam,
