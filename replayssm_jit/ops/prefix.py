@@ -21,6 +21,7 @@ import torch
 from replayssm_jit.core.checks import check_no_alias, check_tensor
 from replayssm_jit.core.cursor_words import CURSOR_HELD
 from replayssm_jit.families.layout import check_pool_layout
+from replayssm_jit.families.schema import bind
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.lifecycle import slot_id_list
 from replayssm_jit.ops.plan import DecodePlan
@@ -117,6 +118,32 @@ def materialize_states(
     layers = _check_states_args(plans, pools, slot_table, out, params)
     for plan, tensors, ids, dest, fold_params in layers:
         _materialize_layer(plan, tensors, ids, dest, fold_params)
+
+
+@torch.no_grad()
+def materialize_states_cuda(
+    plans: DecodePlan | Sequence[DecodePlan],
+    pools: Sequence[Mapping[str, torch.Tensor]],
+    slot_table: torch.Tensor,
+    out: Sequence[torch.Tensor] | torch.Tensor,
+    params: Sequence[Mapping[str, torch.Tensor]] | None = None,
+) -> None:
+    """materialize_states through each layer's module binding (materialize_step: a CTA per head
+    and row, the records folded one by one, so FP32 rounding apart from the torch path). Not on
+    any default path: it has not yet run on a GPU (tests/protocol/test_materialize_states.py's
+    gpu test compares it with materialize_slots). Arguments as materialize_states', on CUDA
+    tensors, each out[l] contiguous."""
+    layers = _check_states_args(plans, pools, slot_table, out, params)
+    for layer, (plan, _, _, dest, _) in enumerate(layers):
+        if not plan.replay:
+            raise ValueError(f"plans[{layer}]: expected mode='replay' (the binding folds held "
+                             f"records), got mode='conventional'")  # fmt: skip
+        if dest.device.type != "cuda" or not dest.is_contiguous():
+            raise ValueError(f"out[{layer}]: expected a contiguous CUDA tensor, got device "
+                             f"{dest.device}, strides {dest.stride()}")  # fmt: skip
+    for plan, tensors, ids, dest, fold_params in layers:
+        values = {**tensors, **fold_params, "slot_ids": ids, "out": dest}
+        plan.module.materialize_step(*bind(plan.family, "materialize_step", values))
 
 
 def _check_states_args(plans, pools, slot_table, out, params) -> list[tuple]:

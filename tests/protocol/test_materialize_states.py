@@ -9,11 +9,13 @@ import dataclasses
 
 import pytest
 import torch
+from support.verify_schedule import rel_err
 
 from replayssm_jit import materialize_slots, materialize_states, plan_decode, reset_slots
 from replayssm_jit.families import get_family
 from replayssm_jit.families.layout import family_layout
 from replayssm_jit.ops import registry
+from replayssm_jit.ops.prefix import materialize_states_cuda
 from replayssm_jit.ops.torch_path.checkpoint import Copy, store_state
 
 pytestmark = pytest.mark.usefixtures("no_launch_env")
@@ -190,3 +192,20 @@ def test_on_cuda_the_same_bits_as_materialize_slots(name):
     """On a GPU (not yet run): the table and pools on the device, the same rows."""
     assert _mismatches(*_setup(name, "f32", "e4m3" if name != "kda" else None, seed=7,
                                device="cuda")) == []  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,state,read", CASES)
+def test_the_kernel_agrees_with_materialize_slots(name, state, read):
+    """The module binding (not yet run on a GPU): each row within FP32 rounding of
+    materialize_slots' (it folds the records one by one), pad rows keep their bits."""
+    plan, pools, params, table, out = _setup(name, state, read, seed=9, device="cuda")
+    before = out.clone()
+    materialize_states_cuda(plan, pools, table, out, params)
+    for layer, (pool, given) in enumerate(zip(pools, params)):
+        for b, slot in enumerate(table[layer].tolist()):
+            if slot < 0:
+                assert torch.equal(out[layer, b], before[layer, b])
+            else:
+                want = materialize_slots(plan, pool, [slot], **given)[0]
+                assert rel_err(out[layer, b], want) < 1e-5, (layer, b, slot)
