@@ -100,7 +100,9 @@ def materialize_states(
 ) -> None:
     """materialize_slots over a [layers, batch] table, into caller-owned tensors: out[l][b] =
     the FP32 state of slot slot_table[l, b] of layer l (its carried checkpoint with its held
-    records folded in, the same bits as materialize_slots gives). Nothing in the pools changes.
+    records folded in: materialize_slots' bits on the CPU path; on CUDA tensors within FP32
+    rounding of them, as the matmul's kernel may differ with the record count). Nothing in the
+    pools changes.
 
     plans: one DecodePlan per layer, or one for every layer. pools: each layer's slot tensors by
         name. slot_table: [layers, batch] int32 on the pools' device; a negative id is a pad,
