@@ -6,7 +6,8 @@ Public API:
     plan_decode, mamba2_decode, gdn_decode, kda_decode
                                             functional ops on caller-owned tensors
     reset_slots, copy_slots                 slot lifecycle on them: new sequences, forks
-    materialize_slots                       a slot's exact FP32 state (prefix caching)
+    materialize_slots, materialize_states   a slot's exact FP32 state (prefix caching); the
+                                            engines' [layers, batch] form, no host sync
     mamba2_verify, gdn_verify, kda_verify, commit_drafts
                                             speculative decoding (docs/speculative.md)
     mamba2_ / gdn_ / kda_snapshot_verify, commit_snapshots
@@ -48,6 +49,7 @@ from replayssm_jit.ops import (
     mamba2_snapshot_verify,
     mamba2_verify,
     materialize_slots,
+    materialize_states,
     plan_decode,
     reset_slots,
 )
@@ -88,6 +90,7 @@ __all__ = [
     "mamba2_spec",
     "mamba2_verify",
     "materialize_slots",
+    "materialize_states",
     "plan_decode",
     "reset_slots",
 ]

@@ -106,6 +106,8 @@ class Family:
     inputs: the token inputs of the family's ops, in the order its bindings take them
         (families/schema.py derives the checks, the bindings and the custom-op schemas).
     bound_scalars: the per-plan scalars (plan_scalars) the bindings take after the inputs.
+    fold_inputs: the model parameters the materialize binding folds held records with besides
+        the records (Mamba-2's A: its records hold dt, not the decay).
     """
 
     name: str
@@ -121,6 +123,7 @@ class Family:
     nvfp4: bool = False
     inputs: tuple[Input, ...] = ()
     bound_scalars: tuple[str, ...] = ()
+    fold_inputs: tuple[str, ...] = ()
 
     @property
     def flags(self) -> frozenset[str]:

@@ -84,4 +84,5 @@ MAMBA2 = Mamba2Family(
     read_copy=True,
     nvfp4=True,
     inputs=MAMBA2_INPUTS,
+    fold_inputs=("A",),
 )

@@ -110,7 +110,8 @@ LAUNCH = (_int("rows"), _int("flags"))
 DRAFT_INDEX = (_opt("num_drafts"), _opt("parents"), _opt("num_accepted"))
 # commit_step's rings by role, in every family's ring order (value heads, key heads, decays).
 COMMIT_RING_PARAMS = ("value_ring", "key_ring", "decay_ring")
-BINDINGS = ("conventional_step", "replay_step", "verify_step", "snapshot_step", "commit_step")
+BINDINGS = ("conventional_step", "replay_step", "verify_step", "snapshot_step", "commit_step",
+            "materialize_step")  # fmt: skip
 
 
 def ring_params(family, *, read_copy: bool = True) -> tuple[Param, ...]:
@@ -155,6 +156,12 @@ def binding_params(family, binding: str) -> tuple[Param, ...]:
     if binding == "commit_step":
         return (CURSORS, *(_t(n, True) for n in COMMIT_RING_PARAMS), _t("num_accepted"),
                 _opt("accepted_path"), _t("slot_indices"), _int("pad_slot_id"))  # fmt: skip
+    if binding == "materialize_step":
+        # Reads only: the carried copy (never the read copy), every ring, the cursors.
+        checkpoint = (_t("state"), _opt("state_scale"), _opt("state_block_scale"))
+        rings = tuple(Param(p.name, p.cpp) for p in ring_params(family))
+        return (*checkpoint, *rings, _t("cursors"), *(_t(n) for n in family.fold_inputs),
+                _t("slot_ids"), _t("out", True))  # fmt: skip
     raise ValueError(f"binding: expected one of {list(BINDINGS)}, got {binding!r}")
 
 

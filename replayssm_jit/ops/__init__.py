@@ -7,6 +7,7 @@
     reset_slots(layout, tensors, slots, initial_state=None)   start sequences in slots
     copy_slots(layout, tensors, src, dst)                     fork slots (prefix sharing)
     materialize_slots(plan, tensors, slots, A=...)            a slot's FP32 state at any position
+    materialize_states(plans, pools, slot_table, out, params) the same over [layers, batch] ids
     mamba2_verify / gdn_verify / kda_verify(plan, ..., num_drafts=, parents=, num_accepted=)
                                            verify draft tokens (docs/speculative.md)
     commit_drafts(plan, tensors, num_accepted=, slot_indices=, accepted_path=None)
@@ -27,7 +28,7 @@ from replayssm_jit.ops.library import lookup_plan, plan_handle, release_plan
 from replayssm_jit.ops.lifecycle import copy_slots, reset_slots
 from replayssm_jit.ops.mamba2 import mamba2_decode
 from replayssm_jit.ops.plan import DecodePlan, plan_decode
-from replayssm_jit.ops.prefix import materialize_slots
+from replayssm_jit.ops.prefix import materialize_slots, materialize_states
 from replayssm_jit.ops.snapshot import (
     commit_snapshots,
     gdn_snapshot_verify,
@@ -52,6 +53,7 @@ __all__ = [
     "mamba2_snapshot_verify",
     "mamba2_verify",
     "materialize_slots",
+    "materialize_states",
     "plan_decode",
     "plan_handle",
     "release_plan",

@@ -35,6 +35,7 @@ import torch
 from replayssm_jit.families import GDN
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import run_decode
+from replayssm_jit.ops.mamba2 import held_records
 from replayssm_jit.ops.plan import DecodePlan
 
 
@@ -98,6 +99,23 @@ def delta_fold_held(plan: DecodePlan, tensors, slot: int, held: int, params) -> 
     l2norm, per_key = "qk_l2norm" in plan.spec.flags, shape.value_heads // shape.key_heads
     us = ring["rec_u"]
     if plan.layout.read_dtype is not None:  # the held u's of the carried copy, not the read copy's
+        us = torch_path.recompute_held_u(state, ring["rec_k"], ring["rec_g"], ring["rec_v"],
+                                         ring["rec_beta"], l2norm, per_key)  # fmt: skip
+    return torch_path.delta_fold(state, us, ring["rec_k"], ring["rec_g"], l2norm, per_key)
+
+
+def delta_fold_rows(plan: DecodePlan, tensors, rows: torch.Tensor, held: torch.Tensor,
+                    params) -> torch.Tensor:  # fmt: skip
+    """materialize_states' fold for GDN and KDA: the checkpoints of `rows` ([n] int64 slot ids on
+    the state's device) with their held[r] records folded in, as delta_fold_held folds one (CAP-1
+    positions, those past a row's count zeroed: exact zeros added after its real records)."""
+    state = torch_path.checkpoint_values(tensors, rows)
+    shape = plan.layout.shape
+    positions = plan.layout.capacity - 1
+    ring = {n: held_records(tensors[n], rows, held, positions) for n in plan.layout.ring_names}
+    l2norm, per_key = "qk_l2norm" in plan.spec.flags, shape.value_heads // shape.key_heads
+    us = ring["rec_u"]
+    if plan.layout.read_dtype is not None:  # the carried copy's u's, as delta_fold_held's
         us = torch_path.recompute_held_u(state, ring["rec_k"], ring["rec_g"], ring["rec_v"],
                                          ring["rec_beta"], l2norm, per_key)  # fmt: skip
     return torch_path.delta_fold(state, us, ring["rec_k"], ring["rec_g"], l2norm, per_key)

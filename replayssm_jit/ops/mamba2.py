@@ -97,3 +97,27 @@ def mamba2_fold_held(plan: DecodePlan, tensors, slot: int, held: int, params) ->
     rings = [tensors[name][slot : slot + 1, :, :held].to(torch.float32)
              for name in plan.layout.ring_names]  # fmt: skip
     return torch_path.mamba2_fold(state, *rings, params["A"], per_group)
+
+
+def mamba2_fold_rows(plan: DecodePlan, tensors, rows: torch.Tensor, held: torch.Tensor,
+                     params) -> torch.Tensor:  # fmt: skip
+    """materialize_states' fold: the checkpoints of `rows` ([n] int64 slot ids on the state's
+    device) with their held[r] records folded in, as mamba2_fold_held folds one: every row
+    folds CAP-1 positions, those past its count zeroed (a zero record adds exact zeros after
+    the real ones, so the bits are mamba2_fold_held's)."""
+    state = torch_path.checkpoint_values(tensors, rows)
+    heads = plan.layout.shape.value_heads
+    per_group = heads // plan.layout.shape.key_heads
+    rings = [held_records(tensors[name], rows, held, plan.layout.capacity - 1)
+             for name in plan.layout.ring_names]  # fmt: skip
+    return torch_path.mamba2_fold(state, *rings, params["A"], per_group)
+
+
+def held_records(ring: torch.Tensor, rows: torch.Tensor, held: torch.Tensor,
+                 positions: int) -> torch.Tensor:  # fmt: skip
+    """ring[rows, :, :positions] as FP32 with each row's records past held[r] zeroed (stale rows
+    may hold anything, NaN included, so they are selected away rather than multiplied by 0)."""
+    values = ring[rows, :, :positions].to(torch.float32)
+    position = torch.arange(positions, device=ring.device)
+    live = (position < held[:, None]).view(len(rows), 1, positions, *[1] * (values.dim() - 3))
+    return torch.where(live, values, torch.zeros((), dtype=torch.float32, device=ring.device))

@@ -11,9 +11,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from replayssm_jit.families import GDN, KDA, MAMBA2, Family, get_family
-from replayssm_jit.ops.gdn import delta_fold_held, gdn_decode
+from replayssm_jit.ops.gdn import delta_fold_held, delta_fold_rows, gdn_decode
 from replayssm_jit.ops.kda import kda_decode
-from replayssm_jit.ops.mamba2 import check_mamba2_fold_params, mamba2_decode, mamba2_fold_held
+from replayssm_jit.ops.mamba2 import (
+    check_mamba2_fold_params,
+    mamba2_decode,
+    mamba2_fold_held,
+    mamba2_fold_rows,
+)
 from replayssm_jit.ops.snapshot import (
     gdn_snapshot_verify,
     kda_snapshot_verify,
@@ -32,21 +37,26 @@ def _no_fold_params(plan, tensors, params) -> None:
 class FamilyOps:
     """A family's public ops (by the schema's op names: decode, verify, snapshot_verify) and
     materialize_slots' fold of a slot's held records: fold(plan, tensors, slot, held, params),
-    with the model parameters it needs besides the records (fold_params) and their check."""
+    materialize_states' of many slots, each its own count: fold_rows(plan, tensors, rows,
+    held, params) (rows and held [n] tensors), with the model parameters they need besides the records (fold_params) and
+    their check."""
 
     decode: Callable
     verify: Callable
     snapshot_verify: Callable
     fold: Callable
+    fold_rows: Callable
     fold_params: tuple[str, ...] = ()
     check_fold_params: Callable = _no_fold_params
 
 
 FAMILY_OPS: dict[Family, FamilyOps] = {
     MAMBA2: FamilyOps(mamba2_decode, mamba2_verify, mamba2_snapshot_verify, mamba2_fold_held,
-                      ("A",), check_mamba2_fold_params),
-    GDN: FamilyOps(gdn_decode, gdn_verify, gdn_snapshot_verify, delta_fold_held),
-    KDA: FamilyOps(kda_decode, kda_verify, kda_snapshot_verify, delta_fold_held),
+                      mamba2_fold_rows, ("A",), check_mamba2_fold_params),
+    GDN: FamilyOps(gdn_decode, gdn_verify, gdn_snapshot_verify, delta_fold_held,
+                   delta_fold_rows),
+    KDA: FamilyOps(kda_decode, kda_verify, kda_snapshot_verify, delta_fold_held,
+                   delta_fold_rows),
 }  # fmt: skip
 
 

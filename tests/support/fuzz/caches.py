@@ -7,7 +7,14 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
-from replayssm_jit import SlotCache, copy_slots, materialize_slots, plan_decode, reset_slots
+from replayssm_jit import (
+    SlotCache,
+    copy_slots,
+    materialize_slots,
+    materialize_states,
+    plan_decode,
+    reset_slots,
+)
 from replayssm_jit.ops import torch_path
 
 from .core import Call, Validity, entry, tensors_identical
@@ -472,3 +479,83 @@ def build_materialize(draw, device):
         "gdn",
     }
     return Call(run, names, watch=lambda: tensors, check=check, valid=v.valid, why=v.why)
+
+
+@entry("prefix.materialize_states", covers=("materialize_states",), devices=("cpu",))
+def build_materialize_states(draw, device):
+    """materialize_states over a [layers, batch] table of one layout's pools: pads, repeats, ids
+    past the pool, corrupted cursors, a table of a wrong dtype or shape, an out of a wrong shape,
+    Mamba-2's A missing or given to a delta-rule family. A success gives each named row the bits
+    materialize_slots gives (NaN where it gives NaN), leaves pad rows and the pools as they were.
+    (CPU only: the CUDA tensors take the same PyTorch ops.)"""
+    v = Validity()
+    layout = draw_small_layout(draw)
+    n, layers, batch = draw(st.integers(1, 4)), draw(st.integers(1, 2)), draw(st.integers(0, 4))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 99)))
+    pools = [layout.allocate(n, device) for _ in range(layers)]
+    for pool in pools:
+        random_fill(pool, gen, layout.window)
+    if v.spend(draw):
+        pools[-1]["cursors"][draw(st.integers(0, n - 1)), 0] = draw(
+            st.sampled_from([-1, layout.capacity, INT32_MAX])
+        )
+    plan = plan_decode(layout, 1, device=device)
+    choices = [*range(n), -1, -7, n, INT32_MAX] if v.spend(draw) else [*range(n), -1]
+    values = [[draw(st.sampled_from(choices)) for _ in range(batch)] for _ in range(layers)]
+    for layer, row in enumerate(values):
+        for s in row:
+            if s >= n:
+                v.mark(False, f"slot {s} past the pool")
+            elif s >= 0 and not 0 <= int(pools[layer]["cursors"][s, 0]) < layout.capacity:
+                v.mark(False, f"slot {s}'s cursor in layer {layer}")
+    table = torch.tensor(values, dtype=torch.int32).view(layers, batch)
+    if v.spend(draw):
+        table = table.long() if draw(st.booleans()) else table[:, None]
+        v.mark(False, "a slot table of a wrong dtype or shape")
+    per_slot = (batch + (1 if v.spend(draw) else 0), *tensors_state_shape(pools[0]))
+    v.mark(per_slot[0] == batch, "out of a wrong batch")
+    out = torch.randn((layers, *per_slot), generator=gen)
+    heads = layout.shape.value_heads
+    params = [{"A": -torch.rand(heads, generator=gen)} if layout.family.name == "mamba2" else {}
+              for _ in range(layers)]  # fmt: skip
+    if v.spend(draw):
+        params[-1] = {} if params[-1] else {"A": -torch.rand(heads)}
+        v.mark(False, "A missing or given to a delta-rule family")
+    before = {f"{i}.{k}": t.clone() for i, pool in enumerate(pools) for k, t in pool.items()}
+    out_before = out.clone()
+
+    def watch():
+        return {
+            "out": out,
+            **{f"{i}.{k}": t for i, pool in enumerate(pools) for k, t in pool.items()},
+        }
+
+    def run():
+        return materialize_states(plan, pools, table, out, params)
+
+    def check(result):
+        assert result is None
+        for i, pool in enumerate(pools):
+            for k, t in pool.items():
+                assert tensors_identical(t, before[f"{i}.{k}"]), k
+        for layer, row in enumerate(values):
+            for b, s in enumerate(row):
+                got = out[layer, b]
+                if s < 0:
+                    assert tensors_identical(got, out_before[layer, b]), (layer, b)
+                    continue
+                want = materialize_slots(plan, pools[layer], [s], **params[layer])[0]
+                assert torch.equal(torch.isnan(got), torch.isnan(want)), (layer, b, s)
+                assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0)), (layer, b, s)
+
+    names = {"plans", "pools", "slot_table", "out", "out[0]", "params[0]", "params[1]"}
+    names |= {f"slot_table[{layer}, {b}]" for layer in range(layers) for b in range(batch)}
+    return Call(run, names, watch=watch, check=check, valid=v.valid, why=v.why)
+
+
+def tensors_state_shape(pool: dict) -> tuple[int, ...]:
+    """The FP32 state's per-slot shape of a pool (an nvfp4 state holds two codes a byte)."""
+    shape = list(pool["state"].shape[1:])
+    if pool["state"].dtype == torch.float4_e2m1fn_x2:
+        shape[-1] *= 2
+    return tuple(shape)
