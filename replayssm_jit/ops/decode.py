@@ -88,12 +88,17 @@ def check_slot_tensors(
     return num_slots
 
 
+def live_rows(plan: DecodePlan, slot_indices: torch.Tensor) -> list[tuple[int, int]]:
+    """(batch row, slot) of the rows that are not pad rows (reads the ids from the device)."""
+    return [(b, s) for b, s in enumerate(slot_indices.tolist()) if s != plan.pad_slot_id]
+
+
 def live_cursors(
     plan: DecodePlan, cursors: torch.Tensor, slot_indices: torch.Tensor
 ) -> list[tuple[int, int, list[int]]]:
     """(row, slot, cursor words) of each non-pad row, read from the device (a host sync on
     CUDA: call only where `reads_device_values`)."""
-    live = [(b, s) for b, s in enumerate(slot_indices.tolist()) if s != plan.pad_slot_id]
+    live = live_rows(plan, slot_indices)
     words = cursors[[s for _, s in live]].tolist() if live else []
     return [(b, s, w) for (b, s), w in zip(live, words)]
 

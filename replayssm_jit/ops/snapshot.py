@@ -12,6 +12,7 @@ from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import (
     check_inputs,
     check_slot_tensors,
+    live_rows,
     output_buffer,
     reads_device_values,
     torch_scalars,
@@ -21,7 +22,6 @@ from replayssm_jit.ops.speculative import (
     check_index,
     check_speculative_plan,
     draft_counts,
-    live_rows,
 )
 from replayssm_jit.ops.torch_path import Rows
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 import torch
 
 from replayssm_jit.core.checks import TensorTags, check_tensor
-from replayssm_jit.core.cursor_words import CURSOR_HELD, CURSOR_PENDING
 from replayssm_jit.core.dtypes import MAX_VERIFY_DRAFTS
 from replayssm_jit.families.base import Family
-from replayssm_jit.ops.decode import check_plan
+from replayssm_jit.ops.decode import check_plan, cursor_fault
 from replayssm_jit.ops.plan import DecodePlan
 
 # The num_accepted each pool's last verify took (by its cursors): commit_drafts given that same
@@ -46,11 +45,6 @@ def check_index(
                         device=plan.device, contiguous=True)  # fmt: skip
 
 
-def live_rows(plan: DecodePlan, slot_indices: torch.Tensor) -> list[tuple[int, int]]:
-    """(batch row, slot) of the rows that are not pad rows (reads the ids from the device)."""
-    return [(b, s) for b, s in enumerate(slot_indices.tolist()) if s != plan.pad_slot_id]
-
-
 def draft_counts(
     plan: DecodePlan, live: list[tuple[int, int]], num_drafts: torch.Tensor | None
 ) -> dict[int, int]:
@@ -68,18 +62,6 @@ def draft_counts(
     return {b: values[b] for b, _ in live}
 
 
-def cursor_words(cursors: torch.Tensor, live: list[tuple[int, int]]) -> dict[int, list[int]]:
-    """Each live row's cursor words (n, epoch, scratch, p), read from the device."""
-    words = cursors[[s for _, s in live]].tolist() if live else []
-    return {b: w for (b, _), w in zip(live, words)}
-
-
-def cursor_valid(plan: DecodePlan, words: list[int]) -> bool:
-    """A cursor that no step leaves is faulted by the kernels (NaN outputs), not checked here."""
-    n, p, T = words[CURSOR_HELD], words[CURSOR_PENDING], plan.layout.drafts
-    return n >= 0 and 0 <= p <= T and n + p < plan.layout.capacity
-
-
 def check_accepted(
     plan: DecodePlan,
     num_accepted: torch.Tensor,
@@ -89,7 +71,7 @@ def check_accepted(
     are corrupted are the kernels' to fault."""
     values = num_accepted.tolist()
     for b, w in words.items():
-        if cursor_valid(plan, w) and not 0 <= values[b] <= w[3]:
+        if cursor_fault(plan, w, step=False) is None and not 0 <= values[b] <= w[3]:
             raise ValueError(
                 f"num_accepted: expected values in [0, {w[3]}] (the pending drafts of the last "
                 f"verify, cursor word 3), got {values[b]} in row {b}"

@@ -62,9 +62,7 @@ from replayssm_jit.ops.speculative import (
     check_accepted,
     check_index,
     check_speculative_plan,
-    cursor_words,
     draft_counts,
-    live_rows,
 )
 from replayssm_jit.ops.torch_path import Pool, Rows
 
@@ -110,8 +108,8 @@ def _verify(
     if workspace is not None or plan.verify_kernel == "split":
         workspace = resolve_workspace(plan, workspace, verify=True)
     if reads_device_values(plan):
-        check_cursors(plan, tensors["cursors"], slot_indices, step=False)
-        live = live_rows(plan, slot_indices)
+        rows = check_cursors(plan, tensors["cursors"], slot_indices, step=False)
+        live = [(b, slot) for b, slot, _ in rows]  # (one read of the ids and cursors)
         drafts = draft_counts(plan, live, num_drafts)
         if parents is not None:
             given = parents.tolist()
@@ -123,7 +121,7 @@ def _verify(
                             f"or -1, the committed prefix), got {given[b][j]}"
                         )
         if num_accepted is not None:
-            check_accepted(plan, num_accepted, cursor_words(tensors["cursors"], live))
+            check_accepted(plan, num_accepted, {b: w for b, _, w in rows})
     if num_accepted is None:
         FUSED_FORM.discard(tensors["cursors"])
     else:
