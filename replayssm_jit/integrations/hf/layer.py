@@ -42,6 +42,7 @@ class PatchedLayer:
     cache_kwarg: str = "cache"  # what the mixer's own forward calls its cache (older: cache_params)
     pool: dict[str, torch.Tensor] = field(default_factory=dict)
     plans: dict[int, DecodePlan] = field(default_factory=dict)
+    slot_id_cache: dict[int, torch.Tensor] = field(default_factory=dict)
     params: dict[str, torch.Tensor] = field(default_factory=dict)
     held_cache: weakref.ref | None = None
     hf_state: torch.Tensor | None = None
@@ -126,7 +127,12 @@ class PatchedLayer:
         return ((self.seed << 32) + self.decode_steps) & (2**63 - 1)
 
     def slot_ids(self, batch: int) -> torch.Tensor:
-        return torch.arange(batch, dtype=torch.int32, device=self.device)
+        """Rows 0..batch-1 hold slots 0..batch-1: made once per batch, not every step."""
+        ids = self.slot_id_cache.get(batch)
+        if ids is None or ids.device != self.device:
+            ids = self.slot_id_cache[batch] = torch.arange(batch, dtype=torch.int32,
+                                                          device=self.device)  # fmt: skip
+        return ids
 
     # -- the model's dtype and device -----------------------------------------------------------
 
@@ -192,7 +198,8 @@ class PatchedLayer:
         """HF's cache gets the slots' exact current states (checkpoint with held records folded
         in FP32); the slots are then released."""
         batch = self.pool["state"].shape[0]
-        plan = self.make_plan(batch, self.pool_device())
+        # (the step's plan where there is one: plans and pool are made and dropped together)
+        plan = self.plans.get(batch) or self.make_plan(batch, self.pool_device())
         fold = {name: self.params[name] for name in family_ops(plan.family).fold_params}
         states = materialize_slots(plan, self.pool, list(range(batch)), **fold)
         hf_state = cache.get_recurrent_state(self.mixer.layer_idx)
