@@ -71,15 +71,6 @@ __device__ __forceinline__ bool skip_unusable_row(int slot, int pad_slot_id, int
   return true;
 }
 
-// A step leaves 0..L-1 records held, and a commit of drafts (CAP = L + T, T >= 2) up to CAP - 1
-// (docs/speculative.md): any other count is a corrupted cursor, and the row must then touch
-// neither its rings nor its checkpoint.
-template <int L, int CAP>
-__device__ __forceinline__ bool held_count_valid(int held) {
-  constexpr int kMaxHeld = CAP > L + 1 ? CAP - 1 : L - 1;
-  return unsigned(held) <= unsigned(kMaxHeld);
-}
-
 // Issues every load of a CTA's rows row0.. of head `head` in slot `slot` of a [slots, heads,
 // HEAD_ROWS, Tile::kCols] state (first, so that what follows overlaps them); returns where they start.
 template <class Tile, int HEAD_ROWS, typename state_t>
@@ -88,11 +79,6 @@ __device__ __forceinline__ state_t* load_state_rows(state_t* state, int64_t slot
   state_t* rows = state + int64_t(slot) * slot_stride + (int64_t(head) * HEAD_ROWS + row0) * Tile::kCols;
   Tile::load(rows, regs);
   return rows;
-}
-
-// A slot's cursor words in cursors [slots, kCursorWords].
-__device__ __forceinline__ int32_t* slot_cursor(int32_t* cursors, int slot) {
-  return cursors + int64_t(slot) * kCursorWords;
 }
 
 // Modules built with the "device_seed" flag read the stochastic-rounding seed from a device tensor

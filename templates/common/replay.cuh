@@ -9,9 +9,6 @@
 
 namespace replayssm {
 
-// Cursor words per slot: records held, flush epoch (keys SR noise), CTA arrivals, spare.
-constexpr int kCursorWords = 4;
-
 // Lanes that share a state row: one per 16-byte chunk up to 32 (WIDE), else the fewest of 8 and
 // 16 that split a warp's rows into whole passes (falling back to WIDE). Narrow rows mean shorter
 // shuffle reductions and fewer passes, while each load instruction still covers whole 128-byte
@@ -311,54 +308,6 @@ __device__ __forceinline__ float suffix_decay_lane(float la, float& decay_i) {
   const float suffix = warp_suffix_sum(la);
   decay_i = expf(0.f + suffix - la);  // suffix_decays' first chunk, carry 0
   return expf(0.f + __shfl_sync(0xffffffffu, suffix, 0));
-}
-
-// A slot's cursor as a step reads it, in one 8-byte load: records held and flush epoch. The epoch
-// is read up front even where no rounding needs it, so advancing it later is a plain store rather
-// than a dependent read at the end of the step.
-struct SlotCursor {
-  int held, epoch;
-};
-__device__ __forceinline__ SlotCursor read_slot_cursor(const int32_t* cursor) {
-  const int2 words = *reinterpret_cast<const int2*>(cursor);
-  return SlotCursor{words.x, words.y};
-}
-
-// Run by the last arrival of a slot's batch row: records held (none after a flush), the flush
-// epoch read at the step's start advanced, the arrival count reset for the next launch, and a
-// verify's pending drafts (word 3) dropped, as a step commits none of them.
-__device__ __forceinline__ void advance_slot_cursor(int32_t* cursor, bool flushed, int records, int epoch) {
-  cursor[0] = flushed ? 0 : records;
-  if (flushed) cursor[1] = epoch + 1;
-  *reinterpret_cast<int2*>(cursor + 2) = make_int2(0, 0);
-}
-
-// Called by every CTA of a batch row after its last read of the slot's cursor: the last to
-// arrive advances the cursor (so no CTA can see a half-advanced one).
-__device__ __forceinline__ void advance_cursor(int32_t* cursor, int ctas_per_row, bool flushed, int records,
-                                               int epoch) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(cursor + 2, 1) == ctas_per_row - 1) advance_slot_cursor(cursor, flushed, records, epoch);
-  }
-}
-
-// End of a per-item ReplaySSM step, once the CTA has read the cursor. A step that flushes every
-// token (flush_every_step) with nothing held changes only the flush epoch, which no CTA of the
-// launch reads unless SR keys its rounding: then the row's first CTA advances it alone, with no
-// arrival count. Otherwise advance_cursor.
-template <bool SR>
-__device__ __forceinline__ void finish_step_cursor(int32_t* cursor, int ctas_per_row, bool first_cta,
-                                                   bool flush_every_step, bool flushed, int records, int epoch) {
-  if (!SR && flush_every_step && records == 1) {
-    if (first_cta && threadIdx.x == 0) {
-      cursor[1] = epoch + 1;
-      cursor[3] = 0;  // pending drafts dropped (advance_slot_cursor)
-    }
-  } else {
-    advance_cursor(cursor, ctas_per_row, flushed, records, epoch);
-  }
 }
 
 // The stochastic-rounding key of a slot's checkpoint at a flush epoch (0 without SR): formed

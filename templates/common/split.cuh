@@ -9,14 +9,15 @@
 // CTA is left to read a cursor, so the state kernel advances the cursors with plain stores.
 #pragma once
 #include <cuda_runtime.h>
-#include "common/replay.cuh"
+#include "common/step.cuh"
 
 namespace replayssm {
 
 // What the records kernel hands the state kernel, in one float buffer: per (batch row, head)
 // extra [EXTRA] (per-row record sums), scalars [SCALARS] and coef [CAP] (a flush's record
-// weights), each kind in its own array; then per batch row info [4] int32 (records held, flush,
-// flush epoch, unused). `extra` comes first so that its rows stay 16-byte aligned.
+// weights), each kind in its own array; then per batch row info [4] int32: the records kernel's
+// decision (store_step, or a split verify's store_verify_row; common/step.cuh). `extra` comes
+// first so that its rows stay 16-byte aligned.
 template <int EXTRA, int SCALARS, int CAP>
 struct SplitWorkspace {
   float* base;
@@ -36,24 +37,6 @@ struct SplitWorkspace {
   }
   __host__ __device__ int32_t* info(int row) const {
     return reinterpret_cast<int32_t*>(base + batch * heads * (EXTRA + SCALARS + CAP)) + int64_t(row) * 4;
-  }
-
-  // A batch row's cursor as the records kernel read it, and its flush decision: written by the
-  // row's first records CTA, read by every state CTA of the row (which advance the cursor).
-  struct RowInfo {
-    int held;
-    bool flush;
-    int epoch;
-  };
-  __device__ __forceinline__ void set_row_info(int row, int held, bool flush, int epoch) const {
-    int32_t* words = info(row);
-    words[0] = held;
-    words[1] = flush;
-    words[2] = epoch;
-  }
-  __device__ __forceinline__ RowInfo row_info(int row) const {
-    const int32_t* words = info(row);
-    return RowInfo{words[0], words[1] != 0, words[2]};
   }
 };
 

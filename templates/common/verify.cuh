@@ -4,34 +4,9 @@
 #pragma once
 #include <type_traits>
 
-#include "common/opening.cuh"
+#include "common/step.cuh"
 
 namespace replayssm {
-
-// A verify row as its launch starts: committed records after the fused commit, drafts this step,
-// whether it flushes the committed records first, and the epoch that keys that flush's rounding.
-struct VerifyRow {
-  int committed, drafts, epoch;
-  bool flush, valid;
-};
-
-// Reads a slot's cursor (words 0-3 in one load) and the row's optional per-row counts. Invalid
-// device counts are clamped; an impossible cursor marks the row invalid (it then touches nothing).
-template <int L, int T>
-__device__ __forceinline__ VerifyRow read_verify_row(const int32_t* cursor, const int32_t* num_drafts,
-                                                     const int32_t* num_accepted, int row) {
-  constexpr int kCap = L + T;
-  const int4 w = *reinterpret_cast<const int4*>(cursor);
-  const int held = w.x, pending = w.w;
-  VerifyRow v;
-  v.valid = held >= 0 && pending >= 0 && pending <= T && held + pending <= kCap - 1;
-  const int accepted = num_accepted != nullptr ? min(max(num_accepted[row], 0), pending) : 0;
-  v.committed = held + accepted;
-  v.drafts = num_drafts != nullptr ? min(max(num_drafts[row], 0), T) : T;
-  v.flush = v.committed + v.drafts >= kCap;
-  v.epoch = w.y;
-  return v;
-}
 
 // The draft tree of one row in shared memory: parent[j] in [-1, j) (a parent out of range is
 // taken as -1, attached to the committed records), ancestors[j] the bit set of j's root path
@@ -106,24 +81,6 @@ template <int T>
 __device__ __forceinline__ float window_decay(const DraftTree<T>& tree, const float* log_decay, const float* log_after,
                                               int m, int mc, int j, int i) {
   return window_decay(tree, tree.path_log, log_decay, log_after, m, mc, j, i);
-}
-
-// A verify row as a split verify's records kernel read it, handed to its state kernel in four
-// int32 words (the records kernel writes no cursor).
-__device__ __forceinline__ void store_verify_row(int32_t* words, const VerifyRow& v) {
-  words[0] = v.committed;
-  words[1] = v.drafts;
-  words[2] = v.epoch;
-  words[3] = int(v.flush) | int(v.valid) << 1;
-}
-__device__ __forceinline__ VerifyRow load_verify_row(const int32_t* words) {
-  VerifyRow v;
-  v.committed = words[0];
-  v.drafts = words[1];
-  v.epoch = words[2];
-  v.flush = (words[3] & 1) != 0;
-  v.valid = (words[3] & 2) != 0;
-  return v;
 }
 
 // A verify or snapshot row this CTA must not run: its T drafts' outputs zero (a pad row) or NaN
@@ -256,28 +213,6 @@ __device__ __forceinline__ void copy_rows(int rows, Src src, Dst dst) {
       const int idx = base + u * THREADS;
       if (idx < total) reinterpret_cast<Raw*>(dst(idx / kPerRow))[idx % kPerRow] = v[u];
     }
-  }
-}
-
-// Called by every CTA of a verify row after its last read of the slot's rings and cursor: true
-// (in every thread of the CTA) for the row's last arrival, which may then overwrite the rows that
-// CTAs share (all of them have read what they need) and advances the cursor with
-// finish_verify_cursor. `flag` is a shared-memory word.
-__device__ __forceinline__ bool last_arrival(int32_t* cursor, int ctas_per_row, int* flag) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    *flag = atomicAdd(cursor + 2, 1) == ctas_per_row - 1;
-  }
-  __syncthreads();
-  return *flag != 0;
-}
-
-// A verify's cursor: committed records (none after the early flush), the epoch advanced by a
-// flush, the arrival count reset, and the drafts pending until a commit.
-__device__ __forceinline__ void finish_verify_cursor(int32_t* cursor, const VerifyRow& v) {
-  if (threadIdx.x == 0) {
-    *reinterpret_cast<int4*>(cursor) = make_int4(v.flush ? 0 : v.committed, v.epoch + (v.flush ? 1 : 0), 0, v.drafts);
   }
 }
 

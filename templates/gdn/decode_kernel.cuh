@@ -25,7 +25,7 @@
 // channel, never ratios of cumulative decays (those overflow over long windows).
 #pragma once
 #include "common/checkpoint.cuh"
-#include "common/opening.cuh"
+#include "common/step.cuh"
 
 namespace replayssm::gdn {
 
@@ -489,15 +489,15 @@ struct Kernel {
     v_stage.load(v, 0, 1);
 
     int32_t* cursor = REPLAY ? slot_cursor(p.cursors, slot) : nullptr;
-    const SlotCursor at_start = REPLAY ? read_slot_cursor(cursor) : SlotCursor{0, 0};
-    const int held = at_start.held;
-    if (REPLAY && !held_count_valid<L, CAP>(held)) {  // a corrupted cursor: the row touches nothing
+    const auto opened = open_step<REPLAY, L, CAP>(cursor);
+    if (!opened.valid()) {  // a corrupted cursor: the row touches nothing
       fill_outputs<ROWS, kThreads>(out, fault_output());
       return;
     }
-    const int records = held + 1;
-    const bool flush = !REPLAY || records >= L || p.flush_every_step;
-    const uint64_t epoch = (REPLAY && SR) ? uint64_t(at_start.epoch) : 0;
+    const StepDecision d = opened.decide(REPLAY && p.flush_every_step);  // (no flag load where conventional)
+    const int held = d.held, records = d.records;
+    const bool flush = d.flush;
+    const uint64_t epoch = (REPLAY && SR) ? uint64_t(d.epoch) : 0;
     const uint64_t seed = rounding_seed<SR>(p);
     // The held records from the rings at [0, n), this token's k and gates at [n] (and q, v).
     auto stage_records = [&](int n) {
@@ -621,8 +621,7 @@ struct Kernel {
           for (int c = threadIdx.x; c < K; c += kThreads) k_out[c] = from_float<act_t>(sm.k[held][c]);
         }
       }
-      finish_step_cursor<SR>(cursor, p.num_v_heads * kSplits, vhead == 0 && split == 0, p.flush_every_step, flush,
-                             records, at_start.epoch);
+      close_step<SR>(cursor, d, p.num_v_heads * kSplits, vhead == 0 && split == 0, p.flush_every_step);
     }
   }
 };

@@ -115,16 +115,15 @@ struct Records {
     copy_columns_async<act_t, K, 1, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0, 0, 1);
     if (p.speculative) copy_ring(p, sm, slot, khead, kRing);
 
-    const int32_t* cursor = slot_cursor(p.cursors, slot);
-    const SlotCursor at_start = read_slot_cursor(cursor);
-    const int held = at_start.held, epoch = at_start.epoch;
-    if (!held_count_valid<L, CAP>(held)) {  // a corrupted cursor: the state kernel faults the row
-      if (khead == 0 && threadIdx.x == 0) Workspace{p.workspace, p.batch, p.num_v_heads}.set_row_info(row, held, false, epoch);
+    const auto opened = open_step<true, L, CAP>(slot_cursor(p.cursors, slot));
+    if (!opened.valid()) {  // a corrupted cursor: the state kernel faults the row
+      if (khead == 0 && threadIdx.x == 0) store_step(Workspace{p.workspace, p.batch, p.num_v_heads}.info(row), opened.faulted());
       pipe::wait_copies();
       return;
     }
-    const int records = held + 1;
-    const bool flush = records >= L;
+    const StepDecision d = opened.decide(false);
+    const int held = d.held, records = d.records;
+    const bool flush = d.flush;
     if (!p.speculative) copy_ring(p, sm, slot, khead, held);
     // This token's gates once the ring copies are under way (their loads then add no round trip),
     // apart from sm.s.g, which the ring copies may still be filling.
@@ -220,7 +219,7 @@ struct Records {
       store_rows<act_t, K, 1, kThreads>(p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K, 0, sm.k_cur, 0);
     }
     // the state kernel advances the cursor from this
-    if (khead == 0 && threadIdx.x == 0) ws.set_row_info(row, held, flush, epoch);
+    if (khead == 0 && threadIdx.x == 0) store_step(ws.info(row), d);
   }
 
   // Value head h's decays dec_i and total (a warp).
@@ -405,18 +404,19 @@ struct State {
 
     wait_for_prior_grid();  // from here on the records kernel has finished: no cursor readers left
     const Workspace ws{p.workspace, p.batch, p.num_v_heads};
-    const auto info = ws.row_info(row);
-    if (!held_count_valid<L, CAP>(info.held)) {  // a corrupted cursor: the row touches nothing
+    const auto handed = load_step<L, CAP>(ws.info(row));
+    if (!handed.valid()) {  // a corrupted cursor: the row touches nothing
       pipe::wait_copies();
       fill_outputs<ROWS, kThreads>(out, fault_output());
       return;
     }
-    const int held = info.held, records = held + 1;
-    const bool flush = info.flush;
-    const uint64_t epoch = SR ? uint64_t(info.epoch) : 0;
+    const StepDecision d = handed.decide();
+    const int held = d.held, records = d.records;
+    const bool flush = d.flush;
+    const uint64_t epoch = SR ? uint64_t(d.epoch) : 0;
     const uint64_t seed = rounding_seed<SR>(p);
     if (vhead == 0 && split == 0 && threadIdx.x == 0)
-      advance_slot_cursor(slot_cursor(p.cursors, slot), flush, records, info.epoch);
+      close_split_step(slot_cursor(p.cursors, slot), d);
     // V divides into ROWS-row tiles, so the sums' rows are aligned to ROWS' vector width.
     const float* extra = ws.extra(row, vhead);
     copy_rows_async<float, ROWS, kThreads>(sm.pred, 0, 0, extra + row0, 0, 0, 1, 1);

@@ -14,7 +14,7 @@
 // Conventional (REPLAY=false) is the flush path with no held records.
 #pragma once
 #include "common/checkpoint.cuh"
-#include "common/opening.cuh"
+#include "common/step.cuh"
 
 namespace replayssm::mamba2 {
 
@@ -192,15 +192,15 @@ struct Kernel {
     if constexpr (HAS_Z) z_stage.load(p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0, 0, 1);
 
     int32_t* cursor = REPLAY ? slot_cursor(p.cursors, slot) : nullptr;
-    const SlotCursor at_start = REPLAY ? read_slot_cursor(cursor) : SlotCursor{0, 0};
-    const int held = at_start.held;
-    if (REPLAY && !held_count_valid<L, CAP>(held)) {  // a corrupted cursor: the row touches nothing
+    const auto opened = open_step<REPLAY, L, CAP>(cursor);
+    if (!opened.valid()) {  // a corrupted cursor: the row touches nothing
       fill_outputs<ROWS, kThreads>(out, fault_output());
       return;
     }
-    const int records = held + 1;
-    const bool flush = !REPLAY || records >= L || p.flush_every_step;
-    const uint64_t epoch = (REPLAY && SR) ? uint64_t(at_start.epoch) : 0;
+    const StepDecision d = opened.decide(REPLAY && p.flush_every_step);  // (no flag load where conventional)
+    const int held = d.held, records = d.records;
+    const bool flush = d.flush;
+    const uint64_t epoch = (REPLAY && SR) ? uint64_t(d.epoch) : 0;
     const uint64_t seed = rounding_seed<SR>(p);
     // The held records from the rings at [0, n), this token's at [n], with their dt and log-decays
     // (and q, z).
@@ -276,8 +276,7 @@ struct Kernel {
             for (int k = threadIdx.x; k < N; k += kThreads) rb[k] = from_float<act_t>(sm.b[held][k]);
         }
       }
-      finish_step_cursor<SR>(cursor, p.num_heads * kSplits, head == 0 && split == 0, p.flush_every_step, flush, records,
-                             at_start.epoch);
+      close_step<SR>(cursor, d, p.num_heads * kSplits, head == 0 && split == 0, p.flush_every_step);
     }
   }
 };

@@ -79,16 +79,15 @@ struct Records {
     if constexpr (HAS_D) copy_columns_async<float, 1, 1, kThreads>(sm.s.D, 0, 1, p.D + head0, 0, 1, HPG);
     if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing, true);
 
-    const int32_t* cursor = slot_cursor(p.cursors, slot);
-    const SlotCursor at_start = read_slot_cursor(cursor);
-    const int held = at_start.held, epoch = at_start.epoch;
-    if (!held_count_valid<L, CAP>(held)) {  // a corrupted cursor: the state kernel faults the row
-      if (group == 0 && threadIdx.x == 0) Workspace{p.workspace, p.batch, p.num_heads}.set_row_info(row, held, false, epoch);
+    const auto opened = open_step<true, L, CAP>(slot_cursor(p.cursors, slot));
+    if (!opened.valid()) {  // a corrupted cursor: the state kernel faults the row
+      if (group == 0 && threadIdx.x == 0) store_step(Workspace{p.workspace, p.batch, p.num_heads}.info(row), opened.faulted());
       pipe::wait_copies();
       return;
     }
-    const int records = held + 1;
-    const bool flush = records >= L;
+    const StepDecision d = opened.decide(false);
+    const int held = d.held, records = d.records;
+    const bool flush = d.flush;
     if (!p.speculative) copy_ring(p, sm, slot, head0, group, held, !flush);
     // This token's dt once the ring copies are under way (its loads then add no round trip), apart
     // from sm.s.dt, which the ring copies may still be filling.
@@ -179,7 +178,7 @@ struct Records {
       store_rows<act_t, N, 1, kThreads>(p.rec_b + ((int64_t(slot) * num_groups + group) * CAP + held) * N, 0, sm.b_cur, 0);
     }
     // the state kernel advances the cursor from this
-    if (group == 0 && threadIdx.x == 0) ws.set_row_info(row, held, flush, epoch);
+    if (group == 0 && threadIdx.x == 0) store_step(ws.info(row), d);
   }
 };
 
@@ -230,18 +229,19 @@ struct State {
 
     wait_for_prior_grid();  // from here on the records kernel has finished: no cursor readers left
     const Workspace ws{p.workspace, p.batch, p.num_heads};
-    const auto info = ws.row_info(row);
-    if (!held_count_valid<L, CAP>(info.held)) {  // a corrupted cursor: the row touches nothing
+    const auto handed = load_step<L, CAP>(ws.info(row));
+    if (!handed.valid()) {  // a corrupted cursor: the row touches nothing
       pipe::wait_copies();
       fill_outputs<ROWS, kThreads>(out, fault_output());
       return;
     }
-    const int held = info.held, records = held + 1;
-    const bool flush = info.flush;
-    const uint64_t epoch = SR ? uint64_t(info.epoch) : 0;
+    const StepDecision d = handed.decide();
+    const int held = d.held, records = d.records;
+    const bool flush = d.flush;
+    const uint64_t epoch = SR ? uint64_t(d.epoch) : 0;
     const uint64_t seed = rounding_seed<SR>(p);
     if (head == 0 && split == 0 && threadIdx.x == 0)
-      advance_slot_cursor(slot_cursor(p.cursors, slot), flush, records, info.epoch);
+      close_split_step(slot_cursor(p.cursors, slot), d);
     const float total = *ws.scalars(row, head);
     // ROWS divides P, so the extra rows are aligned to ROWS' vector width.
     copy_rows_async<float, ROWS, kThreads>(sm.extra, 0, 0, ws.extra(row, head) + row0, 0, 0, 1, 1);
