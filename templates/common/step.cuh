@@ -65,7 +65,7 @@ __device__ __forceinline__ void finish_step_cursor(int32_t* cursor, int ctas_per
 // (docs/speculative.md): any other count is a corrupted cursor, and the row must then touch
 // neither its rings nor its checkpoint.
 template <int L, int CAP>
-__device__ __forceinline__ bool held_count_valid(int held) {
+__host__ __device__ __forceinline__ bool held_count_valid(int held) {
   constexpr int kMaxHeld = CAP > L + 1 ? CAP - 1 : L - 1;
   return unsigned(held) <= unsigned(kMaxHeld);
 }
@@ -82,7 +82,8 @@ struct StepDecision {
   bool flush;
 };
 
-// A step's cursor as opened, before the decision. The decision is formed only past the validity
+// A step's cursor as opened, before the decision (host and device: tests/protocol/
+// test_step_protocol_agrees.py holds it against the torch path's). The decision is formed only past the validity
 // check (decide()), where the compiler knows the held count's range. A conventional step (REPLAY
 // false) holds nothing and always "flushes" (writes the state); a replay step flushes when its
 // records reach L, or every step.
@@ -90,9 +91,9 @@ template <bool REPLAY, int L, int CAP>
 struct OpenedStep {
   int held, epoch;
   // False for a cursor no launch leaves: the row then touches nothing of its slot (NaN outputs).
-  __device__ __forceinline__ bool valid() const { return !REPLAY || held_count_valid<L, CAP>(held); }
+  __host__ __device__ __forceinline__ bool valid() const { return !REPLAY || held_count_valid<L, CAP>(held); }
   // Literals for a conventional step, so that the kernel's loops over records fold as constants.
-  __device__ __forceinline__ StepDecision decide(bool flush_every_step) const {
+  __host__ __device__ __forceinline__ StepDecision decide(bool flush_every_step) const {
     if constexpr (REPLAY) {
       const int records = held + 1;
       return {held, records, epoch, records >= L || flush_every_step};
@@ -101,7 +102,7 @@ struct OpenedStep {
     }
   }
   // What a split records kernel hands over for a row it found invalid (no flush).
-  __device__ __forceinline__ StepDecision faulted() const { return {held, held + 1, epoch, false}; }
+  __host__ __device__ __forceinline__ StepDecision faulted() const { return {held, held + 1, epoch, false}; }
 };
 
 // Opens a step: reads the slot's cursor (REPLAY; none for a conventional step).
@@ -126,8 +127,8 @@ template <int L, int CAP>
 struct HandedStep {
   int held, epoch;
   bool flush;
-  __device__ __forceinline__ bool valid() const { return held_count_valid<L, CAP>(held); }
-  __device__ __forceinline__ StepDecision decide() const { return {held, held + 1, epoch, flush}; }
+  __host__ __device__ __forceinline__ bool valid() const { return held_count_valid<L, CAP>(held); }
+  __host__ __device__ __forceinline__ StepDecision decide() const { return {held, held + 1, epoch, flush}; }
 };
 template <int L, int CAP>
 __device__ __forceinline__ HandedStep<L, CAP> load_step(const int32_t* words) {

@@ -1,8 +1,8 @@
 """The step protocol on the torch path, written once for every family: pad rows, the cursor read
 and its validity check, the fused commit, the flush decision, then per group of rows the
 family's maths (a `compute` callback), then the epoch and cursor advance; commit; and the
-snapshot baseline's row loop. The per-item kernels (templates/*/decode_kernel.cuh,
-common/replay.cuh) are the specification; docs/speculative.md the verify's.
+snapshot baseline's row loop. Its CUDA twin is templates/common/step.cuh, which every kernel
+sequences; docs/speculative.md is the verify's contract.
 
 Per batch row b with slot s = slot_indices[b]:
   * s == pad_slot_id: out[b] = 0; nothing else is read or written.

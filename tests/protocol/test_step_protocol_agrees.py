@@ -1,0 +1,124 @@
+"""The step protocol is written once in CUDA (templates/common/step.cuh) and once in torch
+(ops/torch_path/protocol.py): the two must take the same decision for every cursor. The CUDA
+side is compiled by nvcc as host code (its decision functions are __host__ __device__); the torch
+side is observed through run_step's groups, not re-derived."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from replayssm_jit.core.cursor_words import CURSOR_HELD, CURSOR_WORDS
+from replayssm_jit.ops.torch_path.protocol import Pool, Rows, StepScalars, run_step
+
+pytestmark = pytest.mark.nvcc
+
+WINDOWS = (1, 2, 4, 16)
+DRAFTS = (1, 2, 4)
+
+
+def _cases():
+    for L, T in itertools.product(WINDOWS, DRAFTS):
+        if L == 1 and T > 1:  # drafts need a replay window (layouts refuse L = 1 with T > 1)
+            continue
+        for every_step in (False, True):
+            yield L, T, every_step
+
+
+def _cuda_decisions(tmp_path, step_header: str) -> dict[tuple, tuple[int, int]]:
+    """(L, T, every_step, held) -> (valid, flush) from step.cuh compiled for the host; flush is
+    -1 where the cursor is invalid (a kernel decides nothing for such a row)."""
+    lines = []
+    for L, T, every_step in _cases():
+        cap = L + T
+        for held in range(-2, cap + 2):
+            lines.append(
+                f"  {{ const auto o = replayssm::OpenedStep<true, {L}, {cap}>{{{held}, 7}};"
+                f' std::printf("%d %d\\n", int(o.valid()),'
+                f" o.valid() ? int(o.decide({str(every_step).lower()}).flush) : -1); }}"
+            )
+    program = (
+        f'#include <cstdio>\n#include "{step_header}"\nint main() {{\n' + "\n".join(lines) + "\n}\n"
+    )
+    out = _run_host_program(tmp_path, program)
+    keys = [(L, T, e, held) for L, T, e in _cases() for held in range(-2, L + T + 2)]
+    values = [tuple(int(x) for x in line.split()) for line in out.strip().splitlines()]
+    assert len(values) == len(keys)
+    return dict(zip(keys, values))
+
+
+def _run_host_program(tmp_path, body: str) -> str:
+    import tvm_ffi.libinfo
+
+    from replayssm_jit.jit.build import template_root
+
+    source = tmp_path / "step.cu"
+    source.write_text(body)
+    exe = tmp_path / "step"
+    subprocess.run(
+        ["nvcc", "-std=c++17", f"-I{tmp_path}", f"-I{template_root()}",
+         f"-I{tvm_ffi.libinfo.find_include_path()}", str(source), "-o", str(exe)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+
+
+def _torch_decisions() -> dict[tuple, tuple[int, int]]:
+    """The same table from the torch path: one slot per held count, one run_step; a row is
+    valid where run_step computed it, and its group says whether it flushed."""
+    table = {}
+    for L, T, every_step in _cases():
+        helds = list(range(-2, L + T + 2))
+        cursors = torch.zeros(len(helds), CURSOR_WORDS, dtype=torch.int32)
+        cursors[:, CURSOR_HELD] = torch.tensor(helds, dtype=torch.int32)
+        out = torch.zeros(len(helds), 1)
+        seen: dict[int, bool] = {}
+
+        def compute(group):
+            for row in group.rows.tolist():
+                seen[row] = group.flush
+                out[row] = 1.0
+
+        setup = StepScalars(replay=True, flush_every_step=every_step, window=L,
+                            flags=frozenset(), pad_slot_id=-1, seed=0, drafts=T)  # fmt: skip
+        rows = Rows(slot_indices=torch.arange(len(helds), dtype=torch.int32), out=out)
+        run_step(setup, Pool(None, None, {}, cursors), rows, compute)
+        for row, held in enumerate(helds):
+            valid = row in seen
+            assert valid or bool(torch.isnan(out[row]).all()), (L, T, held)
+            table[(L, T, every_step, held)] = (int(valid), int(seen[row]) if valid else -1)
+    return table
+
+
+@pytest.fixture(scope="module")
+def nvcc_available():
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH")
+
+
+def test_cuda_and_torch_take_the_same_step_decision(nvcc_available, tmp_path):
+    """Validity and the flush decision agree for every held count in and around the valid range,
+    with and without drafts, with and without flush-every-step."""
+    cuda = _cuda_decisions(tmp_path, "common/step.cuh")
+    torch_side = _torch_decisions()
+    assert cuda == torch_side
+    # The table covers both decisions and the invalid rows on both sides of the range.
+    assert {v for v in cuda.values()} == {(0, -1), (1, 0), (1, 1)}
+
+
+def test_a_broken_flush_decision_is_caught(nvcc_available, tmp_path):
+    """The comparison fails for a step.cuh that flushes one record late."""
+    from replayssm_jit.jit.build import template_root
+
+    text = (template_root() / "common" / "step.cuh").read_text()
+    broken, count = re.subn(r"records >= L \|\|", "records > L ||", text)
+    assert count == 1
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "step.cuh").write_text(broken)
+    cuda = _cuda_decisions(tmp_path, "broken/step.cuh")
+    assert cuda != _torch_decisions()
