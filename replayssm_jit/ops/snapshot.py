@@ -21,6 +21,7 @@ from replayssm_jit.ops.plan import DecodePlan
 from replayssm_jit.ops.speculative import (
     check_index,
     check_speculative_plan,
+    draft_bounded,
     draft_counts,
 )
 from replayssm_jit.ops.torch_path import Rows
@@ -217,14 +218,8 @@ def commit_snapshots(
     num_accepted = check_index(plan, "num_accepted", num_accepted, (), required=True)
     if reads_device_values(plan):
         live = live_rows(plan, slot_indices)
-        values = num_accepted.tolist()
-        for b, _ in live:
-            if not 0 <= values[b] <= T:
-                raise ValueError(
-                    f"num_accepted: expected values in [0, {T}] (the layout's drafts), got "
-                    f"{values[b]} in row {b}"
-                )
-        read = {b: range(values[b] - 1, values[b]) if values[b] else range(0) for b, _ in live}
+        counts = draft_bounded(plan, "num_accepted", num_accepted, live)
+        read = {b: range(a - 1, a) if a else range(0) for b, a in counts.items()}
         _check_snapshot_slots(plan, num_slots, live, snapshot_slots, read, distinct=False)
     accepted = num_accepted.long().clamp(0, T)
     dst = slot_indices.long()

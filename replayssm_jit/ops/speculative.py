@@ -49,14 +49,21 @@ def draft_counts(
     plan: DecodePlan, live: list[tuple[int, int]], num_drafts: torch.Tensor | None
 ) -> dict[int, int]:
     """t per live row, each checked in [0, T]."""
-    T = plan.layout.drafts
     if num_drafts is None:
-        return {b: T for b, _ in live}
-    values = num_drafts.tolist()
+        return {b: plan.layout.drafts for b, _ in live}
+    return draft_bounded(plan, "num_drafts", num_drafts, live)
+
+
+def draft_bounded(
+    plan: DecodePlan, name: str, counts: torch.Tensor, live: list[tuple[int, int]]
+) -> dict[int, int]:
+    """counts[b] per live row (a [batch] tensor of draft counts), each checked in [0, T]."""
+    T = plan.layout.drafts
+    values = counts.tolist()
     for b, _ in live:
         if not 0 <= values[b] <= T:
             raise ValueError(
-                f"num_drafts: expected values in [0, {T}] (the layout's drafts), got "
+                f"{name}: expected values in [0, {T}] (the layout's drafts), got "
                 f"{values[b]} in row {b}"
             )
     return {b: values[b] for b, _ in live}
