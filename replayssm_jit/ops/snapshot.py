@@ -4,9 +4,11 @@ accepted one back. Plans of either mode."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from replayssm_jit.families import GDN, KDA, MAMBA2
+from replayssm_jit.families import GDN, KDA, MAMBA2, Family
 from replayssm_jit.families.schema import bind
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import (
@@ -136,52 +138,49 @@ def mamba2_snapshot_verify(
     )
 
 
-@torch.no_grad()
-def gdn_snapshot_verify(
-    plan: DecodePlan,
-    *,
-    state: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slot_indices: torch.Tensor,
-    snapshot_slots: torch.Tensor,
-    a: torch.Tensor | None = None,
-    b: torch.Tensor | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    g: torch.Tensor | None = None,
-    beta: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    num_drafts: torch.Tensor | None = None,
-) -> torch.Tensor:
+def _delta_snapshot_verify(family: Family, torch_snapshot: Callable[..., None], doc: str):
+    """The snapshot verify of a delta-rule family (GDN, KDA): both take the same arguments by
+    name; the family's schema checks its gates' shapes."""
+    name = f"{family.name}_snapshot_verify"
+
+    @torch.no_grad()
+    def snapshot_verify(
+        plan: DecodePlan,
+        *,
+        state: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot_indices: torch.Tensor,
+        snapshot_slots: torch.Tensor,
+        a: torch.Tensor | None = None,
+        b: torch.Tensor | None = None,
+        A_log: torch.Tensor | None = None,
+        dt_bias: torch.Tensor | None = None,
+        g: torch.Tensor | None = None,
+        beta: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        num_drafts: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        return _snapshot_op(plan, family, name, torch_snapshot, locals())
+
+    snapshot_verify.__name__ = snapshot_verify.__qualname__ = name
+    snapshot_verify.__doc__ = doc
+    return snapshot_verify
+
+
+gdn_snapshot_verify = _delta_snapshot_verify(
+    GDN,
+    torch_path.gdn_snapshot,
     """The conventional GDN spec baseline; see mamba2_snapshot_verify. Returns out
-    [batch, T, HV, V]."""
-    return _snapshot_op(plan, GDN, "gdn_snapshot_verify", torch_path.gdn_snapshot, locals())
-
-
-@torch.no_grad()
-def kda_snapshot_verify(
-    plan: DecodePlan,
-    *,
-    state: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slot_indices: torch.Tensor,
-    snapshot_slots: torch.Tensor,
-    a: torch.Tensor | None = None,
-    b: torch.Tensor | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    g: torch.Tensor | None = None,
-    beta: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    num_drafts: torch.Tensor | None = None,
-) -> torch.Tensor:
+    [batch, T, HV, V].""",
+)
+kda_snapshot_verify = _delta_snapshot_verify(
+    KDA,
+    torch_path.kda_snapshot,
     """The conventional KDA spec baseline; see mamba2_snapshot_verify, gates as kda_verify's.
-    Returns out [batch, T, HV, V]."""
-    return _snapshot_op(plan, KDA, "kda_snapshot_verify", torch_path.kda_snapshot, locals())
+    Returns out [batch, T, HV, V].""",
+)
 
 
 def _snapshot_op(plan, family, op, torch_snapshot, args) -> torch.Tensor:
