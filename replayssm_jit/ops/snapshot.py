@@ -12,15 +12,14 @@ from replayssm_jit.families import GDN, KDA, MAMBA2, Family
 from replayssm_jit.families.schema import bind
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import (
-    check_inputs,
     check_slot_tensors,
     live_rows,
-    output_buffer,
     reads_device_values,
     torch_scalars,
 )
 from replayssm_jit.ops.plan import DecodePlan
 from replayssm_jit.ops.speculative import (
+    check_draft_op,
     check_index,
     check_speculative_plan,
     draft_bounded,
@@ -185,10 +184,7 @@ kda_snapshot_verify = _delta_snapshot_verify(
 
 def _snapshot_op(plan, family, op, torch_snapshot, args) -> torch.Tensor:
     """The body of every family's snapshot verify: `args` are its arguments by name."""
-    T = check_speculative_plan(plan, family, None, op)
-    shape = plan.layout.shape
-    inputs = check_inputs(plan, (plan.batch_size, T), args)
-    out = output_buffer(plan, args.get("out"), (T, shape.value_heads, shape.value_dim))
+    inputs, out = check_draft_op(plan, family, None, op, args)
     return _snapshot(plan, args["state"], inputs, out=out, slot_indices=args["slot_indices"],
                      snapshot_slots=args["snapshot_slots"], num_drafts=args.get("num_drafts"),
                      torch_snapshot=torch_snapshot)  # fmt: skip

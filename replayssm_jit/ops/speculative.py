@@ -3,12 +3,14 @@ plan, the index tensors, the live rows, draft counts and accepted counts against
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from replayssm_jit.core.checks import TensorTags, check_tensor
 from replayssm_jit.core.dtypes import MAX_VERIFY_DRAFTS
 from replayssm_jit.families.base import Family
-from replayssm_jit.ops.decode import check_plan, cursor_fault
+from replayssm_jit.ops.decode import check_inputs, check_plan, cursor_fault, output_buffer
 from replayssm_jit.ops.plan import DecodePlan
 
 # The num_accepted each pool's last verify took (by its cursors): commit_drafts given that same
@@ -33,6 +35,19 @@ def check_speculative_plan(plan: object, family: Family | None, mode: str | None
             f"ring's draft rows; plan a layout made with drafts=T), got drafts={drafts}"
         )
     return drafts
+
+
+def check_draft_op(
+    plan: object, family: Family, mode: str | None, op: str, args: Mapping[str, object]
+) -> tuple[dict[str, object], torch.Tensor]:
+    """A family's op over drafts (verify, snapshot verify), its plan checked: its token inputs
+    from `args` with the draft dim (check_inputs) and out [batch, T, value heads, value dim]
+    (given, checked, or allocated)."""
+    T = check_speculative_plan(plan, family, mode, op)
+    shape = plan.layout.shape
+    inputs = check_inputs(plan, (plan.batch_size, T), args)
+    out = output_buffer(plan, args.get("out"), (T, shape.value_heads, shape.value_dim))
+    return inputs, out
 
 
 def check_index(

@@ -43,9 +43,7 @@ from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.commit import commit_drafts
 from replayssm_jit.ops.decode import (
     check_cursors,
-    check_inputs,
     check_slot_tensors,
-    output_buffer,
     reads_device_values,
     resolve_seed,
     resolve_workspace,
@@ -61,8 +59,8 @@ from replayssm_jit.ops.snapshot import (
 from replayssm_jit.ops.speculative import (
     FUSED_FORM,
     check_accepted,
+    check_draft_op,
     check_index,
-    check_speculative_plan,
     draft_counts,
 )
 from replayssm_jit.ops.torch_path import Pool, Rows
@@ -249,10 +247,7 @@ kda_verify = _delta_verify(
 
 def _verify_op(plan, family, op, torch_verify, args) -> torch.Tensor:
     """The body of every family's verify op: `args` are its arguments by name."""
-    T = check_speculative_plan(plan, family, "replay", op)
-    shape = plan.layout.shape
-    inputs = check_inputs(plan, (plan.batch_size, T), args)
-    out = output_buffer(plan, args.get("out"), (T, shape.value_heads, shape.value_dim))
+    inputs, out = check_draft_op(plan, family, "replay", op, args)
     tensors = {"state": args["state"], **{n: args[n] for n in plan.layout.ring_names},
                "cursors": args["cursors"]}  # fmt: skip
     return _verify(
