@@ -161,6 +161,7 @@ def _delta_snapshot_verify(family: Family, torch_snapshot: Callable[..., None], 
         out: torch.Tensor | None = None,
         num_drafts: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        # The arguments by name (locals() also lists the closure's names, none an argument's).
         return _snapshot_op(plan, family, name, torch_snapshot, locals())
 
     snapshot_verify.__name__ = snapshot_verify.__qualname__ = name

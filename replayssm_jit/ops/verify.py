@@ -217,6 +217,7 @@ def _delta_verify(family: Family, torch_verify: Callable[..., None], doc: str):
         seed: int | torch.Tensor | None = None,
         workspace: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        # The arguments by name (locals() also lists the closure's names, none an argument's).
         return _verify_op(plan, family, name, torch_verify, locals())
 
     verify.__name__ = verify.__qualname__ = name
