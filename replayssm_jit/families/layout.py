@@ -61,6 +61,15 @@ def check_pool_layout(layout: CacheLayout, cursors: object, name: str = "plan") 
         )
 
 
+def check_tensor_mapping(tensors: object) -> None:
+    """A pool's tensors come as a mapping by name (the layout's tensor names)."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(
+            f"tensors: expected a mapping of the layout's tensors by name, "
+            f"got {type(tensors).__name__}"
+        )
+
+
 @dataclass(frozen=True)
 class TensorLayout:
     """One per-slot tensor: its name (the functional ops' argument), shape per slot, dtype, the
@@ -163,11 +172,7 @@ class CacheLayout:
         be given) against this layout: a [num_slots, *per_slot_shape] tensor of its dtype on `device`, each slot's
         block contiguous and aligned, the slots packed where the layout says so, every one with
         the state's slot count (or `num_slots`, where given). Returns it."""
-        if not isinstance(tensors, Mapping):
-            raise TypeError(
-                f"tensors: expected a mapping of the layout's tensors by name, "
-                f"got {type(tensors).__name__}"
-            )
+        check_tensor_mapping(tensors)
         names = [t.name for t in self.tensors()]
         unknown = sorted(str(name) for name in tensors if name not in names)
         if unknown:

@@ -8,6 +8,7 @@ from itertools import pairwise
 
 import torch
 
+from replayssm_jit.families.layout import check_tensor_mapping
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import (
     check_cursors,
@@ -63,11 +64,7 @@ def commit_drafts(
             f"(a mapping and {sorted(pool)})"
         )
     tensors = pool if tensors is None else tensors
-    if not isinstance(tensors, Mapping):
-        raise TypeError(
-            f"tensors: expected a mapping of the layout's tensors by name, "
-            f"got {type(tensors).__name__}"
-        )
+    check_tensor_mapping(tensors)
     for name in (*plan.layout.ring_names, "cursors"):
         if tensors.get(name) is None:
             raise ValueError(f"tensors: expected the layout's {name!r} tensor, got none")

@@ -26,7 +26,7 @@ import torch
 
 from replayssm_jit.core.checks import check_bool, check_disjoint, check_int, check_tensor
 from replayssm_jit.core.codecs import raw_bits
-from replayssm_jit.families.layout import POOL_LAYOUTS, CacheLayout
+from replayssm_jit.families.layout import POOL_LAYOUTS, CacheLayout, check_tensor_mapping
 from replayssm_jit.ops.torch_path.checkpoint import store_checkpoint
 
 __all__ = ["copy_slots", "reset_slots", "slot_id_list"]
@@ -86,11 +86,7 @@ def _slot_tensors(
 ) -> tuple[dict[str, torch.Tensor], int, torch.device]:
     """(the tensors by name, num_slots, device), each tensor checked against the layout (those
     in `optional` may be missing) and the given ones sharing no memory (steps write each)."""
-    if not isinstance(tensors, Mapping):
-        raise TypeError(
-            f"tensors: expected a mapping of the layout's tensors by name, "
-            f"got {type(tensors).__name__}"
-        )
+    check_tensor_mapping(tensors)
     state = check_tensor("state", tensors.get("state"))
     num_slots = layout.check_tensors(tensors, device=state.device, optional=optional)
     present = {name: t for name, t in tensors.items() if t is not None}

@@ -4,23 +4,25 @@ accepted one back. Plans of either mode."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from replayssm_jit.families import GDN, KDA, MAMBA2
+from replayssm_jit.families import GDN, KDA, MAMBA2, Family
 from replayssm_jit.families.schema import bind
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.decode import (
-    check_inputs,
     check_slot_tensors,
     live_rows,
-    output_buffer,
     reads_device_values,
     torch_scalars,
 )
 from replayssm_jit.ops.plan import DecodePlan
 from replayssm_jit.ops.speculative import (
+    check_draft_op,
     check_index,
     check_speculative_plan,
+    draft_bounded,
     draft_counts,
 )
 from replayssm_jit.ops.torch_path import Rows
@@ -135,60 +137,55 @@ def mamba2_snapshot_verify(
     )
 
 
-@torch.no_grad()
-def gdn_snapshot_verify(
-    plan: DecodePlan,
-    *,
-    state: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slot_indices: torch.Tensor,
-    snapshot_slots: torch.Tensor,
-    a: torch.Tensor | None = None,
-    b: torch.Tensor | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    g: torch.Tensor | None = None,
-    beta: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    num_drafts: torch.Tensor | None = None,
-) -> torch.Tensor:
+def _delta_snapshot_verify(family: Family, torch_snapshot: Callable[..., None], doc: str):
+    """The snapshot verify of a delta-rule family (GDN, KDA): both take the same arguments by
+    name; the family's schema checks its gates' shapes."""
+    name = f"{family.name}_snapshot_verify"
+
+    @torch.no_grad()
+    def snapshot_verify(
+        plan: DecodePlan,
+        *,
+        state: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot_indices: torch.Tensor,
+        snapshot_slots: torch.Tensor,
+        a: torch.Tensor | None = None,
+        b: torch.Tensor | None = None,
+        A_log: torch.Tensor | None = None,
+        dt_bias: torch.Tensor | None = None,
+        g: torch.Tensor | None = None,
+        beta: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        num_drafts: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # The arguments by name (locals() also lists the closure's names, none an argument's).
+        return _snapshot_op(plan, family, name, torch_snapshot, locals())
+
+    snapshot_verify.__name__ = snapshot_verify.__qualname__ = name
+    snapshot_verify.__doc__ = doc
+    return snapshot_verify
+
+
+gdn_snapshot_verify = _delta_snapshot_verify(
+    GDN,
+    torch_path.gdn_snapshot,
     """The conventional GDN spec baseline; see mamba2_snapshot_verify. Returns out
-    [batch, T, HV, V]."""
-    return _snapshot_op(plan, GDN, "gdn_snapshot_verify", torch_path.gdn_snapshot, locals())
-
-
-@torch.no_grad()
-def kda_snapshot_verify(
-    plan: DecodePlan,
-    *,
-    state: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slot_indices: torch.Tensor,
-    snapshot_slots: torch.Tensor,
-    a: torch.Tensor | None = None,
-    b: torch.Tensor | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    g: torch.Tensor | None = None,
-    beta: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    num_drafts: torch.Tensor | None = None,
-) -> torch.Tensor:
+    [batch, T, HV, V].""",
+)
+kda_snapshot_verify = _delta_snapshot_verify(
+    KDA,
+    torch_path.kda_snapshot,
     """The conventional KDA spec baseline; see mamba2_snapshot_verify, gates as kda_verify's.
-    Returns out [batch, T, HV, V]."""
-    return _snapshot_op(plan, KDA, "kda_snapshot_verify", torch_path.kda_snapshot, locals())
+    Returns out [batch, T, HV, V].""",
+)
 
 
 def _snapshot_op(plan, family, op, torch_snapshot, args) -> torch.Tensor:
     """The body of every family's snapshot verify: `args` are its arguments by name."""
-    T = check_speculative_plan(plan, family, None, op)
-    shape = plan.layout.shape
-    inputs = check_inputs(plan, (plan.batch_size, T), args)
-    out = output_buffer(plan, args.get("out"), (T, shape.value_heads, shape.value_dim))
+    inputs, out = check_draft_op(plan, family, None, op, args)
     return _snapshot(plan, args["state"], inputs, out=out, slot_indices=args["slot_indices"],
                      snapshot_slots=args["snapshot_slots"], num_drafts=args.get("num_drafts"),
                      torch_snapshot=torch_snapshot)  # fmt: skip
@@ -217,14 +214,8 @@ def commit_snapshots(
     num_accepted = check_index(plan, "num_accepted", num_accepted, (), required=True)
     if reads_device_values(plan):
         live = live_rows(plan, slot_indices)
-        values = num_accepted.tolist()
-        for b, _ in live:
-            if not 0 <= values[b] <= T:
-                raise ValueError(
-                    f"num_accepted: expected values in [0, {T}] (the layout's drafts), got "
-                    f"{values[b]} in row {b}"
-                )
-        read = {b: range(values[b] - 1, values[b]) if values[b] else range(0) for b, _ in live}
+        counts = draft_bounded(plan, "num_accepted", num_accepted, live)
+        read = {b: range(a - 1, a) if a else range(0) for b, a in counts.items()}
         _check_snapshot_slots(plan, num_slots, live, snapshot_slots, read, distinct=False)
     accepted = num_accepted.long().clamp(0, T)
     dst = slot_indices.long()

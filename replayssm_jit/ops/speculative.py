@@ -3,12 +3,14 @@ plan, the index tensors, the live rows, draft counts and accepted counts against
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from replayssm_jit.core.checks import TensorTags, check_tensor
 from replayssm_jit.core.dtypes import MAX_VERIFY_DRAFTS
 from replayssm_jit.families.base import Family
-from replayssm_jit.ops.decode import check_plan, cursor_fault
+from replayssm_jit.ops.decode import check_inputs, check_plan, cursor_fault, output_buffer
 from replayssm_jit.ops.plan import DecodePlan
 
 # The num_accepted each pool's last verify took (by its cursors): commit_drafts given that same
@@ -35,6 +37,19 @@ def check_speculative_plan(plan: object, family: Family | None, mode: str | None
     return drafts
 
 
+def check_draft_op(
+    plan: object, family: Family, mode: str | None, op: str, args: Mapping[str, object]
+) -> tuple[dict[str, object], torch.Tensor]:
+    """A family's op over drafts (verify, snapshot verify), its plan checked: its token inputs
+    from `args` with the draft dim (check_inputs) and out [batch, T, value heads, value dim]
+    (given, checked, or allocated)."""
+    T = check_speculative_plan(plan, family, mode, op)
+    shape = plan.layout.shape
+    inputs = check_inputs(plan, (plan.batch_size, T), args)
+    out = output_buffer(plan, args.get("out"), (T, shape.value_heads, shape.value_dim))
+    return inputs, out
+
+
 def check_index(
     plan: DecodePlan, name: str, t: object, per_row: tuple[int, ...], *, required: bool = False
 ) -> torch.Tensor | None:
@@ -49,14 +64,21 @@ def draft_counts(
     plan: DecodePlan, live: list[tuple[int, int]], num_drafts: torch.Tensor | None
 ) -> dict[int, int]:
     """t per live row, each checked in [0, T]."""
-    T = plan.layout.drafts
     if num_drafts is None:
-        return {b: T for b, _ in live}
-    values = num_drafts.tolist()
+        return {b: plan.layout.drafts for b, _ in live}
+    return draft_bounded(plan, "num_drafts", num_drafts, live)
+
+
+def draft_bounded(
+    plan: DecodePlan, name: str, counts: torch.Tensor, live: list[tuple[int, int]]
+) -> dict[int, int]:
+    """counts[b] per live row (a [batch] tensor of draft counts), each checked in [0, T]."""
+    T = plan.layout.drafts
+    values = counts.tolist()
     for b, _ in live:
         if not 0 <= values[b] <= T:
             raise ValueError(
-                f"num_drafts: expected values in [0, {T}] (the layout's drafts), got "
+                f"{name}: expected values in [0, {T}] (the layout's drafts), got "
                 f"{values[b]} in row {b}"
             )
     return {b: values[b] for b, _ in live}

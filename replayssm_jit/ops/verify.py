@@ -32,19 +32,18 @@ outside a graph capture; otherwise the kernels clamp them as docs/speculative.md
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 
-from replayssm_jit.families import GDN, KDA, MAMBA2
+from replayssm_jit.families import GDN, KDA, MAMBA2, Family
 from replayssm_jit.families.schema import bind
 from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.commit import commit_drafts
 from replayssm_jit.ops.decode import (
     check_cursors,
-    check_inputs,
     check_slot_tensors,
-    output_buffer,
     reads_device_values,
     resolve_seed,
     resolve_workspace,
@@ -60,8 +59,8 @@ from replayssm_jit.ops.snapshot import (
 from replayssm_jit.ops.speculative import (
     FUSED_FORM,
     check_accepted,
+    check_draft_op,
     check_index,
-    check_speculative_plan,
     draft_counts,
 )
 from replayssm_jit.ops.torch_path import Pool, Rows
@@ -187,81 +186,69 @@ def mamba2_verify(
     return _verify_op(plan, MAMBA2, "mamba2_verify", torch_path.mamba2_verify, locals())
 
 
-@torch.no_grad()
-def gdn_verify(
-    plan: DecodePlan,
-    *,
-    state: torch.Tensor,
-    rec_u: torch.Tensor,
-    rec_k: torch.Tensor,
-    rec_g: torch.Tensor,
-    cursors: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slot_indices: torch.Tensor,
-    a: torch.Tensor | None = None,
-    b: torch.Tensor | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    g: torch.Tensor | None = None,
-    beta: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    num_drafts: torch.Tensor | None = None,
-    parents: torch.Tensor | None = None,
-    num_accepted: torch.Tensor | None = None,
-    seed: int | torch.Tensor | None = None,
-    workspace: torch.Tensor | None = None,
-) -> torch.Tensor:
+def _delta_verify(family: Family, torch_verify: Callable[..., None], doc: str):
+    """The verify op of a delta-rule family (GDN, KDA): both take the same arguments by name;
+    the family's schema checks its gates' shapes."""
+    name = f"{family.name}_verify"
+
+    @torch.no_grad()
+    def verify(
+        plan: DecodePlan,
+        *,
+        state: torch.Tensor,
+        rec_u: torch.Tensor,
+        rec_k: torch.Tensor,
+        rec_g: torch.Tensor,
+        cursors: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot_indices: torch.Tensor,
+        a: torch.Tensor | None = None,
+        b: torch.Tensor | None = None,
+        A_log: torch.Tensor | None = None,
+        dt_bias: torch.Tensor | None = None,
+        g: torch.Tensor | None = None,
+        beta: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
+        num_drafts: torch.Tensor | None = None,
+        parents: torch.Tensor | None = None,
+        num_accepted: torch.Tensor | None = None,
+        seed: int | torch.Tensor | None = None,
+        workspace: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # The arguments by name (locals() also lists the closure's names, none an argument's).
+        return _verify_op(plan, family, name, torch_verify, locals())
+
+    verify.__name__ = verify.__qualname__ = name
+    verify.__doc__ = doc
+    return verify
+
+
+gdn_verify = _delta_verify(
+    GDN,
+    torch_path.gdn_verify,
     """Verify T GDN draft tokens per row; returns out [batch, T, HV, V] (allocated when None).
 
     Gates as in gdn_decode, with the draft dim. The rest as in mamba2_verify; each draft's
     correction u is computed along its own root path, so a tree's accepted path commits exactly.
-    """
-    return _verify_op(plan, GDN, "gdn_verify", torch_path.gdn_verify, locals())
-
-
-@torch.no_grad()
-def kda_verify(
-    plan: DecodePlan,
-    *,
-    state: torch.Tensor,
-    rec_u: torch.Tensor,
-    rec_k: torch.Tensor,
-    rec_g: torch.Tensor,
-    cursors: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    slot_indices: torch.Tensor,
-    a: torch.Tensor | None = None,
-    b: torch.Tensor | None = None,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    g: torch.Tensor | None = None,
-    beta: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    num_drafts: torch.Tensor | None = None,
-    parents: torch.Tensor | None = None,
-    num_accepted: torch.Tensor | None = None,
-    seed: int | torch.Tensor | None = None,
-    workspace: torch.Tensor | None = None,
-) -> torch.Tensor:
+    """,
+)
+kda_verify = _delta_verify(
+    KDA,
+    torch_path.kda_verify,
     """Verify T KDA draft tokens per row; returns out [batch, T, HV, V] (allocated when None).
 
     As gdn_verify, with KDA's gates (ops/kda.py) and a draft dim: a or g [batch, T, HV, K]
     (unit stride in K), b or beta [batch, T, HV], dt_bias [HV * K]. KDA verifies with the
     per-item kernel only (it reads no workspace).
-    """
-    return _verify_op(plan, KDA, "kda_verify", torch_path.kda_verify, locals())
+    """,
+)
 
 
 def _verify_op(plan, family, op, torch_verify, args) -> torch.Tensor:
     """The body of every family's verify op: `args` are its arguments by name."""
-    T = check_speculative_plan(plan, family, "replay", op)
-    shape = plan.layout.shape
-    inputs = check_inputs(plan, (plan.batch_size, T), args)
-    out = output_buffer(plan, args.get("out"), (T, shape.value_heads, shape.value_dim))
+    inputs, out = check_draft_op(plan, family, "replay", op, args)
     tensors = {"state": args["state"], **{n: args[n] for n in plan.layout.ring_names},
                "cursors": args["cursors"]}  # fmt: skip
     return _verify(

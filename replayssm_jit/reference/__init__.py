@@ -2,6 +2,7 @@
 fold, speculative verify, per-sequence helper). CPU or GPU tensors of any float dtype; compute
 and return float64. The fast path never imports this package."""
 
+from . import gdn, kda, mamba2
 from .common import (
     Records,
     ReplaySequence,
@@ -16,72 +17,23 @@ from .common import (
     unrolled_apply,
     unrolled_fold,
 )
-from .gdn import (
-    GDNRecords,
-    GDNSequence,
-    gdn_fold,
-    gdn_gates,
-    gdn_replay_output,
-    gdn_step,
-    gdn_step_pool,
-    gdn_verify,
-)
-from .kda import (
-    KDARecords,
-    KDASequence,
-    kda_fold,
-    kda_gates,
-    kda_replay_output,
-    kda_step,
-    kda_step_pool,
-    kda_verify,
-)
-from .mamba2 import (
-    Mamba2Records,
-    Mamba2Sequence,
-    mamba2_fold,
-    mamba2_make_record,
-    mamba2_replay_output,
-    mamba2_step,
-    mamba2_step_pool,
-    mamba2_verify,
-)
+from .gdn import *  # noqa: F403
+from .kda import *  # noqa: F403
+from .mamba2 import *  # noqa: F403
 
 __all__ = [
-    "GDNRecords",
-    "GDNSequence",
-    "KDARecords",
-    "KDASequence",
-    "Mamba2Records",
-    "Mamba2Sequence",
     "Records",
     "ReplaySequence",
     "ancestor_mask",
     "cat_records",
     "decays_to_end",
     "expand_heads",
-    "gdn_fold",
-    "gdn_gates",
-    "gdn_replay_output",
-    "gdn_step",
-    "gdn_step_pool",
-    "gdn_verify",
-    "kda_fold",
-    "kda_gates",
-    "kda_replay_output",
-    "kda_step",
-    "kda_step_pool",
-    "kda_verify",
     "l2norm",
-    "mamba2_fold",
-    "mamba2_make_record",
-    "mamba2_replay_output",
-    "mamba2_step",
-    "mamba2_step_pool",
-    "mamba2_verify",
     "parse_parents",
     "root_path",
     "segment_decays",
     "unrolled_apply",
     "unrolled_fold",
 ]
+# Each family module lists its public names once, in its own __all__.
+__all__ += gdn.__all__ + kda.__all__ + mamba2.__all__

@@ -28,6 +28,7 @@ from replayssm_jit.ops.torch_path.protocol import (
     sigmoid,
     softplus,
     suffix_decays,
+    verify_states,
     window_mask,
     write_draft_records,
 )
@@ -241,8 +242,7 @@ def _verify(setup: StepScalars, decay: Decay, pool: Pool, inputs, rows: Rows) ->
     k_heads, v_heads, K = q.shape[2], v.shape[2], q.shape[3]
     per_key = v_heads // k_heads
     l2norm = "qk_l2norm" in flags
-    state, rec_u, rec_k, rec_g = pool.state.codes, *(pool.rings[n] for n in
-                                                     ("rec_u", "rec_k", "rec_g"))  # fmt: skip
+    rec_u, rec_k, rec_g = (pool.rings[n] for n in ("rec_u", "rec_k", "rec_g"))
     out = rows.out
 
     def compute(group: Group) -> None:
@@ -254,13 +254,8 @@ def _verify(setup: StepScalars, decay: Decay, pool: Pool, inputs, rows: Rows) ->
         g_d, beta_d = decay.draft_gates(tokens, draft_inputs(tokens.gate_a, r, live),
                                         draft_inputs(tokens.gate_b, r, live), flags)  # fmt: skip
         g_d = torch.where(live.view(*live.shape, *([1] * (g_d.dim() - 2))), g_d, 0.0)
-        s = state[slots].to(_F32)  # [r, HV, V, K]
-        if group.flush:  # early flush: the committed records only, never the drafts
-            s = delta_fold(s, held_rows(rec_u, slots, held), held_rows(rec_k, slots, held),
-                           held_rows(rec_g, slots, held), l2norm, per_key)  # fmt: skip
-            checkpoint.store_flush(pool.state, None, slots, s, setup.rounding(group.epochs),
-                                   False)  # fmt: skip
-            held = 0
+        s, held = verify_states(setup, pool, group, (rec_u, rec_k, rec_g),
+                                lambda s, *held: delta_fold(s, *held, l2norm, per_key))  # fmt: skip
         ks = torch.cat([held_rows(rec_k, slots, held), k_d.transpose(1, 2)], 2)  # [r,H,M,K]
         gs = torch.cat([_per_channel(held_rows(rec_g, slots, held), K),
                         _per_channel(g_d, K).transpose(1, 2)], 2)  # [r, HV, M, K]  # fmt: skip

@@ -24,6 +24,7 @@ from replayssm_jit.ops.torch_path.protocol import (
     held_rows,
     live_drafts,
     suffix_decays,
+    verify_states,
     window_mask,
     write_draft_records,
 )
@@ -142,8 +143,7 @@ def mamba2_verify(setup: StepScalars, pool: Pool, inputs, rows: Rows) -> None:
     tokens, flags, T = Mamba2Tokens.of(inputs), setup.flags, setup.drafts
     per_group = tokens.x.shape[2] // tokens.B.shape[2]
     a = tokens.A.to(_F32)
-    state, rec_x, rec_b, rec_dt = pool.state.codes, *(pool.rings[n] for n in
-                                                      ("rec_x", "rec_b", "rec_dt"))  # fmt: skip
+    rec_x, rec_b, rec_dt = (pool.rings[n] for n in ("rec_x", "rec_b", "rec_dt"))
     out = rows.out
 
     def compute(group: Group) -> None:
@@ -154,13 +154,8 @@ def mamba2_verify(setup: StepScalars, pool: Pool, inputs, rows: Rows) -> None:
         dt_d = torch.where(live[..., None], dt_d, 0.0)  # [r, T, H]
         b_d = draft_inputs(tokens.B, r, live)  # [r, T, G, N]
         c_d = draft_inputs(tokens.C, r, live)
-        s = state[slots].to(_F32)  # [r, H, P, N]
-        if group.flush:  # early flush: the committed records only, never the drafts
-            s = mamba2_fold(s, held_rows(rec_x, slots, held), held_rows(rec_b, slots, held),
-                            held_rows(rec_dt, slots, held), a, per_group)  # fmt: skip
-            checkpoint.store_flush(pool.state, None, slots, s, setup.rounding(group.epochs),
-                                   False)  # fmt: skip
-            held = 0
+        s, held = verify_states(setup, pool, group, (rec_x, rec_b, rec_dt),
+                                lambda s, *held: mamba2_fold(s, *held, a, per_group))  # fmt: skip
         xs = torch.cat([held_rows(rec_x, slots, held), x_d.transpose(1, 2)], 2)  # [r,H,M,P]
         bs = torch.cat([held_rows(rec_b, slots, held), b_d.transpose(1, 2)], 2)  # [r,G,M,N]
         dts = torch.cat([held_rows(rec_dt, slots, held), dt_d.transpose(1, 2)], 2)  # [r,H,M]

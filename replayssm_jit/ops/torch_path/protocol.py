@@ -33,7 +33,7 @@ from replayssm_jit.core.cursor_words import (
     CURSOR_HELD,
     CURSOR_PENDING,
 )
-from replayssm_jit.ops.torch_path.checkpoint import Copy, RoundingKey
+from replayssm_jit.ops.torch_path.checkpoint import Copy, RoundingKey, store_flush
 
 __all__ = [
     "Group",
@@ -225,6 +225,24 @@ def run_step(setup: StepScalars, pool: Pool, rows: Rows, compute: Compute) -> No
 def run_verify(setup: StepScalars, pool: Pool, rows: Rows, compute: Compute) -> None:
     """One verify of every row's drafts (with the fused commit): `compute` per group."""
     _run(setup, pool, rows, compute, verify=True)
+
+
+def verify_states(
+    setup: StepScalars,
+    pool: Pool,
+    group: Group,
+    rings: tuple[torch.Tensor, ...],
+    fold: Callable[..., torch.Tensor],
+) -> tuple[torch.Tensor, int]:
+    """A verify group's FP32 states and the records they still hold: a group that flushes early
+    folds its committed records, never the drafts (fold(s, *held rows of `rings`)), and stores
+    them, then holds none."""
+    s = pool.state.codes[group.slots].to(_F32)
+    if not group.flush:
+        return s, group.held
+    s = fold(s, *(held_rows(ring, group.slots, group.held) for ring in rings))
+    store_flush(pool.state, None, group.slots, s, setup.rounding(group.epochs), False)
+    return s, 0
 
 
 def commit(setup: StepScalars, pool: Pool, rows: Rows,
