@@ -61,7 +61,8 @@ def _lead_view(name: str, t: object, lead: tuple[int, ...], inner: int) -> torch
     return t.view(*lead, *inner_shape)
 
 
-def _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted, o) -> None:
+def _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted, o,
+           parents=None) -> None:  # fmt: skip
     gates = rows.step_gates if T == 1 else rows.draft_gates
     inner = gates[0].dim() - len(lead)
     a32 = gates[0].copy_(_lead_view("a", a, lead, inner))
@@ -70,7 +71,8 @@ def _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted,
     layer.launch(rows, "decode" if T == 1 else "verify", **qkv, a=a32, b=b32,
                  A_log=A_log.to(torch.float32), dt_bias=dt_bias.to(torch.float32),
                  slot_indices=slots, num_accepted=accepted,
-                 out=o.view(*lead, *o.shape[-2:]))  # fmt: skip
+                 out=o.view(*lead, *o.shape[-2:]),
+                 **({} if parents is None else {"parents": parents}))  # fmt: skip
 
 
 def _rows_of(layer, q, cu_seqlens, ssm_state_indices):
@@ -94,8 +96,10 @@ def gdn_call(
     layer: ReplaySSMLayer,
     A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state, inplace_final_state,
     cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, is_kda,
+    *, parents=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """fused_sigmoid_gating_delta_rule_update on the layer: a step (T = 1) or an MTP verify."""
+    """fused_sigmoid_gating_delta_rule_update on the layer: a step (T = 1) or an MTP verify
+    (with `parents`, the [batch, T] draft tree of SGLang's tree verify)."""
     layer.check_state(initial_state)
     if is_kda:
         raise ValueError(
@@ -116,7 +120,7 @@ def gdn_call(
     slots = rows.slot_ids("ssm_state_indices", ssm_state_indices)
     accepted = rows.accepted_from_engine(num_accepted_tokens, layer.pool["cursors"], slots)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # as the engine's kernel returns it
-    _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted, o)
+    _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted, o, parents)
     return o, initial_state
 
 
