@@ -123,8 +123,7 @@ def mamba2_call(
     if varlen:  # rows of 1..T tokens: gathered into the plan's [batch, T, ...] buffers
         packed = rows.packed_rows()
         packed.lay_out(cu_seqlens, x.shape[0])
-        packed.dt[: x.shape[0]].copy_(dt)
-        torch.index_select(packed.dt, 0, packed.src.view(-1), out=gates[0].view(batch * T, -1))
+        packed.gather_gate("dt", dt, x.shape[0], gates[0])
         tokens = {n: None if t is None else packed.gather_in(n, t) for n, t in named}
         layer.launch(rows, "verify", **tokens, out=packed.padded["out"], dt=gates[0], A=A, D=D,
                      dt_bias=dt_bias, slot_indices=slots, num_accepted=accepted,

@@ -46,7 +46,7 @@ class LayerRows:
     accepted: torch.Tensor  # [batch] int32: the ops' num_accepted
     step_gates: tuple[torch.Tensor, ...]  # FP32 [batch, ...] per family (dt; a, b)
     draft_gates: tuple[torch.Tensor, ...]  # the same with a draft dim [batch, T, ...]
-    packed: PackedRows | None = None  # Mamba-2 with drafts: varlen MTP's row buffers
+    packed: PackedRows | None = None  # a layout with drafts: varlen MTP's row buffers
 
     @classmethod
     def make(cls, plan: DecodePlan) -> LayerRows:
@@ -71,9 +71,7 @@ class LayerRows:
     def packed_rows(self) -> PackedRows:
         """Varlen MTP's row buffers, made at the first packed call (warm-up, before capture)."""
         if self.packed is None:
-            plan = self.plan
-            self.packed = PackedRows.make(plan.batch_size, plan.layout.drafts, plan.layout.shape,
-                                          plan.layout.act_dtype, plan.device)  # fmt: skip
+            self.packed = PackedRows.make(self.plan)
         return self.packed
 
     # -----------------------------------------------------------------------------------------
