@@ -35,6 +35,7 @@ from replayssm_jit.integrations.sglang_tree import TreeRows, check_tree_argument
 from replayssm_jit.integrations.vllm.gdn import gdn_call, gdn_packed_call
 from replayssm_jit.integrations.vllm.layer import ReplaySSMLayer
 from replayssm_jit.integrations.vllm.mamba2 import mamba2_call
+from replayssm_jit.integrations.vllm.rows import INT32_MAX, INT32_MIN, narrow_to_int32
 from replayssm_jit.ops.plan import DecodePlan
 
 __all__ = [
@@ -69,7 +70,9 @@ def mamba_slots(
     pad = idx < 0
     if num_live is not None:
         pad = pad | (torch.arange(idx.shape[0], device=idx.device) >= num_live)
-    return torch.where(pad, torch.full_like(looked_up, PAD_SLOT_ID), looked_up).to(torch.int32)
+    slots = torch.where(pad, torch.full_like(looked_up, PAD_SLOT_ID), looked_up)
+    # Saturated, not wrapped: an id past int32 stays out of range (2**32 + 1 is not slot 1).
+    return slots.clamp_(INT32_MIN, INT32_MAX).to(torch.int32)
 
 
 def mamba2_decode_step(plan: DecodePlan, pool: Mapping[str, torch.Tensor], *args,
@@ -117,6 +120,7 @@ class SGLangLayer(ReplaySSMLayer):
         self._row = torch.arange(max_batch, dtype=torch.int32, device=dev)
         self._is_pad = torch.zeros(max_batch, dtype=torch.bool, device=dev)
         self._slots = torch.zeros(max_batch, dtype=torch.int32, device=dev)
+        self._wide = torch.zeros(max_batch, dtype=torch.int64, device=dev)
         self._tree: dict[int, TreeRows] = {}
         self._last_tree: TreeRows | None = None  # the verify update_mamba_state_... commits
 
@@ -130,6 +134,11 @@ class SGLangLayer(ReplaySSMLayer):
             raise ValueError(
                 f"mamba_cache_indices: expected a [bs] tensor, got {mamba_cache_indices!r:.60}"
             )
+        if mamba_cache_indices.dtype not in (torch.int32, torch.int64):
+            raise TypeError(
+                f"mamba_cache_indices: expected dtype int32 or int64, got "
+                f"{mamba_cache_indices.dtype}"
+            )
         bs = mamba_cache_indices.shape[0]
         if bs > self._row.shape[0]:
             raise ValueError(
@@ -137,9 +146,17 @@ class SGLangLayer(ReplaySSMLayer):
                 f"got {bs}"
             )
         is_pad = torch.ge(self._row[:bs], num_live, out=self._is_pad[:bs])
-        slots = self._slots[:bs]
-        slots.copy_(mamba_cache_indices)
+        slots = narrow_to_int32("mamba_cache_indices", mamba_cache_indices, self._slots[:bs],
+                                self._wide, self._reads_values())  # fmt: skip
         return slots.masked_fill_(is_pad, PAD_SLOT_ID)
+
+    def _reads_values(self) -> bool:
+        """Whether index values may be read on the host, as the ops decide (plan-free)."""
+        if torch.compiler.is_compiling():
+            return False
+        return self.device.type == "cpu" or (
+            self.check_slot_values and not torch.cuda.is_current_stream_capturing()
+        )
 
     def selective_state_update(
         self,

@@ -31,6 +31,8 @@ def tokens_per_row(
         return tokens, 1, False
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or len(cu_seqlens) < 2:
         raise ValueError(f"cu_seqlens: expected a [batch + 1] tensor, got {cu_seqlens!r:.80}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens: expected dtype int32 or int64, got {cu_seqlens.dtype}")
     batch, drafts = cu_seqlens.shape[0] - 1, layer.layout.drafts
     if varlen and drafts > 1 and batch < tokens < batch * drafts:
         return batch, drafts, True
