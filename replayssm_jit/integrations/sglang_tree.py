@@ -83,6 +83,8 @@ class TreeRows:
     slots: torch.Tensor  # [batch] int32: the last verify's slots, which the commit updates
     cu: torch.Tensor  # [batch + 1] int32: 0, T, 2T, ...: the verify's uniform rows
     ext: torch.Tensor  # [batch, T + 1] int64: parents with column T = -1 (the walk's sink)
+    outside: torch.Tensor  # [batch, T] bool: parents outside [0, T)
+    neg: torch.Tensor  # [batch, 1] bool: the walk's steps past the root
     node: torch.Tensor  # [batch, 1] int64: the walk's current step, T once past the root
     hop: torch.Tensor  # [batch, 1] int64: its parent (gather's output may not alias its index)
     mark: torch.Tensor  # [batch, T + 1] int32: steps on the accepted path (column T: sink)
@@ -91,6 +93,8 @@ class TreeRows:
     order: torch.Tensor  # [batch, T] int64: torch.sort's indices output
     path: torch.Tensor  # [batch, T] int32: the accepted root-to-node path
     accepted: torch.Tensor  # [batch] int32: its length
+    rings: tuple  # (commit_drafts' ring argument, the pool's ring name), read once (no dynamo
+    # break on the layout's cached property per call)
 
     @classmethod
     def make(cls, rows: LayerRows) -> TreeRows:
@@ -103,9 +107,11 @@ class TreeRows:
         return cls(rows, z(batch, T, dtype=torch.int32), (steps - 1)[None, :].contiguous(),
                    z(batch, dtype=torch.int32),
                    torch.arange(0, batch * T + 1, T, dtype=torch.int32, device=dev),
-                   z(batch, T + 1), z(batch, 1), z(batch, 1), z(batch, T + 1, dtype=torch.int32),
+                   z(batch, T + 1), z(batch, T, dtype=torch.bool), z(batch, 1, dtype=torch.bool),
+                   z(batch, 1), z(batch, 1), z(batch, T + 1, dtype=torch.int32),
                    z(batch, T), z(batch, T), z(batch, T), z(batch, T, dtype=torch.int32),
-                   z(batch, dtype=torch.int32))  # fmt: skip
+                   z(batch, dtype=torch.int32),
+                   tuple(zip(COMMIT_RING_PARAMS, rows.plan.layout.ring_names)))  # fmt: skip
 
     def map_parents(self, retrieve_parent_token: object, slots: torch.Tensor) -> torch.Tensor:
         """[batch, T] int32 parents from SGLang's retrieve_parent_token ([bs, T], None for a
@@ -119,10 +125,13 @@ class TreeRows:
             if reads_device_values(self.rows.plan):
                 _check_parents(p.tolist(), slots.tolist(), self.rows.plan.pad_slot_id)
             # int64 values clamp before the narrowing copy (2**32 + 1 would read as step 1).
-            self.parents.copy_(p if p.dtype == torch.int32 else p.clamp(-1, T))
-            # A parent outside [0, T) continues from the previous step, as SGLang's kernel does.
-            outside = (self.parents < 0) | (self.parents >= T)
-            torch.where(outside, self.prev, self.parents, out=self.parents)
+            if p.dtype == torch.int64:
+                p = torch.clamp(p, -1, T, out=self.key)  # (key is free until the commit)
+            # Values outside [0, T) all become -1 (T + 1 classes mod T + 1), then t - 1: the
+            # previous step, where SGLang's kernel continues from.
+            self.parents.copy_(p).clamp_(-1, T).add_(1).remainder_(T + 1).sub_(1)
+            torch.lt(self.parents, 0, out=self.outside)
+            torch.where(self.outside, self.prev, self.parents, out=self.parents)
         self.parents[:, 0] = -1  # token 0 starts from the slot's state
         return self.parents
 
@@ -145,14 +154,16 @@ class TreeRows:
         # Rows past SGLang's request count accept nothing (its CUDA-graph pads).
         self.node.fill_(T)
         self.node[:n, 0].copy_(last)
-        self.node.masked_fill_(self.node < 0, T).clamp_(max=T)
+        torch.lt(self.node, 0, out=self.neg)
+        self.node.masked_fill_(self.neg, T).clamp_(max=T)
         self.ext[:, :T].copy_(self.parents)
         self.ext[:, T] = -1
         self.mark.zero_()
         for _ in range(T):  # a path has at most T steps: parents[t] < t
             self.mark.scatter_(1, self.node, 1)
             torch.gather(self.ext, 1, self.node, out=self.hop)
-            self.node.copy_(self.hop).masked_fill_(self.hop < 0, T)
+            torch.lt(self.hop, 0, out=self.neg)
+            self.node.copy_(self.hop).masked_fill_(self.neg, T)
         torch.sum(self.mark[:, :T], dim=1, out=self.accepted)
         # The marked steps in increasing order come first: a root-to-node path (parents < t).
         # key = t + T * (1 - mark): t on the path, t + T off it
@@ -160,8 +171,7 @@ class TreeRows:
         torch.sort(self.key, dim=1, out=(self.ordered, self.order))
         self.path.copy_(self.ordered.remainder_(T))
         pool = layer.pool
-        rings = {arg: pool[name] for arg, name in zip(COMMIT_RING_PARAMS,
-                                                       layer.layout.ring_names)}  # fmt: skip
+        rings = {arg: pool[name] for arg, name in self.rings}
         OPS["commit_drafts"](self.rows.handle, cursors=pool["cursors"], **rings,
                              num_accepted=self.accepted, slot_indices=self.slots,
                              accepted_path=self.path, parents=self.parents)  # fmt: skip
