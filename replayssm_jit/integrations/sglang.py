@@ -212,13 +212,13 @@ class SGLangLayer(ReplaySSMLayer):
                     None, pad_slot_id, out, None, tree.cu, parents=parents)  # fmt: skip
         self._last_tree = tree
 
-    def tree_rows(self, batch: int, T: int, name: str) -> TreeRows:
+    def tree_rows(self, batch: int, tokens: int, name: str) -> TreeRows:
         """The tree verify's buffers of `batch` rows (made at the first call; prepare() before
         a CUDA-graph capture makes them for each size)."""
-        if T != self.layout.drafts:
+        if tokens != self.layout.drafts:
             raise ValueError(
                 f"{name}: expected {self.layout.drafts} tokens per row (the layout's drafts), "
-                f"got {T}"
+                f"got {tokens}"
             )
         tree = self._tree.get(batch)
         if tree is None:
@@ -254,8 +254,7 @@ class SGLangLayer(ReplaySSMLayer):
         tree, self._last_tree = self._last_tree, None
         if tree is None:
             raise ValueError(
-                "last_correct_step_indices: expected a tree verify since the last commit, got "
-                "none"
+                "last_correct_step_indices: expected a tree verify since the last commit, got none"
             )
         tree.commit(self, last_correct_step_indices)
 

@@ -14,8 +14,8 @@ from test_engine_calls_vllm import (
     I64,
     KH,
     SLOTS,
-    T,
     Mamba2Params,
+    T,
     assert_untouched,
     delta_params,
     delta_tokens,
@@ -82,14 +82,26 @@ def test_int64_counts_below_int32_do_not_wrap(monkeypatch):
 @pytest.mark.parametrize(
     "kw, error, message",
     [
-        ({"num_accepted_tokens": torch.tensor([1.0, 1.0])}, TypeError,
-         "num_accepted_tokens: expected dtype int32 or int64, got torch.float32"),
-        ({"num_accepted_tokens": torch.tensor([True, True])}, TypeError,
-         "num_accepted_tokens: expected dtype int32 or int64, got torch.bool"),
-        ({"cu_seqlens": torch.tensor([0.0, 3.0, 6.0])}, TypeError,
-         "cu_seqlens: expected dtype int32 or int64, got torch.float32"),
-        ({"state_batch_indices": torch.tensor([[1.0, 7, 8], [2, 7, 8]])}, TypeError,
-         "state_batch_indices: expected dtype int32 or int64, got torch.float32"),
+        (
+            {"num_accepted_tokens": torch.tensor([1.0, 1.0])},
+            TypeError,
+            "num_accepted_tokens: expected dtype int32 or int64, got torch.float32",
+        ),
+        (
+            {"num_accepted_tokens": torch.tensor([True, True])},
+            TypeError,
+            "num_accepted_tokens: expected dtype int32 or int64, got torch.bool",
+        ),
+        (
+            {"cu_seqlens": torch.tensor([0.0, 3.0, 6.0])},
+            TypeError,
+            "cu_seqlens: expected dtype int32 or int64, got torch.float32",
+        ),
+        (
+            {"state_batch_indices": torch.tensor([[1.0, 7, 8], [2, 7, 8]])},
+            TypeError,
+            "state_batch_indices: expected dtype int32 or int64, got torch.float32",
+        ),
     ],
     ids=["float_counts", "bool_counts", "float_cu_seqlens", "float_indices"],
 )

@@ -189,7 +189,7 @@ def test_gdn_tree_verify_as_sglang_calls_it():
         states = {}
         for r, s in enumerate(cache_indices.tolist()[:LIVE]):
 
-            def step(st, t, r=r):
+            def step(st, t, r=r, q=q, k=k, v=v, a=a, b=b):
                 i = r * T + t
                 g, beta = gdn_gates(A_log, a[i][None], dt_bias, b[i][None])
                 o_t, new = gdn_step(st[None], q[0, i][None], k[0, i][None], v[0, i][None], g,
@@ -206,16 +206,24 @@ def test_gdn_tree_verify_as_sglang_calls_it():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"intermediate_states_buffer": torch.zeros(BS, T, H, P, N)},
-         r"intermediate_states_buffer: expected None .* got torch.Size\(\[4, 4, 4, 8, 16\]\)"),
-        ({"intermediate_state_indices": torch.arange(BS, dtype=I32)},
-         "intermediate_state_indices: expected None"),
+        (
+            {"intermediate_states_buffer": torch.zeros(BS, T, H, P, N)},
+            r"intermediate_states_buffer: expected None .* got torch.Size\(\[4, 4, 4, 8, 16\]\)",
+        ),
+        (
+            {"intermediate_state_indices": torch.arange(BS, dtype=I32)},
+            "intermediate_state_indices: expected None",
+        ),
         ({"disable_state_update": False}, "disable_state_update: expected True .* got False"),
         ({"cache_steps": T + 1}, f"cache_steps: expected None or {T} .* got {T + 1}"),
-        ({"retrieve_parent_token": torch.tensor([[-1, 0, 3, 1]] * BS)},
-         r"retrieve_parent_token: expected an earlier step \(< 2\) .* got 3"),
-        ({"retrieve_parent_token": torch.zeros(BS, T)},
-         "retrieve_parent_token: expected dtype int32 or int64, got torch.float32"),
+        (
+            {"retrieve_parent_token": torch.tensor([[-1, 0, 3, 1]] * BS)},
+            r"retrieve_parent_token: expected an earlier step \(< 2\) .* got 3",
+        ),
+        (
+            {"retrieve_parent_token": torch.zeros(BS, T)},
+            "retrieve_parent_token: expected dtype int32 or int64, got torch.float32",
+        ),
     ],
     ids=["buffer", "buffer_indices", "state_update", "cache_steps", "later_parent", "float"],
 )
@@ -244,7 +252,9 @@ def test_out_of_range_accepted_steps_are_refused():
     ref = torch.zeros(SLOTS, H, P, N, dtype=F64)
     mamba2_round(gen, layer, ssm_state, params, cache_indices, ref, torch.tensor(TREES))
     before = snapshot(layer)
-    with pytest.raises(ValueError, match=r"last_correct_step_indices: expected a step in \[-1, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"last_correct_step_indices: expected a step in \[-1, 4\)"
+    ):
         layer.update_mamba_state_after_mtp_verify(torch.tensor([0, T, 1]), None, None, None)
     check_pads(layer, before, set())
 
