@@ -88,7 +88,7 @@ def mamba2_case():
     return gen, layer, ssm_state, (A, D, dt_bias)
 
 
-def mamba2_round(gen, layer, ssm_state, params, cache_indices, ref, rpt):
+def mamba2_round(gen, layer, ssm_state, params, cache_indices, ref, rpt, trees=TREES):
     """One verify as SGLang's mixer makes it; returns out and the reference states per row."""
     A, D, dt_bias = params
     x = torch.randn(BS * T, H, P, generator=gen)
@@ -114,7 +114,7 @@ def mamba2_round(gen, layer, ssm_state, params, cache_indices, ref, rpt):
                                  C4[r, t][None], D=D, dt_bias=dt_bias, dt_softplus=True)  # fmt: skip
             return o[0], new[0]
 
-        states[r], outs = over_tree(ref[s], TREES[r], step)
+        states[r], outs = over_tree(ref[s], trees[r], step)
         assert rel(out.view(BS, T, H, P)[r], torch.stack(outs)) < TOL, r
     assert torch.equal(out.view(BS, T, H, P)[LIVE:], torch.zeros(BS - LIVE, T, H, P))
     return states
@@ -279,3 +279,27 @@ def test_a_commit_that_ignores_the_tree_fails_the_comparison(monkeypatch):
     commit(layer, ref, cache_indices, states, LAST[0])
     with pytest.raises(AssertionError):
         mamba2_round(gen, layer, ssm_state, params, cache_indices, ref, rpt)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_trees_and_accepted_steps(seed):
+    """Random trees (parents earlier steps, or values outside [0, T) that continue the chain)
+    and random last accepted steps over rounds that cross the window."""
+    gen, layer, ssm_state, params = mamba2_case()
+    pick = torch.Generator().manual_seed(100 + seed)
+    cache_indices = layer.pad_rows(torch.tensor([2, 7, 4, 0], dtype=I32), LIVE)
+    ref = torch.zeros(SLOTS, H, P, N, dtype=F64)
+    before = snapshot(layer)
+    for _ in range(3 * L):
+        trees = []
+        for _ in range(BS):
+            row = [-1]
+            for t in range(1, T):
+                p = int(torch.randint(-1, t, (1,), generator=pick))
+                row.append(p if p >= 0 else int(torch.randint(T, 2**33, (1,), generator=pick)))
+            trees.append(row)
+        rpt = torch.tensor(trees, dtype=I64)
+        states = mamba2_round(gen, layer, ssm_state, params, cache_indices, ref, rpt, trees)
+        last = torch.randint(-1, T, (LIVE,), generator=pick).tolist()
+        commit(layer, ref, cache_indices, states, last)
+    check_pads(layer, before, {2, 7, 4})
