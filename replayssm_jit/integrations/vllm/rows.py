@@ -34,7 +34,12 @@ def reads_device_values(plan: DecodePlan) -> bool:
 
 
 def narrow_to_int32(
-    name: str, src: torch.Tensor, dst: torch.Tensor, wide: torch.Tensor, reads: bool
+    name: str,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    wide: torch.Tensor,
+    reads: bool,
+    what: str = "slot ids",
 ) -> torch.Tensor:
     """`src` (int32 or int64, shaped as `dst`) copied into the int32 buffer `dst`. int64 values
     outside int32 raise where values are read, and else saturate through the int64 buffer
@@ -45,7 +50,7 @@ def narrow_to_int32(
                         if not INT32_MIN <= v <= INT32_MAX), None)  # fmt: skip
             if bad is not None:
                 raise ValueError(
-                    f"{name}: expected slot ids in the int32 range [{INT32_MIN}, {INT32_MAX}], "
+                    f"{name}: expected {what} in the int32 range [{INT32_MIN}, {INT32_MAX}], "
                     f"got {bad[1]} in row {bad[0]}"
                 )
         else:
