@@ -173,7 +173,7 @@ def test_mamba2_decode_as_sglang_calls_it():
     for name, t in layer.pool.items():
         for s in (0, 2, 3, 4, 6, 7):
             assert torch.equal(before[name][s], t[s]), (name, s)
-    with pytest.raises(TypeError, match="not supported yet"):
+    with pytest.raises(ValueError, match="disable_state_update: expected False for a one-token"):
         layer.selective_state_update(
             ssm_state, x_h, dt[:, :, None].expand(-1, -1, P), A_expanded, B_h, C_h, D_expanded,
             dt_bias=dt_bias.view(H, 1).expand(H, P), dt_softplus=True,

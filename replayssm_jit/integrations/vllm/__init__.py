@@ -25,7 +25,7 @@ import torch
 
 from replayssm_jit.families.layout import CacheLayout, family_layout
 from replayssm_jit.integrations.vllm.backend import ReplaySSMBackend, VLLMLayer
-from replayssm_jit.integrations.vllm.rows import NULL_BLOCK_ID
+from replayssm_jit.integrations.vllm.rows import NULL_BLOCK_ID, narrow_to_int32
 from replayssm_jit.ops import gdn_decode, gdn_verify, mamba2_decode, mamba2_verify
 from replayssm_jit.ops.decode import reads_device_values
 from replayssm_jit.ops.plan import DecodePlan
@@ -78,22 +78,13 @@ def slot_ids(name: str, indices: object, plan: DecodePlan) -> torch.Tensor:
 
 
 def _narrow(name: str, t: torch.Tensor, plan: DecodePlan, what: str) -> torch.Tensor:
-    """`t` as int32 contiguous; int64 values outside int32 raise in eager mode, and inside a
-    graph become int32's max (an out-of-range slot id the kernels fault, or a count they clamp)
-    rather than wrapping (2**32 + 1 would name slot 1)."""
-    if t.dtype == torch.int64:
-        lo, hi = -(2**31), 2**31 - 1
-        if reads_device_values(plan):
-            values = t.tolist()
-            bad = next(((i, v) for i, v in enumerate(values) if not lo <= v <= hi), None)
-            if bad is not None:
-                raise ValueError(
-                    f"{name}: expected {what} in the int32 range [{lo}, {hi}], got {bad[1]} "
-                    f"in row {bad[0]}"
-                )
-        else:
-            t = torch.where((t < lo) | (t > hi), hi, t)
-    return t.to(torch.int32).contiguous()
+    """`t` as int32 contiguous, through rows.narrow_to_int32 (int64 values outside int32 raise
+    where values are read, and saturate otherwise rather than wrap)."""
+    if t.dtype == torch.int32:
+        return t.contiguous()
+    dst = torch.empty(t.shape, dtype=torch.int32, device=t.device)
+    wide = torch.empty(t.shape, dtype=torch.int64, device=t.device)
+    return narrow_to_int32(name, t, dst, wide, reads_device_values(plan), what)
 
 
 def accepted_counts(num_accepted_tokens: object, plan: DecodePlan) -> torch.Tensor | None:

@@ -62,7 +62,9 @@ class VLLMLayer(ReplaySSMLayer):
         pad_slot_id: int | None = None,
     ) -> None:
         """mamba_ssm's order (D, z, dt_bias); pad_slot_id is older vLLM's name for
-        null_block_id. Stochastic rounding is the plan's (plan_options), not per call."""
+        null_block_id. Stochastic rounding is the plan's (plan_options), not per call: its
+        generator is ours, so cache_philox_rounds (vLLM's generator's rounds) and is_blackwell
+        (vLLM's kernel choice) select nothing here."""
         if pad_slot_id is not None:
             null_block_id = pad_slot_id
         if bool(enable_stochastic_rounding) != ("sr" in self.flags):

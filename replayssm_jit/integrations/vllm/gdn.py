@@ -25,7 +25,7 @@ import math
 import torch
 
 from replayssm_jit.integrations.vllm.layer import ReplaySSMLayer
-from replayssm_jit.integrations.vllm.mamba2 import _check_uniform, tokens_per_row
+from replayssm_jit.integrations.vllm.mamba2 import _check_uniform, _check_varlen, tokens_per_row
 
 __all__ = ["gdn_call", "gdn_packed_call", "kda_call"]
 
@@ -61,20 +61,35 @@ def _lead_view(name: str, t: object, lead: tuple[int, ...], inner: int) -> torch
     return t.view(*lead, *inner_shape)
 
 
-def _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted, o) -> None:
+def _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted, o,
+           parents=None, cu_seqlens=None) -> None:  # fmt: skip
+    """One launch; with cu_seqlens (varlen rows of 0..T tokens, `lead` the packed tokens) the
+    inputs are gathered into the plan's [batch, T, ...] buffers and o scattered back."""
     gates = rows.step_gates if T == 1 else rows.draft_gates
-    inner = gates[0].dim() - len(lead)
-    a32 = gates[0].copy_(_lead_view("a", a, lead, inner))
-    b32 = gates[1].copy_(_lead_view("b", b, lead, 1))
-    qkv = {n: _lead_view(n, t, lead, 2) for n, t in (("q", q), ("k", k), ("v", v))}
+    extra = {} if parents is None else {"parents": parents}
+    views = {n: _lead_view(n, t, lead, 2) for n, t in (("q", q), ("k", k), ("v", v))}
+    inner = gates[0].dim() - (1 if T == 1 else 2)  # a's per-token dims: [HV] or KDA's [HV, K]
+    a, b = _lead_view("a", a, lead, inner), _lead_view("b", b, lead, 1)
+    if cu_seqlens is None:
+        a32, b32 = gates[0].copy_(a), gates[1].copy_(b)
+        qkv, out = views, o.view(*lead, *o.shape[-2:])
+    else:
+        tokens, packed = lead[0], rows.packed_rows()
+        packed.lay_out(cu_seqlens, tokens)
+        a32 = packed.gather_gate("a", a, tokens, gates[0])
+        b32 = packed.gather_gate("b", b, tokens, gates[1])
+        qkv = {n: packed.gather_in(n, t) for n, t in views.items()}
+        out, extra["num_drafts"] = packed.padded["out"], packed.num_drafts
     layer.launch(rows, "decode" if T == 1 else "verify", **qkv, a=a32, b=b32,
                  A_log=A_log.to(torch.float32), dt_bias=dt_bias.to(torch.float32),
-                 slot_indices=slots, num_accepted=accepted,
-                 out=o.view(*lead, *o.shape[-2:]))  # fmt: skip
+                 slot_indices=slots, num_accepted=accepted, out=out, **extra)  # fmt: skip
+    if cu_seqlens is not None:
+        packed.scatter_out(o.view(lead[0], *o.shape[-2:]), lead[0])
 
 
 def _rows_of(layer, q, cu_seqlens, ssm_state_indices):
-    """(rows, T, lead) of a call whose q is [1, N*T, H, K] with cu_seqlens or [N, T, H, K]."""
+    """(rows, T, lead, varlen cu_seqlens or None) of a call whose q is [1, N*T, H, K] with
+    cu_seqlens or [N, T, H, K]; fewer than N*T tokens are varlen rows of 0..T tokens."""
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError(f"q: expected [B, T, H, K], got {getattr(q, 'shape', q)}")
     if cu_seqlens is None:
@@ -84,18 +99,24 @@ def _rows_of(layer, q, cu_seqlens, ssm_state_indices):
     else:
         if q.shape[0] != 1:
             raise ValueError(f"q: expected [1, tokens, H, K] with cu_seqlens, got {list(q.shape)}")
-        batch, T, _ = tokens_per_row("q", q.shape[1], cu_seqlens, layer)
+        batch, T, varlen = tokens_per_row("q", q.shape[1], cu_seqlens, layer, varlen=True)
+        if varlen:
+            rows = layer.rows(batch)
+            _check_varlen(cu_seqlens, q.shape[1], T, rows)
+            return rows, T, (q.shape[1],), cu_seqlens
     rows = layer.rows(batch)
     _check_uniform(cu_seqlens, batch, T, layer, rows)
-    return rows, T, (batch,) if T == 1 else (batch, T)
+    return rows, T, (batch,) if T == 1 else (batch, T), None
 
 
 def gdn_call(
     layer: ReplaySSMLayer,
     A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state, inplace_final_state,
     cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, is_kda,
+    *, parents=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """fused_sigmoid_gating_delta_rule_update on the layer: a step (T = 1) or an MTP verify."""
+    """fused_sigmoid_gating_delta_rule_update on the layer: a step (T = 1) or an MTP verify
+    (with `parents`, the [batch, T] draft tree of SGLang's tree verify)."""
     layer.check_state(initial_state)
     if is_kda:
         raise ValueError(
@@ -111,12 +132,13 @@ def gdn_call(
             f"beta, threshold: expected softplus(beta=1.0, threshold=20.0) as the kernels form "
             f"it, got beta={beta}, threshold={threshold}"
         )
-    rows, T, lead = _rows_of(layer, q, cu_seqlens, ssm_state_indices)
+    rows, T, lead, varlen = _rows_of(layer, q, cu_seqlens, ssm_state_indices)
     _check_plan_scalars(layer, rows, scale, use_qk_l2norm_in_kernel)
     slots = rows.slot_ids("ssm_state_indices", ssm_state_indices)
     accepted = rows.accepted_from_engine(num_accepted_tokens, layer.pool["cursors"], slots)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # as the engine's kernel returns it
-    _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted, o)
+    _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted, o, parents,
+           varlen)  # fmt: skip
     return o, initial_state
 
 
@@ -165,11 +187,12 @@ def kda_call(
     layer.check_state(initial_state)
     if dt_bias is None:
         raise ValueError("dt_bias: expected the layer's [HV * K] bias, got None")
-    rows, T, lead = _rows_of(layer, q, cu_seqlens, ssm_state_indices)
+    rows, T, lead, varlen = _rows_of(layer, q, cu_seqlens, ssm_state_indices)
     _check_plan_scalars(layer, rows, None, True, lower_bound)
     slots = rows.slot_ids("ssm_state_indices", ssm_state_indices)
     accepted = rows.accepted_from_engine(num_accepted_tokens, layer.pool["cursors"], slots)
     if out is None:
         out = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # as the engine's kernel does
-    _delta(layer, rows, T, lead, q, k, v, g, beta, A_log, dt_bias, slots, accepted, out)
+    _delta(layer, rows, T, lead, q, k, v, g, beta, A_log, dt_bias, slots, accepted, out,
+           cu_seqlens=varlen)  # fmt: skip
     return out, initial_state

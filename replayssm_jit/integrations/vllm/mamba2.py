@@ -31,6 +31,8 @@ def tokens_per_row(
         return tokens, 1, False
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or len(cu_seqlens) < 2:
         raise ValueError(f"cu_seqlens: expected a [batch + 1] tensor, got {cu_seqlens!r:.80}")
+    if cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cu_seqlens: expected dtype int32 or int64, got {cu_seqlens.dtype}")
     batch, drafts = cu_seqlens.shape[0] - 1, layer.layout.drafts
     if varlen and drafts > 1 and batch < tokens < batch * drafts:
         return batch, drafts, True
@@ -80,9 +82,10 @@ def mamba2_call(
     layer: ReplaySSMLayer,
     state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
     state_batch_indices, dst_state_batch_indices, null_block_id, out, num_accepted_tokens,
-    cu_seqlens,
+    cu_seqlens, *, parents=None,
 ) -> None:  # fmt: skip
-    """The shared body: checks, index mapping, then one registered op (writes `out`)."""
+    """The shared body: checks, index mapping, then one registered op (writes `out`).
+    `parents` ([batch, T] int32, the verify's draft tree) is the SGLang tree verify's."""
     layer.check_state(state)
     if null_block_id != layer.pad_slot_id:
         raise ValueError(
@@ -118,15 +121,15 @@ def mamba2_call(
     lead = (batch,) if T == 1 else (batch, T)
     gates = rows.step_gates if T == 1 else rows.draft_gates
     named = (("x", x), ("B", B), ("C", C), ("z", z))
+    tree = {} if parents is None else {"parents": parents}  # (the decode op takes none)
     if varlen:  # rows of 1..T tokens: gathered into the plan's [batch, T, ...] buffers
         packed = rows.packed_rows()
         packed.lay_out(cu_seqlens, x.shape[0])
-        packed.dt[: x.shape[0]].copy_(dt)
-        torch.index_select(packed.dt, 0, packed.src.view(-1), out=gates[0].view(batch * T, -1))
+        packed.gather_gate("dt", dt, x.shape[0], gates[0])
         tokens = {n: None if t is None else packed.gather_in(n, t) for n, t in named}
         layer.launch(rows, "verify", **tokens, out=packed.padded["out"], dt=gates[0], A=A, D=D,
                      dt_bias=dt_bias, slot_indices=slots, num_accepted=accepted,
-                     num_drafts=packed.num_drafts)  # fmt: skip
+                     num_drafts=packed.num_drafts, **tree)  # fmt: skip
         packed.scatter_out(out, x.shape[0])
         return
     # (the buffer is contiguous, so any dt strides copy in; splitting dim 0 is always a view)
@@ -134,7 +137,7 @@ def mamba2_call(
     tokens = {n: None if t is None else t.unflatten(0, lead) for n, t in named}
     layer.launch(rows, "decode" if T == 1 else "verify", **tokens, out=out.unflatten(0, lead),
                  dt=gates[0], A=A, D=D, dt_bias=dt_bias, slot_indices=slots,
-                 num_accepted=accepted)  # fmt: skip
+                 num_accepted=accepted, **tree)  # fmt: skip
 
 
 def _check_varlen(cu_seqlens: torch.Tensor, tokens: int, T: int, rows) -> None:

@@ -33,6 +33,31 @@ def reads_device_values(plan: DecodePlan) -> bool:
     return decode.reads_device_values(plan) and not torch.compiler.is_compiling()
 
 
+def narrow_to_int32(
+    name: str,
+    src: torch.Tensor,
+    dst: torch.Tensor,
+    wide: torch.Tensor,
+    reads: bool,
+    what: str = "slot ids",
+) -> torch.Tensor:
+    """`src` (int32 or int64, shaped as `dst`) copied into the int32 buffer `dst`. int64 values
+    outside int32 raise where values are read, and else saturate through the int64 buffer
+    `wide` (a plain copy would wrap: 2**32 + 1 would name slot 1)."""
+    if src.dtype == torch.int64:
+        if reads:
+            bad = next(((i, v) for i, v in enumerate(src.tolist())
+                        if not INT32_MIN <= v <= INT32_MAX), None)  # fmt: skip
+            if bad is not None:
+                raise ValueError(
+                    f"{name}: expected {what} in the int32 range [{INT32_MIN}, {INT32_MAX}], "
+                    f"got {bad[1]} in row {bad[0]}"
+                )
+        else:
+            src = torch.clamp(src, INT32_MIN, INT32_MAX, out=wide[: src.shape[0]])
+    return dst.copy_(src)
+
+
 @dataclass(eq=False)
 class LayerRows:
     """A plan with its torch.library handle and the buffers an adapter writes instead of
@@ -44,9 +69,10 @@ class LayerRows:
     gather: torch.Tensor  # [batch] int32: slot ids with pads clamped to a readable row
     pending: torch.Tensor  # [batch] int32: cursor word 3 of each row's slot
     accepted: torch.Tensor  # [batch] int32: the ops' num_accepted
+    wide: torch.Tensor  # [batch] int64: int64 indices and counts saturated before narrowing
     step_gates: tuple[torch.Tensor, ...]  # FP32 [batch, ...] per family (dt; a, b)
     draft_gates: tuple[torch.Tensor, ...]  # the same with a draft dim [batch, T, ...]
-    packed: PackedRows | None = None  # Mamba-2 with drafts: varlen MTP's row buffers
+    packed: PackedRows | None = None  # a layout with drafts: varlen MTP's row buffers
 
     @classmethod
     def make(cls, plan: DecodePlan) -> LayerRows:
@@ -64,16 +90,15 @@ class LayerRows:
             return torch.zeros(batch, dtype=torch.int32, device=dev)
 
         return cls(
-            plan, plan_handle(plan), ints(), ints(), ints(), ints(), gates((batch,)),
+            plan, plan_handle(plan), ints(), ints(), ints(), ints(),
+            torch.zeros(batch, dtype=torch.int64, device=dev), gates((batch,)),
             gates((batch, T)) if T > 1 else (),
         )  # fmt: skip
 
     def packed_rows(self) -> PackedRows:
         """Varlen MTP's row buffers, made at the first packed call (warm-up, before capture)."""
         if self.packed is None:
-            plan = self.plan
-            self.packed = PackedRows.make(plan.batch_size, plan.layout.drafts, plan.layout.shape,
-                                          plan.layout.act_dtype, plan.device)  # fmt: skip
+            self.packed = PackedRows.make(self.plan)
         return self.packed
 
     # -----------------------------------------------------------------------------------------
@@ -95,11 +120,8 @@ class LayerRows:
         column = indices[:batch, 0] if indices.dim() == 2 else indices[:batch]
         if column.dtype == torch.int32 and column.is_contiguous():
             return column
-        if column.dtype == torch.int64 and reads_device_values(self.plan):
-            bad = [v for v in column.tolist() if not INT32_MIN <= v <= INT32_MAX]
-            if bad:
-                raise ValueError(f"{name}: expected slot ids in the int32 range, got {bad[0]}")
-        return self.slots.copy_(column)
+        return narrow_to_int32(name, column, self.slots, self.wide,
+                               reads_device_values(self.plan))  # fmt: skip
 
     def same_slots(self, name: str, dst: object, src: object, slots: torch.Tensor) -> None:
         """dst_state_batch_indices must name the slots state_batch_indices names: a ReplaySSM
@@ -145,8 +167,10 @@ class LayerRows:
         torch.index_select(cursors[:, CURSOR_PENDING], 0, self.gather, out=self.pending)
         if reads_device_values(self.plan):
             self._check_counts(counts, slots)
-        torch.minimum(counts, self.pending, out=self.accepted)  # (int64 counts narrow in place)
-        return self.accepted
+        # Through int64, floored at 0: a count below int32's range must not wrap to a positive one
+        # where values are not read (a graph replay); there it commits nothing.
+        torch.minimum(counts, self.pending, out=self.wide)
+        return self.accepted.copy_(self.wide.clamp_(min=0))
 
     def _check_counts(self, counts: torch.Tensor, slots: torch.Tensor) -> None:
         pad = self.plan.pad_slot_id

@@ -1,6 +1,7 @@
 """vLLM's varlen MTP call (packed [tokens, ...] with cu_seqlens, rows of 1..T tokens) laid out
 as the verify op's [batch, T, ...] rows and back, in plan-owned buffers: gathers and a
-searchsorted on the device, no allocation, no host read under capture."""
+searchsorted on the device, no allocation, no host read under capture. Any family: the
+buffers follow its per-token inputs (Mamba-2 x, z, B, C, dt; GDN / KDA q, k, v, a, b)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from dataclasses import dataclass
 
 import torch
 
+from replayssm_jit.families.schema import expected_shape
+
 __all__ = ["PackedRows"]
 
 
 @dataclass(frozen=True)
 class PackedRows:
-    """Index and padded-row buffers of one Mamba-2 plan with drafts (T >= 2)."""
+    """Index and padded-row buffers of one plan with drafts (T >= 2)."""
 
     num_drafts: torch.Tensor  # [batch] int32: the tokens of each row
     src: torch.Tensor  # [batch, T] int64: the packed token a padded row reads
@@ -24,24 +27,30 @@ class PackedRows:
     steps: torch.Tensor  # [T] int64: 0..T-1
     token_ids: torch.Tensor  # [batch * T] int32 and int64: 0..batch*T-1
     token_ids64: torch.Tensor
-    dt: torch.Tensor  # [batch * T, H] float32: the packed dt before its gather
-    padded: dict  # x, B, C, z, out as [batch, T, ...] in the activation dtype
+    staged: dict  # FP32 gates (dt; a, b) as packed [batch * T, ...], before their gather
+    padded: dict  # token inputs and out as [batch, T, ...] in the activation dtype
 
     @classmethod
-    def make(cls, batch: int, T: int, shape, act_dtype, device) -> PackedRows:
-        H, P, G, N = shape.value_heads, shape.value_dim, shape.key_heads, shape.key_dim
+    def make(cls, plan) -> PackedRows:
+        batch, T, shape, device = (plan.batch_size, plan.layout.drafts, plan.layout.shape,
+                                   plan.device)  # fmt: skip
 
         def buf(*s, dtype=torch.int64):
             return torch.zeros(s, dtype=dtype, device=device)
 
-        padded = {n: buf(batch, T, *s, dtype=act_dtype)
-                  for n, s in (("x", (H, P)), ("z", (H, P)), ("B", (G, N)), ("C", (G, N)),
-                               ("out", (H, P)))}  # fmt: skip
+        lead = [arg for arg in plan.family.inputs if arg.shape[:1] == ("lead",)
+                and arg.present(plan.spec.flags)]  # fmt: skip
+        padded = {arg.name: buf(*expected_shape(arg, shape, (batch, T)),
+                                dtype=plan.layout.act_dtype)
+                  for arg in lead if arg.dtype == "act"}  # fmt: skip
+        padded["out"] = buf(batch, T, shape.value_heads, shape.value_dim,
+                            dtype=plan.layout.act_dtype)  # fmt: skip
+        staged = {arg.name: buf(*expected_shape(arg, shape, (batch * T,)), dtype=torch.float32)
+                  for arg in lead if arg.dtype == "f32"}  # fmt: skip
         ids = torch.arange(batch * T, device=device)
         return cls(buf(batch, dtype=torch.int32), buf(batch, T), buf(batch * T),
                    buf(batch * T), buf(batch), buf(batch), torch.arange(T, device=device),
-                   ids.to(torch.int32), ids, buf(batch * T, H, dtype=torch.float32),
-                   padded)  # fmt: skip
+                   ids.to(torch.int32), ids, staged, padded)  # fmt: skip
 
     def lay_out(self, cu_seqlens: torch.Tensor, tokens: int) -> None:
         """Row lengths, and the gathers both ways, from cu_seqlens [batch + 1]."""
@@ -66,6 +75,14 @@ class PackedRows:
         buf = self.padded[name]
         torch.index_select(packed, 0, self.src.view(-1), out=buf.view(-1, *buf.shape[2:]))
         return buf
+
+    def gather_gate(self, name: str, packed: torch.Tensor, tokens: int, dest: torch.Tensor):
+        """packed [tokens, ...] gates (any float dtype and strides) into the plan's FP32
+        [batch, T, ...] gate buffer `dest`."""
+        stage = self.staged[name]
+        stage[:tokens].copy_(packed)
+        torch.index_select(stage, 0, self.src.view(-1), out=dest.view(-1, *stage.shape[1:]))
+        return dest
 
     def scatter_out(self, out: torch.Tensor, tokens: int) -> None:
         """The padded outputs back into the engine's packed out [tokens, ...]."""
