@@ -92,11 +92,14 @@ struct OpenedStep {
   int held, epoch;
   // False for a cursor no launch leaves: the row then touches nothing of its slot (NaN outputs).
   __host__ __device__ __forceinline__ bool valid() const { return !REPLAY || held_count_valid<L, CAP>(held); }
-  // Literals for a conventional step, so that the kernel's loops over records fold as constants.
-  __host__ __device__ __forceinline__ StepDecision decide(bool flush_every_step) const {
+  // every_step() (flush-every-step mode) is called only where the record count does not already
+  // decide, as `||` would read a flag; literals for a conventional step, so that the kernel's
+  // loops over records fold as constants.
+  template <class EveryStep>
+  __host__ __device__ __forceinline__ StepDecision decide(EveryStep every_step) const {
     if constexpr (REPLAY) {
       const int records = held + 1;
-      return {held, records, epoch, records >= L || flush_every_step};
+      return {held, records, epoch, records >= L || every_step()};
     } else {
       return {0, 1, 0, true};
     }
@@ -125,14 +128,15 @@ __device__ __forceinline__ void store_step(int32_t* words, const StepDecision& s
 }
 template <int L, int CAP>
 struct HandedStep {
-  int held, epoch;
+  int held;
   bool flush;
+  int epoch;
   __host__ __device__ __forceinline__ bool valid() const { return held_count_valid<L, CAP>(held); }
   __host__ __device__ __forceinline__ StepDecision decide() const { return {held, held + 1, epoch, flush}; }
 };
 template <int L, int CAP>
 __device__ __forceinline__ HandedStep<L, CAP> load_step(const int32_t* words) {
-  return {words[0], words[2], words[1] != 0};
+  return {words[0], words[1] != 0, words[2]};  // the words in order
 }
 
 // Closes a split step: one state CTA of the row, past the records kernel (no cursor readers left).

@@ -494,7 +494,7 @@ struct Kernel {
       fill_outputs<ROWS, kThreads>(out, fault_output());
       return;
     }
-    const StepDecision d = opened.decide(REPLAY && p.flush_every_step);  // (no flag load where conventional)
+    const StepDecision d = opened.decide([&] { return p.flush_every_step; });
     const int held = d.held, records = d.records;
     const bool flush = d.flush;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(d.epoch) : 0;

@@ -40,7 +40,7 @@ def _cuda_decisions(tmp_path, step_header: str) -> dict[tuple, tuple[int, int]]:
             lines.append(
                 f"  {{ const auto o = replayssm::OpenedStep<true, {L}, {cap}>{{{held}, 7}};"
                 f' std::printf("%d %d\\n", int(o.valid()),'
-                f" o.valid() ? int(o.decide({str(every_step).lower()}).flush) : -1); }}"
+                f" o.valid() ? int(o.decide([] {{ return {str(every_step).lower()}; }}).flush) : -1); }}"
             )
     program = (
         f'#include <cstdio>\n#include "{step_header}"\nint main() {{\n' + "\n".join(lines) + "\n}\n"
