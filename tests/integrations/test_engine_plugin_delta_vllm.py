@@ -274,7 +274,7 @@ class KDARun:
         self.layer._forward(q, k, v, g1, beta, out)
         g = self.kda.fused_kda_gate(g1[0].flatten(-2), self.A_log, KD, self.dt_bias, -5.0)
         errors = {}
-        for r, s in enumerate(decodes if not prefills else ()):
+        for r, s in enumerate(decodes):  # with a prefill, Kimi runs them through the chunk kernel
             if s == 0:
                 assert torch.equal(out[0, r], torch.zeros(HV, KD)), "a pad row's output"
                 continue
@@ -287,27 +287,39 @@ class KDARun:
         return errors
 
 
-@pytest.mark.parametrize("broken", [False, True], ids=["reset", "broken-no-reset"])
+@pytest.mark.parametrize("broken", [None, ("flush",), ("flush", "reset")],
+                         ids=["ok", "no-flush", "no-flush-no-reset"])  # fmt: skip
 def test_kda_decode_after_a_prefill_starts_from_the_written_state(vllm, monkeypatch, broken):
+    """Kimi-Linear's layer runs a mixed batch's decode rows through the chunk kernel from
+    ssm_state[idx]: their held records are folded in first (flush_held), or that start state
+    is stale; the prefill's slots are reset after (reset_held; the flush, which covers every
+    non-spec row here, resets them too). A plugin that does neither fails."""
     assert plugin.register() is True
-    if broken:
-        monkeypatch.setattr(hooks, "reset_held", lambda layer, slots: None)
+    for name in broken or ():
+        monkeypatch.setattr(hooks, f"{name}_held", lambda layer, slots: None)
     run = KDARun(vllm, torch.Generator().manual_seed(21))
     run.step([], [2, 5], [3, 2])
     for _ in range(3):
         assert max(run.step([2, 5, 0]).values()) < TOL
     layer = plugin.BACKEND.layer(run.state)
     assert "gates_in_kernel" not in layer.flags  # fla's form: vLLM forms g and beta
-    assert layer.pool["cursors"][5, CURSOR_HELD] > 0
-    quiet = [0, 1, 2, 3, 4, 6, 8]
+    assert layer.pool["cursors"][[2, 5], CURSOR_HELD].min() > 0
+    quiet = [0, 1, 3, 4, 6, 8]
     before = snapshot(layer, quiet)
-    run.step([], [5, 7], [2, 3])  # slot 5 recycled for a new request
-    if not broken:
-        assert torch.equal(layer.pool["cursors"][[5, 7]], torch.zeros(2, 4, dtype=I32))
+    mixed = run.step([2], [5, 7], [2, 3])  # slot 2 decodes; slot 5 recycled for a new request
+    assert (mixed[2] > 1e-2) if broken else (mixed[2] < TOL)
+    if broken is None:
+        assert torch.equal(layer.pool["cursors"][[2, 5, 7]], torch.zeros(3, 4, dtype=I32))
     assert all(torch.equal(before[n], t) for n, t in snapshot(layer, quiet).items())
     errors = [run.step([2, 5, 7, 0]) for _ in range(3)]
     assert len(vllm[KDA].prefill_calls) == 2
-    if broken:
-        assert errors[0][5] > 1e-2 and errors[0][2] < TOL
-    else:
+    if broken == ("flush", "reset"):
+        assert errors[0][5] > 1e-2 and errors[0][7] < TOL
+    elif not broken:
         assert max(max(e.values()) for e in errors) < TOL
+        # flush_held on its own: slot 2's checkpoint becomes its current state; pads keep bits.
+        before = snapshot(layer, quiet)
+        hooks.flush_held(layer, torch.tensor([2, 0, -1, SLOTS], dtype=I32))
+        assert torch.equal(layer.pool["cursors"][2], torch.zeros(4, dtype=I32))
+        assert rel(run.state[2], run.ref[2]) < TOL
+        assert all(torch.equal(before[n], t) for n, t in snapshot(layer, quiet).items())

@@ -16,7 +16,10 @@ the slot's cursor still holds (a recycled slot's) would then be replayed on top 
 layer class is replaced, through vLLM's own PluggableLayer / CustomOp.register_oot, by a
 subclass whose core method (the one that runs the prefill and writes the state) calls vLLM's
 and then drops the cursors of the slots the prefill wrote (HeldReset: index ops on the device,
-no host sync, no Python loop per slot, pads untouched).
+no host sync, no Python loop per slot, pads untouched). Where vLLM runs a batch's decode rows
+through the chunk kernel too (Kimi-Linear's KDA layer; GDN before vLLM peeled decodes off), it
+reads their ssm_state[idx] as the start state, so their held records are first folded into the
+checkpoint (HeldReset.flush, through materialize_states).
 """
 
 from __future__ import annotations
@@ -31,8 +34,11 @@ import torch
 from replayssm_jit.families.layout import gdn_layout, kda_layout
 from replayssm_jit.integrations.vllm.backend import NULL_BLOCK_ID, ReplaySSMBackend, VLLMLayer
 from replayssm_jit.jit import env
+from replayssm_jit.ops.prefix import materialize_states
 
-__all__ = ["DECODE_NAMES", "HOOKS", "HeldReset", "drafts_hint", "install", "reset_held"]
+__all__ = [
+    "DECODE_NAMES", "HOOKS", "HeldReset", "drafts_hint", "flush_held", "install", "reset_held",
+]  # fmt: skip
 
 logger = logging.getLogger("replayssm_jit.vllm")
 
@@ -76,19 +82,38 @@ def _mamba2_prefill_slots(md) -> torch.Tensor | None:
     return slots
 
 
+def _kda_flush_slots(md) -> torch.Tensor | None:
+    """Kimi-Linear runs every non-spec row of a batch with a prefill (decodes too) through the
+    chunk kernel, from ssm_state[idx]."""
+    return md.non_spec_state_indices_tensor
+
+
+def _gdn_flush_slots(md) -> torch.Tensor | None:
+    """Older vLLM ran a mixed batch's decode rows through the chunk kernel too; newer vLLM
+    peels them off (prefill_state_indices), and a prefill's own slots hold no records."""
+    if getattr(md, "prefill_state_indices", None) is None:
+        return md.non_spec_state_indices_tensor
+    return None
+
+
 @dataclass(frozen=True)
 class Hook:
-    """A layer class whose `methods[0 or later]` runs the prefill and writes the state."""
+    """A layer class whose method (the first of `methods` it has) runs the prefill and writes
+    the state: `prefill_slots` names the slots written, `flush_slots` those whose current
+    state the chunk kernel reads from ssm_state[idx] (decode rows in a batch with a prefill)."""
 
     module: str
     cls: str
     methods: tuple[str, ...]
     prefill_slots: Callable[[object], torch.Tensor | None]
+    flush_slots: Callable[[object], torch.Tensor | None] = lambda md: None
 
 
 HOOKS = (
-    Hook(GDN_MODULE, "QwenGatedDeltaNetAttention", ("_forward_core",), _gdn_prefill_slots),
-    Hook(KDA_MODULE, "KimiGatedDeltaNetAttention", ("_forward",), _kda_prefill_slots),
+    Hook(GDN_MODULE, "QwenGatedDeltaNetAttention", ("_forward_core",), _gdn_prefill_slots,
+         _gdn_flush_slots),
+    Hook(KDA_MODULE, "KimiGatedDeltaNetAttention", ("_forward",), _kda_prefill_slots,
+         _kda_flush_slots),
     *(Hook(m, "MambaMixer2", ("conv_ssm_forward", "forward_cuda"), _mamba2_prefill_slots)
       for m in MAMBA2_MODULES),
 )  # fmt: skip
@@ -106,6 +131,7 @@ class HeldReset:
         slots = cursors.shape[0]
         # A pad row's write must land on a row no live id names: vLLM's null block.
         self.pad_row = pad_slot_id if 0 <= pad_slot_id < slots else 0
+        self.states: torch.Tensor | None = None  # flush's FP32 states, made at its first use
         self._grow(slots)
 
     def _grow(self, n: int) -> None:
@@ -115,7 +141,8 @@ class HeldReset:
         self.scratch = torch.empty(n, dtype=torch.bool, device=dev)
         self.rows = torch.empty(n, self.cursors.shape[1], dtype=self.cursors.dtype, device=dev)
 
-    def __call__(self, slots: torch.Tensor) -> None:
+    def _targets(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(target rows, pad mask) of `slots` in the buffers; None for no rows."""
         if not isinstance(slots, torch.Tensor):
             raise TypeError(f"slots: expected a torch.Tensor, got {type(slots).__name__}")
         if slots.dtype.is_floating_point or slots.dtype.is_complex or slots.dtype == torch.bool:
@@ -123,11 +150,10 @@ class HeldReset:
         ids = slots.reshape(-1)
         n = ids.numel()
         if n == 0:
-            return
+            return None
         if n > self.target.numel():
             self._grow(n)
-        target, is_pad, scratch, rows = (self.target[:n], self.is_pad[:n], self.scratch[:n],
-                                         self.rows[:n])  # fmt: skip
+        target, is_pad, scratch = self.target[:n], self.is_pad[:n], self.scratch[:n]
         target.copy_(ids)
         torch.eq(target, self.pad, out=is_pad)
         torch.lt(target, 0, out=scratch)
@@ -135,21 +161,68 @@ class HeldReset:
         torch.ge(target, self.cursors.shape[0], out=scratch)
         is_pad.logical_or_(scratch)
         target.masked_fill_(is_pad, self.pad_row)
+        return target, is_pad
+
+    def __call__(self, slots: torch.Tensor) -> None:
+        found = self._targets(slots)
+        if found is None:
+            return
+        target, is_pad = found
+        rows = self.rows[: target.shape[0]]
         torch.index_select(self.cursors, 0, target, out=rows)
         rows.mul_(is_pad.unsqueeze(1))  # live rows zero, pad rows their own bits
         self.cursors.index_copy_(0, target, rows)
 
+    def flush(self, layer: VLLMLayer, slots: torch.Tensor) -> None:
+        """Fold the records `slots` hold into their checkpoints, then drop them: the
+        checkpoint becomes the current state, which vLLM's chunk kernel reads. A pad's target
+        (the null block, which holds no records) is rewritten with its own bits: a plain
+        checkpoint decodes exactly to FP32 and back."""
+        found = self._targets(slots)
+        plan = next(iter(layer._rows.values())).plan if layer._rows else None
+        if found is None or plan is None:  # a layer that never decoded holds nothing
+            return
+        target, _ = found
+        n, state = target.shape[0], layer.pool["state"]
+        if self.states is None or self.states.shape[1] < n:
+            self.states = torch.empty(1, max(n, self.target.numel()), *state.shape[1:],
+                                      dtype=torch.float32, device=state.device)  # fmt: skip
+            self.table = torch.empty(1, self.states.shape[1], dtype=torch.int32,
+                                     device=state.device)  # fmt: skip
+        table, out = self.table[:, :n], self.states[:, :n]
+        table[0].copy_(target)
+        materialize_states(plan, [layer.pool], table, out)
+        state.index_copy_(0, target, out[0].to(state.dtype))
+        self(slots)
+
 
 _RESETS: dict[int, HeldReset] = {}
+_PLAIN = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def reset_held(layer: VLLMLayer, slots: torch.Tensor) -> None:
-    """Drop the records `slots` hold in `layer` (after vLLM wrote their checkpoints)."""
+def _reset_of(layer: VLLMLayer) -> HeldReset:
     cursors = layer.pool["cursors"]
     reset = _RESETS.get(cursors.data_ptr())
     if reset is None or reset.cursors is not cursors:
         reset = _RESETS[cursors.data_ptr()] = HeldReset(cursors, layer.pad_slot_id)
-    reset(slots)
+    return reset
+
+
+def reset_held(layer: VLLMLayer, slots: torch.Tensor) -> None:
+    """Drop the records `slots` hold in `layer` (after vLLM wrote their checkpoints)."""
+    _reset_of(layer)(slots)
+
+
+def flush_held(layer: VLLMLayer, slots: torch.Tensor) -> None:
+    """Fold the records `slots` hold into their checkpoints (before vLLM's chunk kernel reads
+    them as decode rows' initial states). Plain checkpoints only: an e4m3 / nvfp4 one is
+    refused (ValueError), since vLLM's own state tensor never has those dtypes."""
+    if layer.layout.checkpoint_names != ("state",) or layer.state.dtype not in _PLAIN:
+        raise ValueError(
+            f"state: expected a float32, bfloat16 or float16 checkpoint to flush into, got "
+            f"{layer.state.dtype} with {layer.layout.checkpoint_names}"
+        )
+    _reset_of(layer).flush(layer, slots)
 
 
 # The process-wide layers and the drafts each state's layer class declares (1 + num_spec).
@@ -181,8 +254,10 @@ def _metadata(module: object) -> list:
     return [m[prefix] for m in mds if isinstance(m, dict) and prefix in m]
 
 
-def _lifecycle_class(base: type, method: str, prefill_slots: Callable) -> type:
-    """A subclass of vLLM's layer class whose `method` resets the slots a prefill wrote."""
+def _lifecycle_class(base: type, method: str, prefill_slots: Callable,
+                     flush_slots: Callable) -> type:  # fmt: skip
+    """A subclass of vLLM's layer class whose `method` flushes the decode rows the chunk kernel
+    will read, runs vLLM's method, and resets the slots the prefill wrote."""
     original = getattr(base, method)
 
     def core(self, *args, **kwargs):
@@ -190,13 +265,17 @@ def _lifecycle_class(base: type, method: str, prefill_slots: Callable) -> type:
         state = _ssm_state(self) if mds else None
         if state is not None and state.numel():
             _DRAFTS[state.data_ptr()] = 1 + int(getattr(self, "num_spec", 0) or 0)
-        result = original(self, *args, **kwargs)
         layer = _backend()._layers.get(state.data_ptr()) if state is not None else None
-        for md in mds if layer is not None else ():
-            if getattr(md, "num_prefills", 0):
-                slots = prefill_slots(md)
-                if slots is not None:
-                    reset_held(layer, slots)
+        prefills = [md for md in mds if getattr(md, "num_prefills", 0)] if layer else []
+        for md in prefills:
+            slots = flush_slots(md)
+            if slots is not None:
+                flush_held(layer, slots)
+        result = original(self, *args, **kwargs)
+        for md in prefills:
+            slots = prefill_slots(md)
+            if slots is not None:
+                reset_held(layer, slots)
         return result
 
     core.__name__, core.__qualname__ = method, f"ReplaySSM{base.__name__}.{method}"
@@ -342,7 +421,7 @@ def install(backend: ReplaySSMBackend) -> list[str]:
             continue
         current = registry.get(cls.__name__)
         if current is None:
-            cls.register_oot(_lifecycle_class(cls, method, hook.prefill_slots))
+            cls.register_oot(_lifecycle_class(cls, method, hook.prefill_slots, hook.flush_slots))
         elif getattr(current, "_replayssm_base", None) is not cls:
             logger.warning("replayssm: %s is already replaced by %s (another plugin); its "
                            "prefilled slots are not reset", cls.__name__, current)  # fmt: skip
