@@ -2,7 +2,8 @@
 copied; docs/integrations.md lists the files and commits): the module names, the names each
 module binds, the layer classes' registration (PluggableLayer.register / register_oot and its
 __new__, keyed by class name), the forward context's per-layer metadata, and the GDN (Qwen)
-and KDA (Kimi-Linear) layers' core methods reduced to their state traffic. The causal conv is
+and KDA (Kimi-Linear) layers' and Mamba-2 mixer's core methods reduced to their state
+traffic, with ssu_dispatch dispatching Mamba-2's decode to its backend registry. The causal conv is
 left out (the plugin never sees it): q, k, v arrive post-conv. The prefill kernels are float64
 references that return a final state, which the layer writes into ssm_state[idx] as vLLM does;
 the decode kernels are vLLM's only until the plugin rebinds them, and here raise if reached.
@@ -20,14 +21,17 @@ import torch
 from replayssm_jit.reference import gdn_gates, kda_gates
 from replayssm_jit.reference.gdn import gdn_step
 from replayssm_jit.reference.kda import kda_step
+from replayssm_jit.reference.mamba2 import mamba2_step
 
+M2 = "vllm.model_executor.layers.mamba.mamba2.mamba_mixer2"
 GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 KDA = "vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn"
 SSU = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
 PACKAGES = ("vllm", "vllm.config", "vllm.config.mamba", "vllm.model_executor",
             "vllm.model_executor.layers", "vllm.model_executor.layers.mamba",
             "vllm.model_executor.layers.mamba.ops", "vllm.model_executor.layers.mamba.gdn",
-            "vllm.model_executor.custom_op", "vllm.forward_context", SSU, GDN, KDA)  # fmt: skip
+            "vllm.model_executor.layers.mamba.mamba2", "vllm.model_executor.custom_op",
+            "vllm.forward_context", SSU, M2, GDN, KDA)  # fmt: skip
 
 
 class EngineKernelReached(AssertionError):
@@ -279,6 +283,124 @@ def kda_module(custom_op, forward_context, lower_bound):
     return mod
 
 
+# -- ops/ssu_dispatch.py and mamba2/mamba_mixer2.py ------------------------------------------
+
+
+def ssu_module(MambaBackendEnum):
+    mod = types.ModuleType(SSU)
+
+    class MambaSSUBackend:
+        def __init__(self, mamba_config):
+            self._mamba_config = mamba_config
+
+    mod.MambaSSUBackend = MambaSSUBackend
+    mod._BACKEND_REGISTRY = {MambaBackendEnum.TRITON: _tripwire("triton SSU backend"),
+                             MambaBackendEnum.FLASHINFER: object}  # fmt: skip
+
+    def selective_state_update(state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False,
+                               state_batch_indices=None, dst_state_batch_indices=None,
+                               null_block_id=0, out=None, num_accepted_tokens=None,
+                               cu_seqlens=None, is_blackwell=False):  # fmt: skip
+        backend = mod._BACKEND_REGISTRY[MambaBackendEnum.TRITON](mamba_config=None)
+        backend(state, x, dt, A, B, C, D, dt_bias, z=z, dt_softplus=dt_softplus,
+                state_batch_indices=state_batch_indices,
+                dst_state_batch_indices=dst_state_batch_indices, null_block_id=null_block_id,
+                out=out, num_accepted_tokens=num_accepted_tokens, cu_seqlens=cu_seqlens,
+                is_blackwell=is_blackwell)  # fmt: skip
+
+    mod.selective_state_update = selective_state_update
+    return mod
+
+
+@dataclass
+class Mamba2AttentionMetadata:
+    """The fields mamba_mixer2's conv_ssm_forward reads (v1/attention/backends/mamba2_attn.py),
+    mamba_cache_mode "none": decodes first, then prefills."""
+
+    num_prefills: int
+    num_prefill_tokens: int
+    num_decodes: int
+    num_decode_tokens: int
+    has_initial_states_p: torch.Tensor | None
+    query_start_loc_p: torch.Tensor | None
+    state_indices_tensor_p: torch.Tensor | None
+    state_indices_tensor_d: torch.Tensor | None
+    query_start_loc_d: torch.Tensor | None = None
+    num_accepted_tokens: torch.Tensor | None = None
+
+
+def mamba2_module(custom_op, forward_context, ssu):
+    mod = types.ModuleType(M2)
+    mod.selective_state_update = ssu.selective_state_update
+    mod.prefill_calls = []
+
+    def mamba_chunk_scan_combined_varlen(x, dt, A, B, C, chunk_size, cu_seqlens, out, D=None,
+                                         z=None, dt_bias=None, initial_states=None,
+                                         dt_softplus=False, state_dtype=None, **kwargs):  # fmt: skip
+        mod.prefill_calls.append(cu_seqlens.clone())
+        finals = []
+        for i, (s, e) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
+            st = (torch.zeros(1, *out.shape[1:], B.shape[-1], dtype=torch.float64)
+                  if initial_states is None else initial_states[i][None].double())  # fmt: skip
+            for t in range(s, e):
+                o, st = mamba2_step(st, x[t][None], dt[t][None], A, B[t][None], C[t][None], D=D,
+                                    dt_bias=dt_bias, dt_softplus=dt_softplus)  # fmt: skip
+                out[t] = o[0].to(out.dtype)
+            finals.append(st[0])
+        return torch.stack(finals).to(state_dtype)
+
+    mod.mamba_chunk_scan_combined_varlen = mamba_chunk_scan_combined_varlen
+
+    @custom_op.PluggableLayer.register("mamba_mixer2")
+    class MambaMixer2(custom_op.PluggableLayer):
+        def __init__(self, prefix, num_heads, head_dim, n_groups, ssm_state_size, A, D, dt_bias,
+                     num_spec=0):  # fmt: skip
+            super().__init__()
+            self.prefix, self.num_spec = prefix, num_spec
+            self.num_heads, self.head_dim = num_heads, head_dim
+            self.n_groups, self.ssm_state_size = n_groups, ssm_state_size
+            self.A, self.D, self.dt_bias = A, D, dt_bias
+            self.kv_cache = (torch.empty(0), torch.empty(0))
+
+        def conv_ssm_forward(self, projected_states, output):
+            """projected_states: post-conv [tokens, H*P + 2*G*N + H] (x, B, C, dt)."""
+            md = forward_context.get_forward_context().attn_metadata[self.prefix]
+            ssm_state = self.kv_cache[1]
+            H, P, G, N = self.num_heads, self.head_dim, self.n_groups, self.ssm_state_size
+            x, B, C, dt = projected_states.split([H * P, G * N, G * N, H], dim=-1)
+            nd, n_p = md.num_decode_tokens, md.num_prefill_tokens
+            x_d, x_p = x[: nd + n_p].split([nd, n_p])
+            B_d, B_p = B[: nd + n_p].split([nd, n_p])
+            C_d, C_p = C[: nd + n_p].split([nd, n_p])
+            dt_d, dt_p = dt[: nd + n_p].split([nd, n_p])
+            out_d, out_p = output[: nd + n_p].split([nd, n_p])
+            if md.num_prefills:
+                initial_states = torch.where(md.has_initial_states_p[:, None, None, None],
+                                             ssm_state[md.state_indices_tensor_p], 0)  # fmt: skip
+                varlen_states = mod.mamba_chunk_scan_combined_varlen(
+                    x_p.view(n_p, H, P), dt_p, self.A, B_p.view(n_p, G, -1),
+                    C_p.view(n_p, G, -1), chunk_size=256, D=self.D, z=None,
+                    dt_bias=self.dt_bias, cu_seqlens=md.query_start_loc_p,
+                    initial_states=initial_states, dt_softplus=True,
+                    out=out_p.view(n_p, -1, P), state_dtype=ssm_state.dtype,
+                )  # fmt: skip
+                ssm_state[md.state_indices_tensor_p] = varlen_states
+            if md.num_decodes:
+                A_d = self.A[:, None, None].expand(-1, P, N).to(torch.float32)
+                mod.selective_state_update(
+                    ssm_state, x_d.view(-1, H, P), dt_d[:, :, None].expand(-1, -1, P), A_d,
+                    B_d.view(-1, G, N), C_d.view(-1, G, N), self.D[:, None].expand(-1, P),
+                    self.dt_bias[:, None].expand(-1, P), dt_softplus=True,
+                    state_batch_indices=md.state_indices_tensor_d,
+                    dst_state_batch_indices=md.state_indices_tensor_d,
+                    out=out_d.view(nd, -1, P), num_accepted_tokens=md.num_accepted_tokens,
+                    cu_seqlens=md.query_start_loc_d, is_blackwell=False,
+                )  # fmt: skip
+
+    mod.MambaMixer2 = MambaMixer2
+    return mod
+
+
 # -- the package ------------------------------------------------------------------------------
 
 
@@ -290,21 +412,15 @@ def install(monkeypatch, lower_bound=None) -> dict[str, types.ModuleType]:
         TRITON = "triton"
         FLASHINFER = "flashinfer"
 
-    class MambaSSUBackend:
-        def __init__(self, mamba_config):
-            self._mamba_config = mamba_config
-
     mods["vllm.config.mamba"].MambaBackendEnum = MambaBackendEnum
-    mods[SSU].MambaSSUBackend = MambaSSUBackend
-    mods[SSU]._BACKEND_REGISTRY = {MambaBackendEnum.TRITON: object,
-                                   MambaBackendEnum.FLASHINFER: object}  # fmt: skip
     custom_op, ctx = custom_op_module(), forward_context_module()
     mods[custom_op.__name__], mods[ctx.__name__] = custom_op, ctx
+    mods[SSU] = ssu_module(MambaBackendEnum)
+    mods[M2] = mamba2_module(custom_op, ctx, mods[SSU])
     mods[GDN] = gdn_module(custom_op, ctx)
     mods[KDA] = kda_module(custom_op, ctx, lower_bound)
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
-    for name in ("vllm.model_executor.layers.mamba.mamba_mixer2",
-                 "vllm.model_executor.layers.mamba.mamba2.mamba_mixer2"):  # fmt: skip
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    # The older path of mamba_mixer2 is absent, as in vLLM after the move into mamba2/.
+    monkeypatch.delitem(sys.modules, "vllm.model_executor.layers.mamba.mamba_mixer2", False)
     return mods

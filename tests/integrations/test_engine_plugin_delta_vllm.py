@@ -12,7 +12,15 @@ import logging
 
 import pytest
 import torch
-from fake_vllm import GDN, KDA, EngineKernelReached, ForwardContext, GDNAttentionMetadata
+from fake_vllm import (
+    GDN,
+    KDA,
+    M2,
+    EngineKernelReached,
+    ForwardContext,
+    GDNAttentionMetadata,
+    Mamba2AttentionMetadata,
+)
 from fake_vllm import install as install_fake_vllm
 
 from replayssm_jit.core.cursor_words import CURSOR_HELD
@@ -20,6 +28,7 @@ from replayssm_jit.integrations.vllm import hooks, plugin
 from replayssm_jit.reference import gdn_gates
 from replayssm_jit.reference.gdn import gdn_step
 from replayssm_jit.reference.kda import kda_step
+from replayssm_jit.reference.mamba2 import mamba2_step
 
 F32, F64, I32 = torch.float32, torch.float64, torch.int32
 KH, HV, K, V = 2, 4, 16, 8  # GDN key heads, value heads, head dims
@@ -88,7 +97,7 @@ def test_register_rebinds_the_decode_names_and_registers_the_layer_classes(vllm)
     assert [e.__wrapped__ for e in entries] == list(originals)
     assert (gdn.fla_chunk_gated_delta_rule, kda.chunk_kda_with_fused_gate) == prefill
     oot = dict(custom_op.op_registry_oot)
-    assert set(oot) == {"QwenGatedDeltaNetAttention", "KimiGatedDeltaNetAttention"}
+    assert set(oot) == {"QwenGatedDeltaNetAttention", "KimiGatedDeltaNetAttention", "MambaMixer2"}
     layer = gdn.QwenGatedDeltaNetAttention(PREFIX, KH, HV, K, V, torch.zeros(HV), torch.zeros(HV))
     assert type(layer) is oot["QwenGatedDeltaNetAttention"]
     assert isinstance(layer, gdn.QwenGatedDeltaNetAttention)
@@ -323,3 +332,76 @@ def test_kda_decode_after_a_prefill_starts_from_the_written_state(vllm, monkeypa
         assert torch.equal(layer.pool["cursors"][2], torch.zeros(4, dtype=I32))
         assert rel(run.state[2], run.ref[2]) < TOL
         assert all(torch.equal(before[n], t) for n, t in snapshot(layer, quiet).items())
+
+
+# ---------------------------------------------------------------------------------------------
+# Mamba-2: mamba_mixer2.conv_ssm_forward (the chunked scan, then ssm_state[idx_p] = states)
+# ---------------------------------------------------------------------------------------------
+
+H, G, P, N = 4, 2, 8, 16
+
+
+class Mamba2Run:
+    def __init__(self, mods, gen):
+        self.mods, self.gen = mods, gen
+        self.A = -(0.5 + torch.rand(H, generator=gen))
+        self.D, self.dt_bias = torch.randn(H, generator=gen), torch.rand(H, generator=gen) - 0.5
+        self.layer = mods[M2].MambaMixer2(PREFIX, H, P, G, N, self.A, self.D, self.dt_bias)
+        self.state = torch.zeros(SLOTS, H, P, N)
+        self.layer.kv_cache = (torch.zeros(SLOTS, 1), self.state)
+        self.ref: dict[int, torch.Tensor] = {}
+
+    def step(self, decodes, prefills=(), lens=()):
+        nd, n_p = len(decodes), sum(lens)
+        loc_p = torch.tensor([0, *torch.tensor(list(lens) or [0]).cumsum(0).tolist()], dtype=I32)
+        md = Mamba2AttentionMetadata(
+            num_prefills=len(prefills), num_prefill_tokens=n_p, num_decodes=nd,
+            num_decode_tokens=nd, has_initial_states_p=torch.zeros(len(prefills), dtype=bool),
+            query_start_loc_p=loc_p[: len(lens) + 1],
+            state_indices_tensor_p=torch.tensor(prefills, dtype=I32),
+            state_indices_tensor_d=torch.tensor(decodes, dtype=I32),
+        )  # fmt: skip
+        n = nd + n_p
+        x, B, C = (torch.randn(n, d, generator=self.gen) for d in (H * P, G * N, G * N))
+        dt = -3.0 + 3.5 * torch.rand(n, H, generator=self.gen)
+        out = torch.zeros(n, H * P)
+        self.mods["vllm.forward_context"]._current = ForwardContext({PREFIX: md})
+        self.layer.conv_ssm_forward(torch.cat([x, B, C, dt], dim=-1), out)
+        errors = {}
+        for r, s in enumerate(decodes):
+            if s == 0:
+                assert torch.equal(out[r], torch.zeros(H * P)), "a pad row's output"
+                continue
+            o, new = mamba2_step(self.ref[s][None], x[r].view(1, H, P), dt[r][None], self.A,
+                                 B[r].view(1, G, N), C[r].view(1, G, N), D=self.D,
+                                 dt_bias=self.dt_bias, dt_softplus=True)  # fmt: skip
+            self.ref[s] = new[0]
+            errors[s] = rel(out[r], o[0].flatten())
+        for s in prefills:
+            self.ref[s] = self.state[s].to(F64)
+        return errors
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["reset", "broken-no-reset"])
+def test_mamba2_decode_after_a_prefill_starts_from_the_written_state(vllm, monkeypatch, broken):
+    assert plugin.register() is True
+    if broken:
+        monkeypatch.setattr(hooks, "reset_held", lambda layer, slots: None)
+    run = Mamba2Run(vllm, torch.Generator().manual_seed(31))
+    run.step([], [2, 5], [3, 2])
+    for _ in range(3):
+        assert max(run.step([2, 5, 0]).values()) < TOL
+    layer = plugin.BACKEND.layer(run.state)
+    assert layer.pool["cursors"][5, CURSOR_HELD] > 0
+    quiet = [0, 1, 3, 4, 6, 8]
+    before = snapshot(layer, quiet)
+    assert run.step([2], [5, 7], [2, 3])[2] < TOL  # decodes and prefills split, as vLLM does
+    if not broken:
+        assert torch.equal(layer.pool["cursors"][[5, 7]], torch.zeros(2, 4, dtype=I32))
+    errors = [run.step([2, 5, 7, 0]) for _ in range(3)]
+    assert all(torch.equal(before[n], t) for n, t in snapshot(layer, quiet).items())
+    assert len(vllm[M2].prefill_calls) == 2
+    if broken:
+        assert errors[0][5] > 1e-2 and errors[0][7] < TOL
+    else:
+        assert max(max(e.values()) for e in errors) < TOL
