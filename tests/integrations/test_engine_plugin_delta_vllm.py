@@ -122,17 +122,21 @@ def test_without_the_setting_nothing_is_patched(vllm, monkeypatch, caplog):
         gdn.fused_sigmoid_gating_delta_rule_update()
 
 
-def test_another_plugins_layer_class_is_left_alone(vllm, caplog):
+def test_another_plugins_layer_class_is_left_alone_with_its_decode(vllm, caplog):
     custom_op, gdn = vllm["vllm.model_executor.custom_op"], vllm[GDN]
 
     class Theirs(gdn.QwenGatedDeltaNetAttention):
         pass
 
     gdn.QwenGatedDeltaNetAttention.register_oot(Theirs)
+    decode = gdn.fused_sigmoid_gating_delta_rule_update
     with caplog.at_level(logging.WARNING, "replayssm_jit.vllm"):
         assert plugin.register() is True
     assert custom_op.op_registry_oot["QwenGatedDeltaNetAttention"] is Theirs
-    assert "not reset" in caplog.text
+    assert "cannot be reset" in caplog.text
+    # Its decode stays vLLM's: ReplaySSM without the reset would replay stale records.
+    assert gdn.fused_sigmoid_gating_delta_rule_update is decode
+    assert getattr(vllm[KDA].fused_recurrent_kda, "_replayssm_entry", False)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -395,23 +395,16 @@ def drafts_hint(state: torch.Tensor) -> int | None:
 
 
 def install(backend: ReplaySSMBackend) -> list[str]:
-    """Rebind the GDN / KDA decode names and register the lifecycle subclasses; returns what
-    was installed (or found installed). Idempotent; a class another plugin already replaced
-    is left alone (logged)."""
+    """Register the lifecycle subclasses, then rebind the decode names of the GDN / KDA modules
+    whose layer class is hooked (a decode on ReplaySSM without the reset would replay stale
+    records after a prefill); returns what is installed. Idempotent; a class another plugin
+    already replaced is left alone, and so are its module's decode names (logged)."""
     custom_op, forward_context = _import(CUSTOM_OP), _import(FORWARD_CONTEXT)
     if custom_op is None or forward_context is None:
         return []
     _STATE["backend"], _STATE["forward_context"] = backend, forward_context.get_forward_context
     done: list[str] = []
-    for module_name, names in DECODE_NAMES.items():
-        module = _import(module_name)
-        for name in names if module is not None else ():
-            fn = getattr(module, name, None)
-            if fn is None:
-                continue
-            if not getattr(fn, "_replayssm_entry", False):
-                setattr(module, name, _decode_entry(name, fn))
-            done.append(f"{module_name}.{name}")
+    hooked: set[str] = set()
     registry = custom_op.op_registry_oot
     for hook in HOOKS:
         module = _import(hook.module)
@@ -424,7 +417,21 @@ def install(backend: ReplaySSMBackend) -> list[str]:
             cls.register_oot(_lifecycle_class(cls, method, hook.prefill_slots, hook.flush_slots))
         elif getattr(current, "_replayssm_base", None) is not cls:
             logger.warning("replayssm: %s is already replaced by %s (another plugin); its "
-                           "prefilled slots are not reset", cls.__name__, current)  # fmt: skip
+                           "slots cannot be reset after a prefill, so its decode stays vLLM's",
+                           cls.__name__, current)  # fmt: skip
             continue
+        hooked.add(hook.module)
         done.append(f"{hook.module}.{cls.__name__}.{method}")
+    for module_name, names in DECODE_NAMES.items():
+        module = _import(module_name) if module_name in hooked else None
+        for name in names if module is not None else ():
+            fn = getattr(module, name, None)
+            if fn is None:
+                continue
+            if not getattr(fn, "_replayssm_entry", False):
+                setattr(module, name, _decode_entry(name, fn))
+            done.append(f"{module_name}.{name}")
+    if not any(h.module in hooked for h in HOOKS if h.cls == "MambaMixer2"):
+        logger.warning("replayssm: vLLM's MambaMixer2 is not hooked; a Mamba-2 slot refilled by "
+                       "a prefill needs reset_slots before its first decode")  # fmt: skip
     return done
