@@ -89,6 +89,10 @@ def test_register_rebinds_the_decode_names_and_registers_the_layer_classes(vllm)
     )
     prefill = (gdn.fla_chunk_gated_delta_rule, kda.chunk_kda_with_fused_gate)  # fmt: skip
     assert plugin.register() is True
+    ssu = vllm["vllm.model_executor.layers.mamba.ops.ssu_dispatch"]
+    triton = vllm["vllm.config.mamba"].MambaBackendEnum.TRITON
+    backend_cls = ssu._BACKEND_REGISTRY[triton]
+    assert backend_cls.__name__ == "ReplaySSMSSUBackend"
     entries = (
         gdn.fused_sigmoid_gating_delta_rule_update,
         gdn.fused_recurrent_gated_delta_rule_packed_decode,
@@ -107,6 +111,29 @@ def test_register_rebinds_the_decode_names_and_registers_the_layer_classes(vllm)
             gdn.fused_recurrent_gated_delta_rule_packed_decode,
             kda.fused_recurrent_kda) == entries  # fmt: skip
     assert custom_op.op_registry_oot == oot
+    assert ssu._BACKEND_REGISTRY[triton] is backend_cls
+
+
+def test_with_the_real_vllm_the_names_and_classes_are_installed(monkeypatch):
+    pytest.importorskip("vllm")
+    monkeypatch.setenv("REPLAYSSM_VLLM", "1")
+    import importlib
+
+    from vllm.model_executor import custom_op
+
+    saved = dict(custom_op.op_registry_oot)
+    modules = {m: importlib.import_module(m) for m in hooks.DECODE_NAMES}
+    names = {(m, n): getattr(mod, n) for m, mod in modules.items() for n in hooks.DECODE_NAMES[m]}
+    try:
+        plugin.register()
+        for (m, n), fn in names.items():
+            assert getattr(modules[m], n).__wrapped__ is fn
+        assert any(c.__name__.startswith("ReplaySSM") for c in custom_op.op_registry_oot.values())
+    finally:
+        for (m, n), fn in names.items():
+            setattr(modules[m], n, fn)
+        custom_op.op_registry_oot.clear()
+        custom_op.op_registry_oot.update(saved)
 
 
 def test_without_the_setting_nothing_is_patched(vllm, monkeypatch, caplog):
