@@ -223,7 +223,7 @@ class GDNRun:
         g, beta = gdn_gates(self.A_log, a, self.dt_bias, b)
         errors = {}
         for r, s in enumerate(decodes):
-            if s == 0:
+            if s <= 0:  # the null block 0 or vLLM's PAD_SLOT_ID -1
                 assert torch.equal(out[r], torch.zeros(HV, V)), "a pad row's output"
                 continue
             o, new = gdn_step(self.ref[s][None], q[0, r][None], k[0, r][None], v[0, r][None],
@@ -256,7 +256,7 @@ def test_gdn_decode_after_a_prefill_starts_from_the_written_state(vllm, monkeypa
     assert run.step([2], [5, 7], [2, 3])[2] < TOL
     if not broken:
         assert torch.equal(layer.pool["cursors"][[5, 7]], torch.zeros(2, 4, dtype=I32))
-    errors = [run.step([2, 5, 7, 0]) for _ in range(3)]
+    errors = [run.step([2, 5, 7, 0, -1]) for _ in range(3)]
     after = snapshot(layer, quiet)
     assert all(torch.equal(before[n], after[n]) for n in before), "pads and unnamed slots"
     assert len(vllm[GDN].prefill_calls) == 2  # the prefill stayed vLLM's
@@ -315,7 +315,7 @@ class KDARun:
         g = self.kda.fused_kda_gate(g1[0].flatten(-2), self.A_log, KD, self.dt_bias, -5.0)
         errors = {}
         for r, s in enumerate(decodes):  # with a prefill, Kimi runs them through the chunk kernel
-            if s == 0:
+            if s <= 0:  # the null block 0 or vLLM's PAD_SLOT_ID -1
                 assert torch.equal(out[0, r], torch.zeros(HV, KD)), "a pad row's output"
                 continue
             o, new = kda_step(self.ref[s][None], *(t[r].view(1, HV, KD) for t in (q, k, v)),
@@ -351,7 +351,7 @@ def test_kda_decode_after_a_prefill_starts_from_the_written_state(vllm, monkeypa
     if broken is None:
         assert torch.equal(layer.pool["cursors"][[2, 5, 7]], torch.zeros(3, 4, dtype=I32))
     assert all(torch.equal(before[n], t) for n, t in snapshot(layer, quiet).items())
-    errors = [run.step([2, 5, 7, 0]) for _ in range(3)]
+    errors = [run.step([2, 5, 7, 0, -1]) for _ in range(3)]
     assert len(vllm[KDA].prefill_calls) == 2
     if broken == ("flush", "reset"):
         assert errors[0][5] > 1e-2 and errors[0][7] < TOL
@@ -400,7 +400,7 @@ class Mamba2Run:
         self.layer.conv_ssm_forward(torch.cat([x, B, C, dt], dim=-1), out)
         errors = {}
         for r, s in enumerate(decodes):
-            if s == 0:
+            if s <= 0:  # the null block 0 or vLLM's PAD_SLOT_ID -1
                 assert torch.equal(out[r], torch.zeros(H * P)), "a pad row's output"
                 continue
             o, new = mamba2_step(self.ref[s][None], x[r].view(1, H, P), dt[r][None], self.A,
@@ -429,7 +429,7 @@ def test_mamba2_decode_after_a_prefill_starts_from_the_written_state(vllm, monke
     assert run.step([2], [5, 7], [2, 3])[2] < TOL  # decodes and prefills split, as vLLM does
     if not broken:
         assert torch.equal(layer.pool["cursors"][[5, 7]], torch.zeros(2, 4, dtype=I32))
-    errors = [run.step([2, 5, 7, 0]) for _ in range(3)]
+    errors = [run.step([2, 5, 7, 0, -1]) for _ in range(3)]
     assert all(torch.equal(before[n], t) for n, t in snapshot(layer, quiet).items())
     assert len(vllm[M2].prefill_calls) == 2
     if broken:
