@@ -10,6 +10,7 @@ layer's pool as checkpoint plus records.
     backend.fused_sigmoid_gating_delta_rule_update(A_log, a, b, dt_bias, q, k, v, ...)
     backend.fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv, a, b, ...)
     backend.fused_recurrent_kda(q, k, v, g, beta, A_log, dt_bias, lower_bound, ...)
+    backend.fused_recurrent_kda_fla(q, k, v, g, beta, scale=None, initial_state=, ...)
 
 The layer is found by its state's storage address (vLLM runs its Mamba layers inside an opaque
 custom op, so this lookup runs eagerly); under torch.compile call the layer's own methods
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 import torch
 
 from replayssm_jit.families.layout import CacheLayout
-from replayssm_jit.integrations.vllm.gdn import gdn_call, gdn_packed_call, kda_call
+from replayssm_jit.integrations.vllm.gdn import gdn_call, gdn_packed_call, kda_call, kda_fla_call
 from replayssm_jit.integrations.vllm.layer import ReplaySSMLayer
 from replayssm_jit.integrations.vllm.mamba2 import mamba2_call
 from replayssm_jit.integrations.vllm.rows import NULL_BLOCK_ID
@@ -162,6 +163,27 @@ class VLLMLayer(ReplaySSMLayer):
                         cu_seqlens, ssm_state_indices, num_accepted_tokens, out,
                         fuse_gate)  # fmt: skip
 
+    def fused_recurrent_kda_fla(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor | None = None,
+        scale: float | None = None,
+        initial_state: torch.Tensor | None = None,
+        inplace_final_state: bool = True,
+        use_qk_l2norm_in_kernel: bool = True,
+        cu_seqlens: torch.Tensor | None = None,
+        ssm_state_indices: torch.Tensor | None = None,
+        num_accepted_tokens: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """fla's fused_recurrent_kda (the name Kimi-Linear's layer calls): g, beta formed by
+        the caller; a layer planned with gates_in_kernel=False."""
+        return kda_fla_call(self, q, k, v, g, beta, scale, initial_state, inplace_final_state,
+                            use_qk_l2norm_in_kernel, cu_seqlens, ssm_state_indices,
+                            num_accepted_tokens)  # fmt: skip
+
 
 class ReplaySSMBackend:
     """vLLM's calls for every registered layer, found by the state tensor each call names."""
@@ -223,6 +245,10 @@ class ReplaySSMBackend:
     def fused_recurrent_kda(self, *args, **kwargs):
         state = _named(args, kwargs, 8, "initial_state")
         return self.layer(state).fused_recurrent_kda(*args, **kwargs)
+
+    def fused_recurrent_kda_fla(self, *args, **kwargs):
+        state = _named(args, kwargs, 6, "initial_state")
+        return self.layer(state).fused_recurrent_kda_fla(*args, **kwargs)
 
 
 def _named(args: tuple, kwargs: dict, position: int, name: str) -> object:

@@ -12,8 +12,13 @@ docs/integrations.md for the commits):
     fused_recurrent_kda(q, k, v, g, beta, A_log, dt_bias, lower_bound, initial_state,
         cu_seqlens, ssm_state_indices, num_accepted_tokens=None, out=None, fuse_gate=None)
         -> (out, initial_state)    raw g [1, N*T, HV, K], raw beta [1, N*T, HV], dt_bias [HV*K]
+    fused_recurrent_kda(q, k, v, g, beta=None, scale=None, initial_state=None,
+        inplace_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=None,
+        ssm_state_indices=None, num_accepted_tokens=None)    fla's form (Kimi-Linear's layer):
+                                    g [1, N*T, HV, K] log-decay, beta [1, N*T, HV] in (0, 1)
 
-The gates are raw (the plan has gates_in_kernel=True); bf16 gates are copied into the plan's
+The gates are raw (the plan has gates_in_kernel=True) except in fla's KDA form
+(gates_in_kernel=False); bf16 gates are copied into the plan's
 FP32 buffers, nothing else is converted. The returned o is allocated as the engine's kernel
 allocates it, only where the call takes no out.
 """
@@ -27,14 +32,18 @@ import torch
 from replayssm_jit.integrations.vllm.layer import ReplaySSMLayer
 from replayssm_jit.integrations.vllm.mamba2 import _check_uniform, _check_varlen, tokens_per_row
 
-__all__ = ["gdn_call", "gdn_packed_call", "kda_call"]
+__all__ = ["gdn_call", "gdn_packed_call", "kda_call", "kda_fla_call"]
 
 
-def _check_plan_scalars(layer: ReplaySSMLayer, rows, scale, use_qk_l2norm, lower_bound=None):
+def _check_plan_scalars(
+    layer: ReplaySSMLayer, rows, scale, use_qk_l2norm, lower_bound=None, raw_gates=True
+):
     flags = rows.plan.spec.flags
-    if "gates_in_kernel" not in flags:
+    if ("gates_in_kernel" in flags) != raw_gates:
+        what = "raw gates a, b" if raw_gates else "g and beta formed by the caller"
         raise ValueError(
-            "plan: expected gates_in_kernel=True (vLLM passes raw gates a, b), got False"
+            f"plan: expected gates_in_kernel={raw_gates} (this call passes {what}), got "
+            f"{not raw_gates}"
         )
     if bool(use_qk_l2norm) != ("qk_l2norm" in flags):
         raise ValueError(
@@ -80,9 +89,13 @@ def _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted,
         b32 = packed.gather_gate("b", b, tokens, gates[1])
         qkv = {n: packed.gather_in(n, t) for n, t in views.items()}
         out, extra["num_drafts"] = packed.padded["out"], packed.num_drafts
-    layer.launch(rows, "decode" if T == 1 else "verify", **qkv, a=a32, b=b32,
-                 A_log=A_log.to(torch.float32), dt_bias=dt_bias.to(torch.float32),
-                 slot_indices=slots, num_accepted=accepted, out=out, **extra)  # fmt: skip
+    if A_log is None:  # fla's form: g and beta formed by the caller, no parameters
+        gate_args = {"g": a32, "beta": b32}
+    else:
+        gate_args = {"a": a32, "b": b32, "A_log": A_log.to(torch.float32),
+                     "dt_bias": dt_bias.to(torch.float32)}  # fmt: skip
+    layer.launch(rows, "decode" if T == 1 else "verify", **qkv, **gate_args, slot_indices=slots,
+                 num_accepted=accepted, out=out, **extra)  # fmt: skip
     if cu_seqlens is not None:
         packed.scatter_out(o.view(lead[0], *o.shape[-2:]), lead[0])
 
@@ -196,3 +209,28 @@ def kda_call(
     _delta(layer, rows, T, lead, q, k, v, g, beta, A_log, dt_bias, slots, accepted, out,
            cu_seqlens=varlen)  # fmt: skip
     return out, initial_state
+
+
+def kda_fla_call(
+    layer: ReplaySSMLayer,
+    q, k, v, g, beta, scale, initial_state, inplace_final_state, use_qk_l2norm_in_kernel,
+    cu_seqlens, ssm_state_indices, num_accepted_tokens,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """fla's fused_recurrent_kda on the layer (Kimi-Linear's decode and MTP calls): g and beta
+    formed by vLLM (fused_kda_gate, sigmoid), so the plan has gates_in_kernel=False."""
+    layer.check_state(initial_state)
+    if not inplace_final_state:
+        raise ValueError(
+            "inplace_final_state: expected True (the state stays in the pool as checkpoint "
+            "plus records; no separate final state is formed), got False"
+        )
+    if beta is None:
+        raise ValueError("beta: expected the [1, tokens, HV] write strengths, got None")
+    rows, T, lead, varlen = _rows_of(layer, q, cu_seqlens, ssm_state_indices)
+    _check_plan_scalars(layer, rows, scale, use_qk_l2norm_in_kernel, raw_gates=False)
+    slots = rows.slot_ids("ssm_state_indices", ssm_state_indices)
+    accepted = rows.accepted_from_engine(num_accepted_tokens, layer.pool["cursors"], slots)
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # as the engine's kernel returns it
+    _delta(layer, rows, T, lead, q, k, v, g, beta, None, None, slots, accepted, o,
+           cu_seqlens=varlen)  # fmt: skip
+    return o, initial_state

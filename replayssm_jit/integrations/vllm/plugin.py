@@ -1,12 +1,18 @@
 """The out-of-tree vLLM plugin: the `vllm.general_plugins` entry point (pyproject.toml) calls
-register() in every vLLM process at startup. With REPLAYSSM_VLLM=1 it puts ReplaySSM's SSU
-backend in place of vLLM's default ("triton") Mamba SSU backend, so the Mamba-2 decode and MTP
-calls of mamba_mixer2 (through ssu_dispatch.selective_state_update) run on ReplaySSM with no
-engine edit. Without vLLM, or without the setting, it does nothing and says why.
+register() in every vLLM process at startup. With REPLAYSSM_VLLM=1 it
+
+* puts ReplaySSM's SSU backend in place of vLLM's default ("triton") Mamba SSU backend, so the
+  Mamba-2 decode and MTP calls of mamba_mixer2 (through ssu_dispatch.selective_state_update)
+  run on ReplaySSM;
+* rebinds the decode / MTP kernel names vLLM's GDN and KDA layers call (hooks.py), and
+* registers, through vLLM's register_oot, subclasses of the Mamba-2, GDN and KDA layer classes
+  that drop the records of the slots a prefill wrote (hooks.py),
+
+all with no engine edit. Without vLLM, or without the setting, it does nothing and says why.
+Calling it again changes nothing.
 
 Each layer's rings and cursors are made at its first call (from the call's shapes), outside
-vLLM's cache pages and memory profiler; slots start empty, and a slot vLLM refills from a
-prefill must be reset (reset_slots) before its first decode: see docs/integrations.md.
+vLLM's cache pages and memory profiler; slots start empty: see docs/integrations.md.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import logging
 import torch
 
 from replayssm_jit.families.layout import mamba2_layout
+from replayssm_jit.integrations.vllm import hooks
 from replayssm_jit.integrations.vllm.backend import NULL_BLOCK_ID, ReplaySSMBackend
 from replayssm_jit.jit import env
 
@@ -30,10 +37,19 @@ SSU_DISPATCH = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
 
 
 def register() -> bool:
-    """vLLM's plugin hook; True where the backend was registered."""
+    """vLLM's plugin hook; True where anything was registered (now or by an earlier call)."""
     if not env.vllm_plugin_enabled():
         logger.info("replayssm: vLLM plugin loaded but not enabled (set REPLAYSSM_VLLM=1)")
         return False
+    ssu = _register_ssu()
+    installed = hooks.install(BACKEND)
+    for what in installed:
+        logger.info("replayssm: %s routed to ReplaySSM", what)
+    return ssu or bool(installed)
+
+
+def _register_ssu() -> bool:
+    """ReplaySSM's SSU backend in the slot of vLLM's "triton" one (once)."""
     try:
         import importlib
 
@@ -41,9 +57,11 @@ def register() -> bool:
         from vllm.config.mamba import MambaBackendEnum
     except ImportError as e:
         logger.warning("replayssm: REPLAYSSM_VLLM=1 but vLLM's SSU dispatcher is not importable "
-                       "(%s); nothing registered", e)  # fmt: skip
+                       "(%s); Mamba-2 decode not registered", e)  # fmt: skip
         return False
-    ssu._BACKEND_REGISTRY[MambaBackendEnum.TRITON] = make_ssu_backend_class(ssu.MambaSSUBackend)
+    current = ssu._BACKEND_REGISTRY.get(MambaBackendEnum.TRITON)
+    if getattr(current, "__name__", None) != "ReplaySSMSSUBackend":
+        ssu._BACKEND_REGISTRY[MambaBackendEnum.TRITON] = make_ssu_backend_class(ssu.MambaSSUBackend)
     logger.info("replayssm: Mamba-2 decode routed to ReplaySSM (vLLM's triton SSU backend slot)")
     return True
 
@@ -78,11 +96,13 @@ def make_ssu_backend_class(base: type) -> type:
 
 def _register_from_call(state, x, B, D, z, dt_bias, dt_softplus, indices, null_block_id):
     """A layer for `state` from its first call: heads, headdim and dstate from the state,
-    groups from B, activations from x, drafts from the [bs, 1 + T] indices' width."""
+    groups from B, activations from x, drafts from the layer class (1 + num_spec, once it ran)
+    or else from the [bs, 1 + T] indices' width."""
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
         raise ValueError(f"state: expected vLLM's [slots, H, P, N] state, got {state!r:.60}")
     _, H, P, N = state.shape
-    drafts = indices.shape[1] if isinstance(indices, torch.Tensor) and indices.dim() == 2 else 1
+    width = indices.shape[1] if isinstance(indices, torch.Tensor) and indices.dim() == 2 else 1
+    drafts = hooks.drafts_hint(state) or width
     layout = mamba2_layout(num_heads=H, headdim=P, dstate=N, ngroups=B.shape[-2],
                            window=env.vllm_window(), drafts=drafts, act_dtype=x.dtype,
                            state_dtype=state.dtype)  # fmt: skip

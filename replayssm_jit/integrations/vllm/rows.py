@@ -106,7 +106,9 @@ class LayerRows:
     def slot_ids(self, name: str, indices: object) -> torch.Tensor:
         """[batch] int32 contiguous slot ids from the engine's [>= batch] or [>= batch, 1 + T]
         int32/int64 indices (column 0: one slot per request holds checkpoint and records). A
-        view where the engine's tensor already is one, else written into the slots buffer."""
+        view where the engine's tensor already is one, else written into the slots buffer;
+        with vLLM's null block as the pad, always the buffer, negative ids (vLLM's
+        PAD_SLOT_ID -1) mapped to the null block."""
         batch = self.plan.batch_size
         if not isinstance(indices, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(indices).__name__}")
@@ -118,6 +120,13 @@ class LayerRows:
                 f"{list(indices.shape)}"
             )
         column = indices[:batch, 0] if indices.dim() == 2 else indices[:batch]
+        if self.plan.pad_slot_id == NULL_BLOCK_ID:
+            # vLLM pads CUDA-graph rows with PAD_SLOT_ID (-1) where its kernels take either
+            # pad: a negative id becomes the null block, on the device.
+            if column.dtype != torch.int32:
+                column = narrow_to_int32(name, column, self.slots, self.wide,
+                                         reads_device_values(self.plan))  # fmt: skip
+            return torch.clamp(column, min=NULL_BLOCK_ID, out=self.slots)
         if column.dtype == torch.int32 and column.is_contiguous():
             return column
         return narrow_to_int32(name, column, self.slots, self.wide,
@@ -133,6 +142,8 @@ class LayerRows:
         if reads_device_values(self.plan):
             batch = self.plan.batch_size
             col = dst[:batch, 0] if dst.dim() == 2 else dst[:batch]
+            if self.plan.pad_slot_id == NULL_BLOCK_ID:  # PAD_SLOT_ID rows, as slot_ids maps them
+                col = col.clamp(min=NULL_BLOCK_ID)
             if col.shape != slots.shape or not torch.equal(col.to(torch.int32), slots):
                 raise ValueError(
                     f"{name}: expected the slots of state_batch_indices {slots.tolist()} (a "
