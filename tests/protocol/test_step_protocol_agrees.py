@@ -79,7 +79,7 @@ def _torch_decisions() -> dict[tuple, tuple[int, int]]:
         out = torch.zeros(len(helds), 1)
         seen: dict[int, bool] = {}
 
-        def compute(group):
+        def compute(group, seen=seen, out=out):
             for row in group.rows.tolist():
                 seen[row] = group.flush
                 out[row] = 1.0
