@@ -489,15 +489,17 @@ struct Kernel {
     v_stage.load(v, 0, 1);
 
     int32_t* cursor = REPLAY ? slot_cursor(p.cursors, slot) : nullptr;
-    const auto opened = open_step<REPLAY, L, CAP>(cursor);
-    if (!opened.valid()) {  // a corrupted cursor: the row touches nothing
+    // step.cuh's lower-level pieces, in this order: through open_step/decide the compiler
+    // schedules this kernel's address arithmetic differently (SASS compared; see issue 40).
+    const SlotCursor at_start = REPLAY ? read_slot_cursor(cursor) : SlotCursor{0, 0};
+    const int held = at_start.held;
+    if (REPLAY && !held_count_valid<L, CAP>(held)) {  // a corrupted cursor: the row touches nothing
       fill_outputs<ROWS, kThreads>(out, fault_output());
       return;
     }
-    const StepDecision d = opened.decide([&] { return p.flush_every_step; });
-    const int held = d.held, records = d.records;
-    const bool flush = d.flush;
-    const uint64_t epoch = (REPLAY && SR) ? uint64_t(d.epoch) : 0;
+    const int records = held + 1;
+    const bool flush = !REPLAY || records >= L || p.flush_every_step;
+    const uint64_t epoch = (REPLAY && SR) ? uint64_t(at_start.epoch) : 0;
     const uint64_t seed = rounding_seed<SR>(p);
     // The held records from the rings at [0, n), this token's k and gates at [n] (and q, v).
     auto stage_records = [&](int n) {
@@ -621,7 +623,8 @@ struct Kernel {
           for (int c = threadIdx.x; c < K; c += kThreads) k_out[c] = from_float<act_t>(sm.k[held][c]);
         }
       }
-      close_step<SR>(cursor, d, p.num_v_heads * kSplits, vhead == 0 && split == 0, p.flush_every_step);
+      finish_step_cursor<SR>(cursor, p.num_v_heads * kSplits, vhead == 0 && split == 0, p.flush_every_step, flush, records,
+                             at_start.epoch);
     }
   }
 };
