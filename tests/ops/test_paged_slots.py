@@ -254,3 +254,68 @@ def test_a_step_that_ignores_the_slot_stride_is_caught(family, monkeypatch):
     with pytest.raises(AssertionError):
         assert_same_pools(layout, packed, paged)
     assert outputs_differ
+
+
+def vllm_views(entries, num_blocks: int, page_bytes: int, device="cpu") -> list[torch.Tensor]:
+    """The runner's views of one layer's pages as vLLM's _reshape_kv_cache_tensors makes them
+    (written here from reading it): offsets add up each entry's bytes, slot stride = the page in
+    elements of the entry's dtype, inner dims contiguous."""
+    raw_pages = torch.randint(0, 256, (num_blocks * page_bytes,), dtype=torch.uint8,
+                              generator=torch.Generator().manual_seed(9)).to(device)  # fmt: skip
+    views, offset = [], 0
+    for shape, dtype in zip(entries.shapes, entries.dtypes):
+        size = dtype.itemsize
+        assert offset % size == 0
+        dense = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+        views.append(torch.as_strided(raw_pages.view(dtype), (num_blocks, *shape),
+                                      (page_bytes // size, *dense), offset // size))  # fmt: skip
+        offset += math.prod(shape) * size
+    return views
+
+
+@pytest.mark.parametrize("family, state, read", [c for c in CASES if c[0] != "gdn" or c[1] == "f32"])
+def test_page_entries_declare_a_page_vllms_runner_carves_into_a_valid_pool(family, state, read):
+    """page_entries appends our tensors to vLLM's (a conv state of an odd byte size, then the SSM
+    state); the runner's as_strided views of a padded page pass the layout's checks and step as
+    the packed pool does."""
+    from replayssm_jit.integrations.vllm.pages import page_entries, page_tensors
+
+    fam, layout, packed, _, _, _ = build(family, state, read, "cpu")
+    state_layout = layout.tensors()[0]
+    conv = ((40, 3), torch.bfloat16)  # 240 bytes: the SSM state starts 16-byte aligned
+    entries = page_entries(layout, [conv[0], state_layout.per_slot_shape],
+                           [conv[1], state_layout.dtype])  # fmt: skip
+    assert entries.names[:2] == (None, "state")
+    assert sorted(n for n in entries.names if n) == sorted(t.name for t in layout.tensors())
+    assert entries.page_bytes == 240 + layout.bytes_per_slot() + sum(
+        math.prod(s) for s, n in zip(entries.shapes, entries.names) if n is None and s != conv[0]
+    )
+    page = -(-entries.page_bytes // 4096) * 4096  # vLLM pads to the attention page
+    kv_cache = vllm_views(entries, NUM_SLOTS, page)
+    pool = page_tensors(entries, kv_cache)
+    assert layout.check_tensors(pool, device=torch.device("cpu")) == NUM_SLOTS
+    for name, t in pool.items():
+        raw(t).copy_(raw(packed[name]))
+    got = schedule(Run(fam, layout, pool, "cpu", "auto"))
+    want = schedule(Run(fam, layout, packed, "cpu", "auto"))
+    for g, w in zip(got, want):
+        assert torch.equal(raw(g), raw(w))
+    assert_same_pools(layout, packed, pool)
+
+
+def test_page_entries_pad_a_misaligned_offset_and_name_a_wrong_state():
+    from replayssm_jit.integrations.vllm.pages import page_entries
+
+    layout = FAMILIES["mamba2"].layout(WINDOW, DRAFTS, torch.float32)
+    s = layout.tensors()[0]
+    # (a conv state of 6 bytes, then the state: the state is vLLM's to place; ours start aligned)
+    entries = page_entries(layout, [(3,), s.per_slot_shape], [torch.bfloat16, s.dtype])
+    offset = 0
+    for shape, dtype, name in zip(entries.shapes, entries.dtypes, entries.names):
+        if name not in (None, "state"):
+            align = next(t.alignment for t in layout.tensors() if t.name == name)
+            assert offset % align == 0, name
+        offset += math.prod(shape) * dtype.itemsize
+    assert None in entries.names[2:]  # a pad entry was needed
+    with pytest.raises(ValueError, match=r"^shapes\[-1\]: expected the SSM state"):
+        page_entries(layout, [(3,), (1, 2, 3)], [torch.bfloat16, s.dtype])
