@@ -147,8 +147,11 @@ def test_a_ring_or_cursor_pool_whose_slots_overlap_is_named_and_changes_nothing(
     before = {k: v.clone() for k, v in pool.items()}
     heads = cache.layout.shape
     out = torch.full((2, heads.value_heads, heads.value_dim), float("nan"), dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=f"^{name}: expected slots {t[0].numel()} or more "
-                                         f"elements apart .*slot stride of {t[0].numel() // 2}"):
+    with pytest.raises(
+        ValueError,
+        match=f"^{name}: expected slots {t[0].numel()} or more "
+        f"elements apart .*slot stride of {t[0].numel() // 2}",
+    ):
         fam.op(plan, **pool, **args, out=out)
     for k, v in pool.items():
         assert torch.equal(v, before[k]), f"{k} changed"
@@ -188,7 +191,9 @@ def test_commit_drafts_takes_padded_cursors():
     before = tensors["cursors"].clone()
     commit_drafts(plan, tensors, num_accepted=torch.zeros(2, dtype=torch.int32),
                   slot_indices=torch.tensor([2, 0], dtype=torch.int32))  # fmt: skip
-    assert torch.equal(tensors["cursors"], before)  # (nothing pending: a commit of 0 changes nothing)
+    assert torch.equal(
+        tensors["cursors"], before
+    )  # (nothing pending: a commit of 0 changes nothing)
 
 
 # --- the CUDA speculative entries keep to the AOT `sanitizer` preset --------------------------

@@ -198,7 +198,9 @@ def test_a_pool_in_cache_pages_steps_as_the_packed_pool(family, state, read, dev
     for i, (g, w) in enumerate(zip(got, want)):
         assert torch.equal(raw(g), raw(w)), f"call {i}: outputs differ from the packed run's"
     assert_same_pools(layout, packed, paged)
-    assert torch.equal(buffer[:, spare.to(buffer.device)], spare_before), "bytes of no tensor changed"
+    assert torch.equal(buffer[:, spare.to(buffer.device)], spare_before), (
+        "bytes of no tensor changed"
+    )
     assert torch.equal(buffer[unnamed], pages_before), "an unnamed slot's page changed"
     # (the schedule flushed: a replay that never folded would not exercise the checkpoint's strides)
     assert not torch.equal(raw(paged["state"])[list(LIVE)], state_before)
@@ -207,7 +209,7 @@ def test_a_pool_in_cache_pages_steps_as_the_packed_pool(family, state, read, dev
 def test_cache_page_views_pass_the_checks_and_bad_ones_are_named():
     """Page-strided views pass; a slot stride below the block, a misaligned one and a
     non-contiguous block are each refused with the tensor, the expected and the actual strides."""
-    fam, layout, packed, paged, buffer, offsets = build("mamba2", "f32", None, "cpu")
+    fam, layout, packed, paged, _, _ = build("mamba2", "f32", None, "cpu")
     plan = plan_decode(layout, 4, device="cpu")
     assert layout.check_tensors(paged, device=torch.device("cpu")) == NUM_SLOTS
     rec_x = packed["rec_x"]
@@ -224,7 +226,7 @@ def test_cache_page_views_pass_the_checks_and_bad_ones_are_named():
     gen = torch.Generator().manual_seed(0)
     params = fam.params(gen, "cpu")
     tok = {k: v[:, 0] for k, v in fam.drafts(4, 1, gen, "cpu", layout.act_dtype).items()}
-    for label, (bad, message) in cases.items():
+    for bad, message in cases.values():
         pool = {**paged, "rec_x": bad}
         with pytest.raises(ValueError, match=message):
             fam.decode_op()(plan, **pool, **params, **tok,
@@ -237,7 +239,7 @@ def test_a_step_that_ignores_the_slot_stride_is_caught(family, monkeypatch):
     as the kernels did before they took each tensor's slot stride)."""
     from replayssm_jit.ops.torch_path import protocol
 
-    fam, layout, packed, paged, buffer, offsets = build(family, "f32", None, "cpu")
+    fam, layout, packed, paged, _, _ = build(family, "f32", None, "cpu")
 
     def dense(t):
         if t is None or t.shape[0] < 2:
@@ -273,7 +275,9 @@ def vllm_views(entries, num_blocks: int, page_bytes: int, device="cpu") -> list[
     return views
 
 
-@pytest.mark.parametrize("family, state, read", [c for c in CASES if c[0] != "gdn" or c[1] == "f32"])
+@pytest.mark.parametrize(
+    "family, state, read", [c for c in CASES if c[0] != "gdn" or c[1] == "f32"]
+)
 def test_page_entries_declare_a_page_vllms_runner_carves_into_a_valid_pool(family, state, read):
     """page_entries appends our tensors to vLLM's (a conv state of an odd byte size, then the SSM
     state); the runner's as_strided views of a padded page pass the layout's checks and step as
