@@ -43,11 +43,10 @@ def check_tensor(
     return t
 
 
-def check_slot_pool(
-    name: str, t: torch.Tensor, block: str, align: int = 16, *, packed: bool = False
-) -> None:
-    """A per-slot pool [slots, ...]: every slot's block contiguous, slots `align`-byte aligned,
-    and with `packed` one block after the other (a slot stride of exactly the block's size).
+def check_slot_pool(name: str, t: torch.Tensor, block: str, align: int = 16) -> None:
+    """A per-slot pool [slots, ...]: every slot's block contiguous, slots `align`-byte aligned
+    and at least a block apart: packed (a slot stride of exactly the block's size) or padded, as
+    when an engine carves each tensor out of one page per slot (the kernels take the stride).
 
     block: how the error message spells one slot's block, e.g. "[H, P, N]".
     """
@@ -56,29 +55,24 @@ def check_slot_pool(
     for size in reversed(t.shape[1:]):
         dense.insert(0, stride)
         stride *= size
-    if (
-        list(t.stride()[1:]) != dense
-        or (t.stride(0) * t.element_size()) % align
-        or t.data_ptr() % align
-    ):
+    if list(t.stride()[1:]) != dense:
         raise ValueError(
-            f"{name}: expected {align}-byte aligned slots with contiguous {block} blocks, "
-            f"got strides {t.stride()}"
+            f"{name}: expected {align}-byte aligned slots with contiguous {block} blocks "
+            f"(inner strides {dense}), got strides {t.stride()}"
+        )
+    if (t.stride(0) * t.element_size()) % align or t.data_ptr() % align:
+        raise ValueError(
+            f"{name}: expected {align}-byte aligned slots with contiguous {block} blocks (a slot "
+            f"stride of a multiple of {align} bytes, at an address of one), got strides "
+            f"{t.stride()} ({t.stride(0) * t.element_size()} bytes a slot) at address "
+            f"{t.data_ptr()} ({t.data_ptr() % align} past a multiple of {align})"
         )
     # Overlapping slots (an expanded view's stride 0, say) would let a step on one slot write
     # another's.
     if t.shape[0] > 1 and t.stride(0) < stride:
         raise ValueError(
             f"{name}: expected slots {stride} or more elements apart (no two sharing memory), "
-            f"got a slot stride of {t.stride(0)}"
-        )
-    # The kernels index a packed pool as slot * block, so a padded slot stride would send a
-    # step on one slot to another's memory (a single slot has no stride to get wrong).
-    if packed and t.shape[0] > 1 and t.stride(0) != stride:
-        raise ValueError(
-            f"{name}: expected packed slots, {stride} elements apart (the kernels index "
-            f"{name} densely; only the checkpoint may have padded slots), got a slot stride "
-            f"of {t.stride(0)}"
+            f"got a slot stride of {t.stride(0)} (strides {t.stride()})"
         )
 
 
@@ -194,27 +188,6 @@ def resolve_device(device: object) -> torch.device:
     return device
 
 
-def check_disjoint(written: Mapping[str, torch.Tensor | None]) -> None:
-    """The tensors a step writes (slot tensors, out, workspace) share no memory: one written
-    through another's storage would corrupt slots no row names. Compared by byte extents
-    ([first, last + 1) of each view; torch strides are >= 0), so two views interleaved in one
-    buffer count as overlapping."""
-    spans = []
-    for name, t in written.items():
-        if t is None or t.numel() == 0:
-            continue
-        start = t.data_ptr()
-        span = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-        spans.append((t.get_device(), start, start + (span + 1) * t.element_size(), name))
-    spans.sort()
-    for (device, _, end, first), (device2, start, _, second) in itertools.pairwise(spans):
-        if device == device2 and start < end:
-            raise ValueError(
-                f"{second}: expected memory disjoint from {first} (every tensor a step writes "
-                f"needs its own), got overlapping storage"
-            )
-
-
 def _byte_span(t: torch.Tensor) -> tuple[int, int, int]:
     """(device, first byte, one past the last byte) of a view (torch strides are >= 0)."""
     start = t.data_ptr()
@@ -222,21 +195,61 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int, int]:
     return t.get_device(), start, start + (span + 1) * t.element_size()
 
 
+def _slot_blocks(t: torch.Tensor) -> tuple[int, int] | None:
+    """(slot stride, block) in bytes of a pool [slots, ...] whose slots are contiguous blocks at
+    least a block apart, else None."""
+    if t.dim() < 2 or t.shape[0] < 2:
+        return None
+    dense, block = [], 1
+    for size in reversed(t.shape[1:]):
+        dense.insert(0, block)
+        block *= size
+    if list(t.stride()[1:]) != dense or t.stride(0) < block:
+        return None
+    return t.stride(0) * t.element_size(), block * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two views share a byte. Byte extents decide, except for two slot pools of one
+    slot stride (an engine's cache page holds each layer's tensors one after the other, so their
+    extents interleave): those share a byte only where their blocks meet within a page."""
+    (da, sa, ea), (db, sb, eb) = _byte_span(a), _byte_span(b)
+    if da != db or not (sa < eb and sb < ea):
+        return False
+    pa, pb = _slot_blocks(a), _slot_blocks(b)
+    if pa is None or pb is None or pa[0] != pb[0]:
+        return True
+    page = pa[0]
+    shift = (sb - sa) % page  # b's blocks start `shift` bytes past a's, in every page
+    return shift < pa[1] or shift + pb[1] > page
+
+
+def check_disjoint(written: Mapping[str, torch.Tensor | None]) -> None:
+    """The tensors a step writes (slot tensors, out, workspace) share no memory: one written
+    through another's storage would corrupt slots no row names. Compared by byte extents
+    ([first, last + 1) of each view; torch strides are >= 0), or, for two slot pools of one slot
+    stride (views into one buffer of pages, as vLLM's cache pages are), by their blocks within
+    a page; any other interleaving counts as overlapping."""
+    present = [(name, t) for name, t in written.items() if t is not None and t.numel()]
+    for (first, a), (second, b) in itertools.combinations(present, 2):
+        if _overlap(a, b):
+            first, second = sorted((first, second), key=lambda n: _byte_span(written[n])[1:])
+            raise ValueError(
+                f"{second}: expected memory disjoint from {first} (every tensor a step writes "
+                f"needs its own), got overlapping storage"
+            )
+
+
 def check_no_alias(written: Mapping[str, torch.Tensor | None], read: Mapping[str, object]) -> None:
     """No tensor a call writes (out, workspace, slot tensors) shares memory with one it only
     reads (token inputs, parameters, index tensors): a launch would read values it has already
     overwritten. Inputs may overlap each other (B and C as views of one buffer, say)."""
-    spans = [
-        (_byte_span(t), name)
-        for name, t in written.items()
-        if isinstance(t, torch.Tensor) and t.numel()
-    ]
+    writes = [(name, t) for name, t in written.items() if isinstance(t, torch.Tensor) and t.numel()]
     for rname, r in read.items():
         if not isinstance(r, torch.Tensor) or not r.numel():
             continue
-        device, start, end = _byte_span(r)
-        for (wdevice, wstart, wend), wname in spans:
-            if device == wdevice and start < wend and wstart < end:
+        for wname, w in writes:
+            if _overlap(w, r):
                 raise ValueError(
                     f"{wname}: expected memory disjoint from the input {rname} (a tensor the "
                     f"call writes may not alias one it reads), got overlapping storage"

@@ -1,9 +1,10 @@
 """What a slot of a layer's cache holds: an engine allocates its own tensors from this.
 
 Every tensor is [num_slots, *per_slot_shape]; each slot's block is contiguous and aligned (16
-bytes, or one element for the scalar rings). The checkpoint's slots may lie further apart than a
-block (a padded slot stride); the rings' and cursors' slots must be packed, one block after the
-other, since the kernels index them densely. The cursor row is int32 [4]: records held since
+bytes, or one element for the scalar rings). Slots may lie further apart than a block (any slot
+stride of at least the block's size, keeping the alignment): the kernels take each tensor's slot
+stride, so an engine may carve every tensor of a layer out of one padded page per slot, as vLLM's
+cache pages do (docs/integrations.md), or allocate each packed (allocate() here). The cursor row is int32 [4]: records held since
 the last flush, the flush epoch, a scratch word the kernels use to agree on who advances the
 cursor, and the pending drafts of a speculative verify (docs/speculative.md); zero it (and the
 checkpoint) when a slot starts a new sequence.
@@ -73,14 +74,13 @@ def check_tensor_mapping(tensors: object) -> None:
 @dataclass(frozen=True)
 class TensorLayout:
     """One per-slot tensor: its name (the functional ops' argument), shape per slot, dtype, the
-    alignment in bytes each slot's block needs (16 where the kernels load 16-byte vectors), and
-    whether its slots must be packed (slot stride = block size) or may be padded."""
+    alignment in bytes each slot's block needs (16 where the kernels load 16-byte vectors; the
+    slot stride in bytes and the first slot's address must keep it)."""
 
     name: str
     per_slot_shape: tuple[int, ...]
     dtype: torch.dtype
     alignment: int = 16
-    packed: bool = True
 
     def shape(self, num_slots: int) -> tuple[int, ...]:
         return (num_slots, *self.per_slot_shape)
@@ -147,15 +147,13 @@ class CacheLayout:
             if dtype is None:
                 continue
             prefix = codes.removesuffix("_state")
-            # The kernels take a copy's slot stride; its scales, the rings and the cursors they
-            # index densely (slot * block), so only the codes' slots may be padded.
             if DTYPE_NAMES[dtype] in BLOCK_SCALED_DTYPES:  # two e2m1 codes a byte
-                out.append(TensorLayout(codes, (*rows, s.key_dim // 2), dtype, packed=False))
+                out.append(TensorLayout(codes, (*rows, s.key_dim // 2), dtype))
                 out.append(TensorLayout(f"{prefix}_scale", rows[:1], torch.float32, alignment=4))
                 blocks = (*rows, s.key_dim // NVFP4_BLOCK)
                 out.append(TensorLayout(f"{prefix}_block_scale", blocks, torch.float8_e4m3fn, 2))
                 continue
-            out.append(TensorLayout(codes, (*rows, s.key_dim), dtype, packed=False))
+            out.append(TensorLayout(codes, (*rows, s.key_dim), dtype))
             if DTYPE_NAMES[dtype] in ROW_SCALED_DTYPES:
                 out.append(TensorLayout(f"{prefix}_scale", rows, torch.float32))
         return tuple(out)
@@ -170,8 +168,8 @@ class CacheLayout:
     ) -> int:
         """Each slot tensor (those named in `optional` may be missing or None; no other name may
         be given) against this layout: a [num_slots, *per_slot_shape] tensor of its dtype on `device`, each slot's
-        block contiguous and aligned, the slots packed where the layout says so, every one with
-        the state's slot count (or `num_slots`, where given). Returns it."""
+        block contiguous and aligned, slots at least a block apart (packed, or padded as in an
+        engine's cache pages), every one with the state's slot count (or `num_slots`, where given). Returns it."""
         check_tensor_mapping(tensors)
         names = [t.name for t in self.tensors()]
         unknown = sorted(str(name) for name in tensors if name not in names)
@@ -194,9 +192,7 @@ class CacheLayout:
                 continue
             check_tensor(t.name, value, shape=(fixed, *t.per_slot_shape), dtype=t.dtype,
                          device=device)  # fmt: skip
-            check_slot_pool(
-                t.name, value, str(list(t.per_slot_shape)), t.alignment, packed=t.packed
-            )
+            check_slot_pool(t.name, value, str(list(t.per_slot_shape)), t.alignment)
             if num_slots is None:
                 num_slots = value.shape[0]
             elif value.shape[0] != num_slots:

@@ -18,13 +18,16 @@ constexpr int kBlockValues = nvfp4::kBlock;
 
 // Where one copy lives: codes [slots, heads, HEAD_ROWS, cols] (slots `slot_stride` elements
 // apart); row-scaled formats: scales [slots, heads, HEAD_ROWS]; block-scaled ones: scales
-// [slots, heads] (per head) and blocks [slots, heads, HEAD_ROWS, cols / 16] (e4m3 codes); all packed.
+// [slots, heads] (per head) and blocks [slots, heads, HEAD_ROWS, cols / 16] (e4m3 codes); each with
+// its own slot stride (its block size when packed), the rest contiguous.
 template <typename T>
 struct CheckpointView {
   T* codes;
   int64_t slot_stride;
   float* scales;
+  int64_t scale_slot_stride;
   uint8_t* blocks;
+  int64_t block_slot_stride;
 };
 
 // A CTA's rows row0.. of one head's copy: where they live, for loads and stores.
@@ -35,13 +38,13 @@ struct CopyRows {
   uint8_t* blocks;  // row0's first block code (block-scaled), else null
 
   __device__ __forceinline__ static CopyRows of(const CheckpointView<T>& v, int slot, int heads, int head, int row0) {
-    const int64_t head_index = int64_t(slot) * heads + head;
+    (void)heads;  // (the slot strides place each slot's heads)
     CopyRows at{v.codes + int64_t(slot) * v.slot_stride + (int64_t(head) * HEAD_ROWS + row0) * COLS / kValuesPerElement<T>,
                 nullptr, nullptr};
-    if constexpr (kRowScaled<T>) at.scales = v.scales + head_index * HEAD_ROWS + row0;
+    if constexpr (kRowScaled<T>) at.scales = v.scales + int64_t(slot) * v.scale_slot_stride + int64_t(head) * HEAD_ROWS + row0;
     if constexpr (kBlockScaled<T>) {
-      at.scales = v.scales + head_index;
-      at.blocks = v.blocks + (head_index * HEAD_ROWS + row0) * (COLS / kBlockValues);
+      at.scales = v.scales + int64_t(slot) * v.scale_slot_stride + head;
+      at.blocks = v.blocks + int64_t(slot) * v.block_slot_stride + (int64_t(head) * HEAD_ROWS + row0) * (COLS / kBlockValues);
     }
     return at;
   }

@@ -41,5 +41,11 @@ template <typename T> inline T* ptr(const tvm::ffi::TensorView& t) { return stat
 template <typename T> inline T* optional_ptr(const tvm::ffi::Optional<tvm::ffi::TensorView>& t) {
   return t.has_value() ? static_cast<T*>(t.value().data_ptr()) : nullptr;
 }
+// A slot pool's slot stride in elements (its block size when packed; an engine's page when padded, as
+// vLLM's cache pages are; families/layout.py checks it), 0 for an absent optional one.
+inline int64_t slot_stride(const tvm::ffi::TensorView& t) { return t.stride(0); }
+inline int64_t slot_stride(const tvm::ffi::Optional<tvm::ffi::TensorView>& t) {
+  return t.has_value() ? t.value().stride(0) : 0;
+}
 
 }  // namespace replayssm

@@ -70,9 +70,10 @@ __host__ __device__ __forceinline__ bool held_count_valid(int held) {
   return unsigned(held) <= unsigned(kMaxHeld);
 }
 
-// A slot's cursor words in cursors [slots, kCursorWords].
-__device__ __forceinline__ int32_t* slot_cursor(int32_t* cursors, int slot) {
-  return cursors + int64_t(slot) * kCursorWords;
+// A slot's cursor words in cursors [slots, kCursorWords], slots `slot_stride` words apart (kCursorWords
+// when packed; more inside an engine's cache pages).
+__device__ __forceinline__ int32_t* slot_cursor(int32_t* cursors, int64_t slot_stride, int slot) {
+  return cursors + int64_t(slot) * slot_stride;
 }
 
 // One batch row's step, decided: records held before this token, the records replayed with it,

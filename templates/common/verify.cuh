@@ -216,17 +216,18 @@ __device__ __forceinline__ void copy_rows(int rows, Src src, Dst dst) {
   }
 }
 
-// Rows of one ring of a slot pool, [slots, heads, CAP, row_bytes] (any element type).
+// Rows of one ring of a slot pool, [slots, heads, CAP, row_bytes] (any element type), slots
+// slot_bytes apart (heads * CAP * row_bytes when packed).
 struct RingRows {
   unsigned char* base;
-  int64_t heads, row_bytes;
+  int64_t heads, row_bytes, slot_bytes;
 };
 
 // Commit of accepted drafts, one CTA per batch row: a = clamp(num_accepted, 0, pending). For a
 // tree (path given) every ring's row n + path[i] moves to n + i, for i = 0..a-1 in order: a root
 // path increases, so no row is overwritten before it is read. Then n += a and nothing is pending.
 template <int L, int T, int THREADS>
-__global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, RingRows r0, RingRows r1, RingRows r2,
+__global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, int64_t cursor_slot_stride, RingRows r0, RingRows r1, RingRows r2,
                                                           const int32_t* num_accepted, const int32_t* path,
                                                           const int32_t* slot_indices, int32_t pad_slot_id,
                                                           int32_t num_slots) {
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, RingR
   const int row = blockIdx.x;
   const int slot = slot_indices[row];
   if (!slot_usable(slot, pad_slot_id, num_slots)) return;
-  int32_t* cursor = slot_cursor(cursors, slot);
+  int32_t* cursor = slot_cursor(cursors, cursor_slot_stride, slot);
   const int4 w = *reinterpret_cast<const int4*>(cursor);
   const int held = w.x, pending = w.w;
   if (held < 0 || pending < 0 || pending > T || held + pending > kCap - 1) return;  // a corrupted cursor
@@ -243,7 +244,7 @@ __global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, RingR
     // Row `from` of one ring to row `to`, for every head of the slot, a 4-byte word per thread.
     const auto move_row = [&](const RingRows& ring, int from, int to) {
       if (ring.base == nullptr) return;
-      unsigned char* slot_rows = ring.base + int64_t(slot) * ring.heads * kCap * ring.row_bytes;
+      unsigned char* slot_rows = ring.base + int64_t(slot) * ring.slot_bytes;
       const int64_t words = ring.row_bytes / 4;  // every ring row is a whole number of 4-byte words
       for (int64_t e = threadIdx.x; e < ring.heads * words; e += THREADS) {
         const int64_t h = e / words, c = e % words;

@@ -47,6 +47,11 @@ struct Params {
   act_t* rec_k;             // [slots, H, CAP, K] raw k
   float* rec_g;             // [slots, HV, CAP] log-decay ([slots, HV, CAP, K] per channel)
   int32_t* cursors;         // [slots, kCursorWords]
+  // Every slot pool's slot stride in its elements (its block when packed, the page in vLLM's cache
+  // pages); each slot's block is contiguous.
+  int64_t state_scale_slot_stride, state_block_slot_stride, read_scale_slot_stride, read_block_slot_stride;
+  int64_t rec_v_slot_stride, rec_beta_slot_stride, rec_u_slot_stride, rec_k_slot_stride, rec_g_slot_stride;
+  int64_t cursor_slot_stride;
   const act_t* q;           // [batch, H, K]
   int64_t q_stride_b, q_stride_h;
   const act_t* k;           // [batch, H, K]
@@ -315,7 +320,7 @@ struct Kernel {
         o[i] = group_sum<RT::kLanesPerRow>(acc) * rq;
       }
     }
-    float* u_out = p.rec_u + ((int64_t(slot) * p.num_v_heads + vhead) * CAP + held) * V + row0;
+    float* u_out = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + (int64_t(vhead) * CAP + held) * V + row0;
     #pragma unroll
     for (int i = 0; i < RT::kPasses; ++i) {
       if (RT::row_leader()) {
@@ -326,10 +331,11 @@ struct Kernel {
   }
 
   static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
-    return {p.state, p.state_slot_stride, p.state_scale, p.state_blocks};
+    return {p.state, p.state_slot_stride, p.state_scale, p.state_scale_slot_stride, p.state_blocks, p.state_block_slot_stride};
   }
   static __device__ __forceinline__ CheckpointView<Read> read_view(const Params& p) {
-    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, p.read_blocks};
+    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, p.read_scale_slot_stride, p.read_blocks,
+                                     p.read_block_slot_stride};
     else return state_view(p);
   }
 
@@ -345,10 +351,12 @@ struct Kernel {
                                                           RecomputeSmem<true, kRecords, ROWS>& h, int slot, int vhead,
                                                           int row0, int held) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t ring = (int64_t(slot) * p.num_v_heads + vhead) * CAP;
+    const int64_t ring = int64_t(vhead) * CAP;  // this head's first ring row, within the slot
+    const act_t* values = p.rec_v + int64_t(slot) * p.rec_v_slot_stride;
+    const float* betas = p.rec_beta + int64_t(slot) * p.rec_beta_slot_stride;
     for (int e = threadIdx.x; e < held * ROWS; e += kThreads)
-      h.v[e / ROWS][e % ROWS] = to_float(p.rec_v[(ring + e / ROWS) * V + row0 + e % ROWS]);
-    for (int i = threadIdx.x; i < held; i += kThreads) h.beta[i] = p.rec_beta[ring + i];
+      h.v[e / ROWS][e % ROWS] = to_float(values[(ring + e / ROWS) * V + row0 + e % ROWS]);
+    for (int i = threadIdx.x; i < held; i += kThreads) h.beta[i] = betas[ring + i];
     if (warp == 0) {
       for (int i = 0; i < held; ++i) {
         const float total = suffix_decays(g, h.decay[i], i + 1);
@@ -431,7 +439,7 @@ struct Kernel {
       aa = group_sum<32>(aa);
       if (lane == 0) (i < records ? sm.k2[i] : sm.q2) = aa;
     }
-    const int64_t g_row = ((int64_t(slot) * p.num_v_heads + vhead) * CAP + held) * K;
+    const int64_t g_row = int64_t(slot) * p.rec_g_slot_stride + (int64_t(vhead) * CAP + held) * K;
     for (int c = threadIdx.x; c < K; c += kThreads) {
       const float g_held = sm.dec.decay[held][c];
       if (append) p.rec_g[g_row + c] = g_held;
@@ -476,9 +484,9 @@ struct Kernel {
     const act_t* q = p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h;
     const act_t* k_cur = p.k + int64_t(row) * p.k_stride_b + int64_t(khead) * p.k_stride_h;
     const act_t* v = p.v + int64_t(row) * p.v_stride_b + int64_t(vhead) * p.v_stride_h + row0;
-    const act_t* rec_k = p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K;
-    const float* rec_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * CAP * V + row0;
-    const float* rec_g = p.rec_g + (int64_t(slot) * p.num_v_heads + vhead) * CAP * (PER_CHANNEL ? K : 1);
+    const act_t* rec_k = p.rec_k + int64_t(slot) * p.rec_k_slot_stride + int64_t(khead) * CAP * K;
+    const float* rec_u = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * CAP * V + row0;
+    const float* rec_g = p.rec_g + int64_t(slot) * p.rec_g_slot_stride + int64_t(vhead) * CAP * (PER_CHANNEL ? K : 1);
     RecordStager<act_t, K, kRecords, kThreads> k_stage;
     RowStager<float, ROWS, (kRecords > 1 ? kRecords - 1 : 1), kThreads> u_stage;
     RowStager<act_t, K, 1, kThreads> q_stage;
@@ -488,7 +496,7 @@ struct Kernel {
     q_stage.load(q, 0, 1);
     v_stage.load(v, 0, 1);
 
-    int32_t* cursor = REPLAY ? slot_cursor(p.cursors, slot) : nullptr;
+    int32_t* cursor = REPLAY ? slot_cursor(p.cursors, p.cursor_slot_stride, slot) : nullptr;
     // step.cuh's lower-level pieces, in this order: through open_step/decide the compiler
     // schedules this kernel's address arithmetic differently (SASS compared; see issue 40).
     const SlotCursor at_start = REPLAY ? read_slot_cursor(cursor) : SlotCursor{0, 0};
@@ -610,16 +618,17 @@ struct Kernel {
     if constexpr (REPLAY) {
       if constexpr (kSeparate) {  // separate mode: v_j (this CTA's rows) and beta_j too
         if (!flush) {
-          const int64_t at = (int64_t(slot) * p.num_v_heads + vhead) * CAP + held;
-          for (int r = threadIdx.x; r < ROWS; r += kThreads) p.rec_v[at * V + row0 + r] = from_float<act_t>(sm.v[0][r]);
-          if (split == 0 && threadIdx.x == 0) p.rec_beta[at] = sm.beta;
+          const int64_t at = int64_t(vhead) * CAP + held;  // within the slot
+          act_t* values = p.rec_v + int64_t(slot) * p.rec_v_slot_stride;
+          for (int r = threadIdx.x; r < ROWS; r += kThreads) values[at * V + row0 + r] = from_float<act_t>(sm.v[0][r]);
+          if (split == 0 && threadIdx.x == 0) p.rec_beta[int64_t(slot) * p.rec_beta_slot_stride + at] = sm.beta;
         }
       }
       if (!flush && split == 0) {  // append g_j and (once per key head) raw k_j at ring row `held`
         if constexpr (!PER_CHANNEL)  // (per channel: appended in channel_decays_and_dots)
-          if (threadIdx.x == 0) p.rec_g[(int64_t(slot) * p.num_v_heads + vhead) * CAP + held] = sm.dec.g[held];
+          if (threadIdx.x == 0) p.rec_g[int64_t(slot) * p.rec_g_slot_stride + int64_t(vhead) * CAP + held] = sm.dec.g[held];
         if (vhead % VPH == 0) {
-          act_t* k_out = p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K;
+          act_t* k_out = p.rec_k + int64_t(slot) * p.rec_k_slot_stride + (int64_t(khead) * CAP + held) * K;
           for (int c = threadIdx.x; c < K; c += kThreads) k_out[c] = from_float<act_t>(sm.k[held][c]);
         }
       }

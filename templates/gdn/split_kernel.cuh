@@ -89,17 +89,17 @@ struct Records {
 
   static __device__ __forceinline__ void copy_ring(const Params& p, Smem& sm, int slot, int khead, int count) {
     const int vhead0 = khead * VPH, num_k_heads = p.num_v_heads / VPH;
-    const float* rec_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * V;
+    const float* rec_u = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead0) * CAP * V;
     stage_held_rows<kRingRowsInShared, float, V, VPH, kRing, CAP, kThreads>(&sm.u[0][0][0], rec_u, count);
-    copy_columns_async<act_t, K, 1, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
+    copy_columns_async<act_t, K, 1, kThreads>(&sm.k[0][0], 0, K, p.rec_k + int64_t(slot) * p.rec_k_slot_stride + int64_t(khead) * CAP * K,
                                                   0, K, count);
     if constexpr (PER_CHANNEL) {
       copy_columns_async<float, K, VPH, kThreads>(&sm.channel_g[0][0][0], CAP * K, K,
-                                                  p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * CAP * K, CAP * K,
+                                                  p.rec_g + int64_t(slot) * p.rec_g_slot_stride + int64_t(vhead0) * CAP * K, CAP * K,
                                                   K, count);
     } else {
       copy_columns_async<float, 1, VPH, kThreads>(&sm.s.g[0][0], CAP, 1,
-                                                  p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * CAP, CAP, 1, count);
+                                                  p.rec_g + int64_t(slot) * p.rec_g_slot_stride + int64_t(vhead0) * CAP, CAP, 1, count);
     }
   }
 
@@ -115,7 +115,7 @@ struct Records {
     copy_columns_async<act_t, K, 1, kThreads>(sm.q, 0, 0, p.q + int64_t(row) * p.q_stride_b + int64_t(khead) * p.q_stride_h, 0, 0, 1);
     if (p.speculative) copy_ring(p, sm, slot, khead, kRing);
 
-    const auto opened = open_step<true, L, CAP>(slot_cursor(p.cursors, slot));
+    const auto opened = open_step<true, L, CAP>(slot_cursor(p.cursors, p.cursor_slot_stride, slot));
     if (!opened.valid()) {  // a corrupted cursor: the state kernel faults the row
       if (khead == 0 && threadIdx.x == 0) store_step(Workspace{p.workspace, p.batch, p.num_v_heads}.info(row), opened.faulted());
       pipe::wait_copies();
@@ -210,13 +210,13 @@ struct Records {
     } else {  // append g_j and raw k_j at ring row `held` (u_j: the state kernel)
       if constexpr (PER_CHANNEL) {
         for (int e = threadIdx.x; e < VPH * K; e += kThreads)
-          p.rec_g[((int64_t(slot) * p.num_v_heads + vhead0 + e / K) * CAP + held) * K + e % K] = sm.channel_g_cur[e / K][e % K];
+          p.rec_g[int64_t(slot) * p.rec_g_slot_stride + (int64_t(vhead0 + e / K) * CAP + held) * K + e % K] = sm.channel_g_cur[e / K][e % K];
       } else if (threadIdx.x < VPH) {
-        const int64_t at = (int64_t(slot) * p.num_v_heads + vhead0 + threadIdx.x) * CAP + held;
-        p.rec_g[at] = sm.s.g_cur[threadIdx.x];
-        if constexpr (SEPARATE) p.rec_beta[at] = sm.s.beta[threadIdx.x];
+        const int64_t at = int64_t(vhead0 + threadIdx.x) * CAP + held;  // within the slot
+        p.rec_g[int64_t(slot) * p.rec_g_slot_stride + at] = sm.s.g_cur[threadIdx.x];
+        if constexpr (SEPARATE) p.rec_beta[int64_t(slot) * p.rec_beta_slot_stride + at] = sm.s.beta[threadIdx.x];
       }
-      store_rows<act_t, K, 1, kThreads>(p.rec_k + ((int64_t(slot) * num_k_heads + khead) * CAP + held) * K, 0, sm.k_cur, 0);
+      store_rows<act_t, K, 1, kThreads>(p.rec_k + int64_t(slot) * p.rec_k_slot_stride + (int64_t(khead) * CAP + held) * K, 0, sm.k_cur, 0);
     }
     // the state kernel advances the cursor from this
     if (khead == 0 && threadIdx.x == 0) store_step(ws.info(row), d);
@@ -303,7 +303,7 @@ struct Records {
           add_record(i, u);
         }
       } else {  // from L2, kLoadBatch records' loads in flight at once
-        const float* held_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0 + h) * CAP * V + r;
+        const float* held_u = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead0 + h) * CAP * V + r;
         for (int i0 = 0; i0 < held; i0 += kLoadBatch) {
           float u[kLoadBatch][kVec];
           #pragma unroll
@@ -416,7 +416,7 @@ struct State {
     const uint64_t epoch = SR ? uint64_t(d.epoch) : 0;
     const uint64_t seed = rounding_seed<SR>(p);
     if (vhead == 0 && split == 0 && threadIdx.x == 0)
-      close_split_step(slot_cursor(p.cursors, slot), d);
+      close_split_step(slot_cursor(p.cursors, p.cursor_slot_stride, slot), d);
     // V divides into ROWS-row tiles, so the sums' rows are aligned to ROWS' vector width.
     const float* extra = ws.extra(row, vhead);
     copy_rows_async<float, ROWS, kThreads>(sm.pred, 0, 0, extra + row0, 0, 0, 1, 1);
@@ -435,14 +435,14 @@ struct State {
     }
     if (flush) {  // the held records to fold, and their weights
       if constexpr (!PER_CHANNEL)
-        copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) * CAP * K,
+        copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.rec_k + int64_t(slot) * p.rec_k_slot_stride + int64_t(khead) * CAP * K,
                                             0, K, 1, held);
       if constexpr (kSeparate) {  // the held u_i come from the carried copy: their log-decays instead
-        copy_rows_async<float, 1, kThreads>(sm.held_g, 0, 1, p.rec_g + (int64_t(slot) * p.num_v_heads + vhead) * CAP, 0, 1,
+        copy_rows_async<float, 1, kThreads>(sm.held_g, 0, 1, p.rec_g + int64_t(slot) * p.rec_g_slot_stride + int64_t(vhead) * CAP, 0, 1,
                                             1, held);
       } else {
         copy_rows_async<float, ROWS, kThreads>(&sm.u[0][0], 0, ROWS,
-                                               p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * CAP * V + row0, 0, V,
+                                               p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * CAP * V + row0, 0, V,
                                                1, held);
       }
       copy_rows_async<float, 1, kThreads>(sm.coef, 0, 1, ws.coef(row, vhead), 0, 1, 1, held);
@@ -503,7 +503,7 @@ struct State {
     }
     if constexpr (kSeparate) {  // separate mode's v_j at ring row `held`, this CTA's rows
       if (!flush) {
-        act_t* v_out = p.rec_v + ((int64_t(slot) * p.num_v_heads + vhead) * CAP + held) * V + row0;
+        act_t* v_out = p.rec_v + int64_t(slot) * p.rec_v_slot_stride + (int64_t(vhead) * CAP + held) * V + row0;
         for (int r = threadIdx.x; r < ROWS; r += kThreads) v_out[r] = sm.v[r];
       }
     }

@@ -87,10 +87,10 @@ __device__ __forceinline__ void append_shared_drafts(const VerifyParams<act_t, s
                                                      int vhead = 0, int split = 0, const float* own_g = nullptr) {
   const auto& p = vp.base;
   const auto& d = vp.d;
-  int32_t* cursor = slot_cursor(p.cursors, slot);
+  int32_t* cursor = slot_cursor(p.cursors, p.cursor_slot_stride, slot);
   if constexpr (PER_CHANNEL) {
     if (!vr.flush && split == 0) {
-      float* g_rows = p.rec_g + ((int64_t(slot) * p.num_v_heads + vhead) * CAP + vr.committed) * K;
+      float* g_rows = p.rec_g + int64_t(slot) * p.rec_g_slot_stride + (int64_t(vhead) * CAP + vr.committed) * K;
       for (int e = threadIdx.x; e < vr.drafts * K; e += THREADS) g_rows[e] = own_g[e];
     }
   }
@@ -100,21 +100,21 @@ __device__ __forceinline__ void append_shared_drafts(const VerifyParams<act_t, s
     if (vr.flush)
       form_draft_channel_decays<K, THREADS, GATES_IN_KERNEL>(
           vp, row, t * p.num_v_heads * K, p.num_v_heads, 0, [&](int j, int h, int c, float g) {
-            p.rec_g[((int64_t(slot) * p.num_v_heads + h) * CAP + first + j) * K + c] = g;
+            p.rec_g[int64_t(slot) * p.rec_g_slot_stride + (int64_t(h) * CAP + first + j) * K + c] = g;
           });
   } else {
     for (int e = threadIdx.x; e < t * p.num_v_heads; e += THREADS) {
       const int j = e / p.num_v_heads, h = e % p.num_v_heads;
       float g, beta;
       draft_gates<GATES_IN_KERNEL>(p, d, row, j, h, g, beta);
-      p.rec_g[(int64_t(slot) * p.num_v_heads + h) * CAP + first + j] = g;
+      p.rec_g[int64_t(slot) * p.rec_g_slot_stride + int64_t(h) * CAP + first + j] = g;
     }
   }
   copy_rows<act_t, K, THREADS>(
       t * num_k_heads,
       [&](int i) { return p.k + int64_t(row) * p.k_stride_b + int64_t(i / num_k_heads) * d.k_stride_t +
                           int64_t(i % num_k_heads) * p.k_stride_h; },
-      [&](int i) { return p.rec_k + ((int64_t(slot) * num_k_heads + i % num_k_heads) * CAP + first + i / num_k_heads) * K; });
+      [&](int i) { return p.rec_k + int64_t(slot) * p.rec_k_slot_stride + (int64_t(i % num_k_heads) * CAP + first + i / num_k_heads) * K; });
   finish_verify_cursor(cursor, vr);
 }
 
@@ -256,7 +256,7 @@ struct Verify {
     const float A_log = GATES_IN_KERNEL && !PER_CHANNEL ? p.A_log[vhead] : 0.f;
     const float dt_bias = GATES_IN_KERNEL && !PER_CHANNEL ? p.dt_bias[vhead] : 0.f;
 
-    int32_t* cursor = slot_cursor(p.cursors, slot);
+    int32_t* cursor = slot_cursor(p.cursors, p.cursor_slot_stride, slot);
     const VerifyRow vr = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
     if (!vr.valid) {  // a corrupted cursor: the row touches nothing
       fault_draft_row<T, ROWS, kThreads>(out_of);
@@ -266,9 +266,9 @@ struct Verify {
     const int mc = vr.flush ? 0 : m;
 
     // Records: committed ones from the rings at [0, m) (one more round trip), drafts at [m, m + t).
-    const act_t* rec_k = p.rec_k + (int64_t(slot) * num_k_heads + khead) * kCap * K;
-    const float* rec_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * kCap * V + row0;
-    const float* rec_g = p.rec_g + (int64_t(slot) * p.num_v_heads + vhead) * kCap * (PER_CHANNEL ? K : 1);
+    const act_t* rec_k = p.rec_k + int64_t(slot) * p.rec_k_slot_stride + int64_t(khead) * kCap * K;
+    const float* rec_u = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * kCap * V + row0;
+    const float* rec_g = p.rec_g + int64_t(slot) * p.rec_g_slot_stride + int64_t(vhead) * kCap * (PER_CHANNEL ? K : 1);
     RowStager<act_t, K, kCap - 1, kThreads> k_held;
     RowStager<float, ROWS, kCap - 1, kThreads> u_held;
     k_held.load(rec_k, K, m);
@@ -358,7 +358,7 @@ struct Verify {
     if (vr.flush)
       store_tile<Tile, SR, V>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? vr.epoch : 0), vhead, row0);
     const int first = vr.flush ? 0 : m;
-    float* u_ring = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * kCap * V + row0;
+    float* u_ring = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * kCap * V + row0;
     float du[T][Tile::kPasses];  // the drafts' u of this lane's rows
     #pragma unroll
     for (int j = 0; j < T; ++j) {

@@ -80,7 +80,7 @@ struct VerifyRecords {
     }
     const int parent_given = threadIdx.x < T ? DraftTree<T>::given_parent(d.parents, row, threadIdx.x) : 0;
 
-    const VerifyRow v = read_verify_row<L, T>(slot_cursor(p.cursors, slot), d.num_drafts, d.num_accepted, row);
+    const VerifyRow v = read_verify_row<L, T>(slot_cursor(p.cursors, p.cursor_slot_stride, slot), d.num_drafts, d.num_accepted, row);
     const Workspace ws{p.workspace, p.batch, p.num_v_heads};
     if (khead == 0 && threadIdx.x == 0) store_verify_row(ws.info(row), v);
     if (!v.valid) return;  // a corrupted cursor: the state kernel faults the row
@@ -89,8 +89,8 @@ struct VerifyRecords {
 
     // Committed k rows (their norms weigh a flush's fold too) and every value head's g.
     RowStager<act_t, K, kCap - 1, kThreads> k_held;
-    k_held.load(p.rec_k + (int64_t(slot) * num_k_heads + khead) * kCap * K, K, m);
-    const float* rec_g = p.rec_g + (int64_t(slot) * p.num_v_heads + vhead0) * kCap;
+    k_held.load(p.rec_k + int64_t(slot) * p.rec_k_slot_stride + int64_t(khead) * kCap * K, K, m);
+    const float* rec_g = p.rec_g + int64_t(slot) * p.rec_g_slot_stride + int64_t(vhead0) * kCap;
     for (int e = threadIdx.x; e < VPH * m; e += kThreads) sm.g[e / m][e % m] = rec_g[(e / m) * kCap + e % m];
     #pragma unroll
     for (int it = 0; it < kGateIters; ++it) {
@@ -160,7 +160,7 @@ struct VerifyRecords {
     // The committed records' part of each (draft, value row): kVec consecutive rows of one value
     // head per thread, every draft at once, each u row loaded once (from L2).
     constexpr int kVec = elements_per_thread<V, VPH * V, kThreads>();
-    const float* ring_u = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead0) * kCap * V;
+    const float* ring_u = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead0) * kCap * V;
     for (int e = threadIdx.x * kVec; e < VPH * V; e += kThreads * kVec) {
       const int h = e / V, r = e % V;
       float pred[T][kVec], osum[T][kVec];
@@ -258,9 +258,9 @@ struct VerifyState {
     copy_rows_async<float, ROWS, kThreads>(&sm.osum[0][0], 0, ROWS, ws.extra(row, vhead) + T * V + row0, 0, V, 1, t);
     for (int w = threadIdx.x; w < Scalars::kCount; w += kThreads) sm.scalars[w] = ws.scalars(row, vhead)[w];
     if (vr.flush) {  // the committed records to fold, and their weights
-      copy_rows_async<float, ROWS, kThreads>(&sm.held_u[0][0], 0, ROWS, p.rec_u + (int64_t(slot) * p.num_v_heads +
-                                             vhead) * kCap * V + row0, 0, V, 1, m);
-      copy_rows_async<act_t, K, kThreads>(&sm.held_k[0][0], 0, K, p.rec_k + (int64_t(slot) * num_k_heads + khead) *
+      copy_rows_async<float, ROWS, kThreads>(&sm.held_u[0][0], 0, ROWS, p.rec_u + int64_t(slot) * p.rec_u_slot_stride +
+                                             int64_t(vhead) * kCap * V + row0, 0, V, 1, m);
+      copy_rows_async<act_t, K, kThreads>(&sm.held_k[0][0], 0, K, p.rec_k + int64_t(slot) * p.rec_k_slot_stride + int64_t(khead) *
                                           kCap * K, 0, K, 1, m);
       for (int i = threadIdx.x; i < m; i += kThreads) sm.fold_w[i] = ws.coef(row, vhead)[i];
     }
@@ -277,7 +277,7 @@ struct VerifyState {
     if (vr.flush)
       store_tile<Tile, SR, V>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? vr.epoch : 0), vhead, row0);
     const int first = vr.flush ? 0 : m;
-    float* u_ring = p.rec_u + (int64_t(slot) * p.num_v_heads + vhead) * kCap * V + row0;
+    float* u_ring = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * kCap * V + row0;
     float du[T][Tile::kPasses];  // the drafts' u of this lane's rows
     #pragma unroll
     for (int j = 0; j < T; ++j) {

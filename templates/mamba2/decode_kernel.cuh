@@ -32,6 +32,10 @@ struct Params {
   act_t* rec_b;             // [slots, G, CAP, N]
   float* rec_dt;            // [slots, H, CAP]  (dt after bias and softplus)
   int32_t* cursors;         // [slots, kCursorWords]
+  // Every slot pool's slot stride in its elements (its block when packed, the page in vLLM's cache
+  // pages); each slot's block is contiguous.
+  int64_t state_scale_slot_stride, state_block_slot_stride, read_scale_slot_stride, read_block_slot_stride;
+  int64_t rec_x_slot_stride, rec_b_slot_stride, rec_dt_slot_stride, cursor_slot_stride;
   const act_t* x;           // [batch, H, P]
   int64_t x_stride_b, x_stride_h;
   const act_t* z;           // [batch, H, P] or null
@@ -100,10 +104,11 @@ struct Kernel {
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
   static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
-    return {p.state, p.state_slot_stride, p.state_scale, p.state_blocks};
+    return {p.state, p.state_slot_stride, p.state_scale, p.state_scale_slot_stride, p.state_blocks, p.state_block_slot_stride};
   }
   static __device__ __forceinline__ CheckpointView<Read> read_view(const Params& p) {
-    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, p.read_blocks};
+    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, p.read_scale_slot_stride, p.read_blocks,
+                                     p.read_block_slot_stride};
     else return state_view(p);
   }
 
@@ -179,9 +184,9 @@ struct Kernel {
     const act_t* x_cur = p.x + int64_t(row) * p.x_stride_b + int64_t(head) * p.x_stride_h + row0;
     const act_t* b_cur = p.B + int64_t(row) * p.b_stride_b + int64_t(group) * p.b_stride_g;
     const act_t* q = p.C + int64_t(row) * p.c_stride_b + int64_t(group) * p.c_stride_g;
-    const act_t* rec_x = p.rec_x + (int64_t(slot) * p.num_heads + head) * CAP * P + row0;
-    const act_t* rec_b = p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N;
-    const float* rec_dt = p.rec_dt + (int64_t(slot) * p.num_heads + head) * CAP;
+    const act_t* rec_x = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head) * CAP * P + row0;
+    const act_t* rec_b = p.rec_b + int64_t(slot) * p.rec_b_slot_stride + int64_t(group) * CAP * N;
+    const float* rec_dt = p.rec_dt + int64_t(slot) * p.rec_dt_slot_stride + int64_t(head) * CAP;
     RecordStager<act_t, ROWS, kRecords, kThreads> x_stage;
     RecordStager<act_t, N, kRecords, kThreads> b_stage;
     RowStager<act_t, N, 1, kThreads> q_stage;
@@ -191,7 +196,7 @@ struct Kernel {
     q_stage.load(q, 0, 1);
     if constexpr (HAS_Z) z_stage.load(p.z + int64_t(row) * p.z_stride_b + int64_t(head) * p.z_stride_h + row0, 0, 1);
 
-    int32_t* cursor = REPLAY ? slot_cursor(p.cursors, slot) : nullptr;
+    int32_t* cursor = REPLAY ? slot_cursor(p.cursors, p.cursor_slot_stride, slot) : nullptr;
     const auto opened = open_step<REPLAY, L, CAP>(cursor);
     if (!opened.valid()) {  // a corrupted cursor: the row touches nothing
       fill_outputs<ROWS, kThreads>(out, fault_output());
@@ -267,11 +272,11 @@ struct Kernel {
 
     if constexpr (REPLAY) {
       if (!flush) {  // append this token's record at ring row `held` (exact: act -> float -> act)
-        act_t* rx = p.rec_x + ((int64_t(slot) * p.num_heads + head) * CAP + held) * P + row0;
+        act_t* rx = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + (int64_t(head) * CAP + held) * P + row0;
         for (int r = threadIdx.x; r < ROWS; r += kThreads) rx[r] = from_float<act_t>(sm.x[held][r]);
         if (split == 0) {
-          if (threadIdx.x == 0) p.rec_dt[(int64_t(slot) * p.num_heads + head) * CAP + held] = sm.dt[held];
-          act_t* rb = p.rec_b + ((int64_t(slot) * num_groups + group) * CAP + held) * N;
+          if (threadIdx.x == 0) p.rec_dt[int64_t(slot) * p.rec_dt_slot_stride + int64_t(head) * CAP + held] = sm.dt[held];
+          act_t* rb = p.rec_b + int64_t(slot) * p.rec_b_slot_stride + (int64_t(group) * CAP + held) * N;
           if (head % HPG == 0)
             for (int k = threadIdx.x; k < N; k += kThreads) rb[k] = from_float<act_t>(sm.b[held][k]);
         }

@@ -53,13 +53,13 @@ struct Records {
                                                    bool with_rows) {
     const int num_groups = p.num_heads / HPG;
     if (with_rows) {
-      const act_t* rec_x = p.rec_x + (int64_t(slot) * p.num_heads + head0) * CAP * P;
+      const act_t* rec_x = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head0) * CAP * P;
       stage_held_rows<kRingRowsInShared, act_t, P, HPG, kRing, CAP, kThreads>(&sm.x[0][0][0], rec_x, count);
       copy_columns_async<act_t, N, 1, kThreads>(&sm.b[0][0], 0, N,
-                                                    p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N, 0, N, count);
+                                                    p.rec_b + int64_t(slot) * p.rec_b_slot_stride + int64_t(group) * CAP * N, 0, N, count);
     }
     copy_columns_async<float, 1, HPG, kThreads>(&sm.s.dt[0][0], CAP, 1,
-                                                    p.rec_dt + (int64_t(slot) * p.num_heads + head0) * CAP, CAP, 1, count);
+                                                    p.rec_dt + int64_t(slot) * p.rec_dt_slot_stride + int64_t(head0) * CAP, CAP, 1, count);
   }
 
   static __device__ __forceinline__ void run(const Params& p, Smem& sm) {
@@ -79,7 +79,7 @@ struct Records {
     if constexpr (HAS_D) copy_columns_async<float, 1, 1, kThreads>(sm.s.D, 0, 1, p.D + head0, 0, 1, HPG);
     if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing, true);
 
-    const auto opened = open_step<true, L, CAP>(slot_cursor(p.cursors, slot));
+    const auto opened = open_step<true, L, CAP>(slot_cursor(p.cursors, p.cursor_slot_stride, slot));
     if (!opened.valid()) {  // a corrupted cursor: the state kernel faults the row
       if (group == 0 && threadIdx.x == 0) store_step(Workspace{p.workspace, p.batch, p.num_heads}.info(row), opened.faulted());
       pipe::wait_copies();
@@ -144,7 +144,7 @@ struct Records {
             for (int v = 0; v < kVec; ++v) extra[v] = fmaf(w, x[v], extra[v]);
           }
         } else {  // from L2, kLoadBatch records' loads in flight at once
-          const act_t* held_x = p.rec_x + (int64_t(slot) * p.num_heads + head0 + h) * CAP * P + r;
+          const act_t* held_x = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head0 + h) * CAP * P + r;
           for (int i0 = 0; i0 < held; i0 += kLoadBatch) {
             float x[kLoadBatch][kVec];
             #pragma unroll
@@ -172,10 +172,10 @@ struct Records {
         if (i < records) ws.coef(row, head0 + h)[i] = sm.s.coef[h][i];
       }
     } else {  // append this token's record at ring row `held` (copied as stored)
-      store_rows<act_t, P, HPG, kThreads>(p.rec_x + ((int64_t(slot) * p.num_heads + head0) * CAP + held) * P, CAP * P,
+      store_rows<act_t, P, HPG, kThreads>(p.rec_x + int64_t(slot) * p.rec_x_slot_stride + (int64_t(head0) * CAP + held) * P, CAP * P,
                                           &sm.x_cur[0][0], P);
-      if (threadIdx.x < HPG) p.rec_dt[(int64_t(slot) * p.num_heads + head0 + threadIdx.x) * CAP + held] = sm.s.dt_cur[threadIdx.x];
-      store_rows<act_t, N, 1, kThreads>(p.rec_b + ((int64_t(slot) * num_groups + group) * CAP + held) * N, 0, sm.b_cur, 0);
+      if (threadIdx.x < HPG) p.rec_dt[int64_t(slot) * p.rec_dt_slot_stride + int64_t(head0 + threadIdx.x) * CAP + held] = sm.s.dt_cur[threadIdx.x];
+      store_rows<act_t, N, 1, kThreads>(p.rec_b + int64_t(slot) * p.rec_b_slot_stride + (int64_t(group) * CAP + held) * N, 0, sm.b_cur, 0);
     }
     // the state kernel advances the cursor from this
     if (group == 0 && threadIdx.x == 0) store_step(ws.info(row), d);
@@ -241,16 +241,16 @@ struct State {
     const uint64_t epoch = SR ? uint64_t(d.epoch) : 0;
     const uint64_t seed = rounding_seed<SR>(p);
     if (head == 0 && split == 0 && threadIdx.x == 0)
-      close_split_step(slot_cursor(p.cursors, slot), d);
+      close_split_step(slot_cursor(p.cursors, p.cursor_slot_stride, slot), d);
     const float total = *ws.scalars(row, head);
     // ROWS divides P, so the extra rows are aligned to ROWS' vector width.
     copy_rows_async<float, ROWS, kThreads>(sm.extra, 0, 0, ws.extra(row, head) + row0, 0, 0, 1, 1);
     if (flush) {  // the records to fold (held ones from the rings, this token's from the inputs), and their weights
-      copy_rows_async<act_t, ROWS, kThreads>(&sm.x[0][0], 0, ROWS, p.rec_x + (int64_t(slot) * p.num_heads + head) * CAP * P + row0,
+      copy_rows_async<act_t, ROWS, kThreads>(&sm.x[0][0], 0, ROWS, p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head) * CAP * P + row0,
                                              0, P, 1, held);
       copy_rows_async<act_t, ROWS, kThreads>(sm.x[held], 0, 0, p.x + int64_t(row) * p.x_stride_b +
                                              int64_t(head) * p.x_stride_h + row0, 0, 0, 1, 1);
-      copy_rows_async<act_t, N, kThreads>(&sm.b[0][0], 0, N, p.rec_b + (int64_t(slot) * num_groups + group) * CAP * N,
+      copy_rows_async<act_t, N, kThreads>(&sm.b[0][0], 0, N, p.rec_b + int64_t(slot) * p.rec_b_slot_stride + int64_t(group) * CAP * N,
                                           0, N, 1, held);
       copy_rows_async<act_t, N, kThreads>(sm.b[held], 0, 0, b_cur, 0, 0, 1, 1);
       copy_rows_async<float, 1, kThreads>(sm.coef, 0, 1, ws.coef(row, head), 0, 1, 1, records);

@@ -50,22 +50,22 @@ __device__ __forceinline__ void append_drafts(const VerifyParams<act_t, state_t>
   const auto& p = vp.base;
   const auto& d = vp.d;
   const int t = v.drafts, first = v.flush ? 0 : v.committed;
-  act_t* x_ring = p.rec_x + (int64_t(slot) * p.num_heads + head) * CAP * P + row0;
+  act_t* x_ring = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head) * CAP * P + row0;
   for (int e = threadIdx.x; e < t * ROWS; e += THREADS) {
     const int j = e / ROWS, r = e % ROWS;
     x_ring[int64_t(first + j) * P + r] = x_of(j, r);
   }
-  int32_t* cursor = slot_cursor(p.cursors, slot);
+  int32_t* cursor = slot_cursor(p.cursors, p.cursor_slot_stride, slot);
   if (!last_arrival(cursor, p.num_heads * splits, flag)) return;
   for (int e = threadIdx.x; e < t * p.num_heads; e += THREADS) {
     const int j = e / p.num_heads, h = e % p.num_heads;
-    p.rec_dt[(int64_t(slot) * p.num_heads + h) * CAP + first + j] = draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, j, h);
+    p.rec_dt[int64_t(slot) * p.rec_dt_slot_stride + int64_t(h) * CAP + first + j] = draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, j, h);
   }
   copy_rows<act_t, N, THREADS>(
       t * num_groups,
       [&](int i) { return p.B + int64_t(row) * p.b_stride_b + int64_t(i / num_groups) * d.b_stride_t +
                           int64_t(i % num_groups) * p.b_stride_g; },
-      [&](int i) { return p.rec_b + ((int64_t(slot) * num_groups + i % num_groups) * CAP + first + i / num_groups) * N; });
+      [&](int i) { return p.rec_b + int64_t(slot) * p.rec_b_slot_stride + (int64_t(i % num_groups) * CAP + first + i / num_groups) * N; });
   finish_verify_cursor(cursor, v);
 }
 
@@ -126,7 +126,7 @@ struct Verify {
     const int parent_given = draft_lane ? DraftTree<T>::given_parent(d.parents, row, threadIdx.x) : 0;
     const float A = p.A[head], D = HAS_D ? p.D[head] : 0.f, dt_bias = HAS_DT_BIAS ? p.dt_bias[head] : 0.f;
 
-    int32_t* cursor = slot_cursor(p.cursors, slot);
+    int32_t* cursor = slot_cursor(p.cursors, p.cursor_slot_stride, slot);
     const VerifyRow v = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
     if (!v.valid) {  // a corrupted cursor: the row touches nothing
       fault_draft_row<T, ROWS, kThreads>(out_of);
@@ -136,9 +136,9 @@ struct Verify {
     const int mc = v.flush ? 0 : m;  // committed records the drafts replay (none after the fold)
 
     // Records: committed ones from the rings at [0, m) (one more round trip), drafts at [m, m + t).
-    const act_t* rec_x = p.rec_x + (int64_t(slot) * p.num_heads + head) * kCap * P + row0;
-    const act_t* rec_b = p.rec_b + (int64_t(slot) * num_groups + group) * kCap * N;
-    const float* rec_dt = p.rec_dt + (int64_t(slot) * p.num_heads + head) * kCap;
+    const act_t* rec_x = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head) * kCap * P + row0;
+    const act_t* rec_b = p.rec_b + int64_t(slot) * p.rec_b_slot_stride + int64_t(group) * kCap * N;
+    const float* rec_dt = p.rec_dt + int64_t(slot) * p.rec_dt_slot_stride + int64_t(head) * kCap;
     RowStager<act_t, ROWS, kCap - 1, kThreads> x_held;
     RowStager<act_t, N, kCap - 1, kThreads> b_held;
     x_held.load(rec_x, P, m);

@@ -65,7 +65,7 @@ struct VerifyRecords {
         draft_lane ? draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, draft_j, head0 + draft_h) : 0.f;
     const int parent_given = threadIdx.x < T ? DraftTree<T>::given_parent(d.parents, row, threadIdx.x) : 0;
 
-    const VerifyRow v = read_verify_row<L, T>(slot_cursor(p.cursors, slot), d.num_drafts, d.num_accepted, row);
+    const VerifyRow v = read_verify_row<L, T>(slot_cursor(p.cursors, p.cursor_slot_stride, slot), d.num_drafts, d.num_accepted, row);
     const Workspace ws{p.workspace, p.batch, p.num_heads};
     if (group == 0 && threadIdx.x == 0) store_verify_row(ws.info(row), v);
     if (!v.valid) return;  // a corrupted cursor: the state kernel faults the row
@@ -74,8 +74,8 @@ struct VerifyRecords {
 
     // Committed B rows (only where replayed) and every head's committed dt, drafts after them.
     RowStager<act_t, N, kCap - 1, kThreads> b_held;
-    b_held.load(p.rec_b + (int64_t(slot) * num_groups + group) * kCap * N, N, mc);
-    const float* rec_dt = p.rec_dt + (int64_t(slot) * p.num_heads + head0) * kCap;
+    b_held.load(p.rec_b + int64_t(slot) * p.rec_b_slot_stride + int64_t(group) * kCap * N, N, mc);
+    const float* rec_dt = p.rec_dt + int64_t(slot) * p.rec_dt_slot_stride + int64_t(head0) * kCap;
     for (int e = threadIdx.x; e < HPG * m; e += kThreads) sm.dt[e / m][e % m] = rec_dt[(e / m) * kCap + e % m];
     if (draft_lane && draft_j < t) sm.dt[draft_h][m + draft_j] = dt_draft;
     if (threadIdx.x < T) sm.tree.set_parent(threadIdx.x, parent_given);
@@ -123,7 +123,7 @@ struct VerifyRecords {
     // Per-row sums, kVec consecutive rows of one head per thread, every draft at once: each x row
     // (committed ones from the ring, drafts from the inputs) is loaded once.
     constexpr int kVec = elements_per_thread<P, HPG * P, kThreads>();
-    const act_t* ring_x = p.rec_x + (int64_t(slot) * p.num_heads + head0) * kCap * P;
+    const act_t* ring_x = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head0) * kCap * P;
     const act_t* draft_x = p.x + int64_t(row) * p.x_stride_b + int64_t(head0) * p.x_stride_h;
     for (int e = threadIdx.x * kVec; e < HPG * P; e += kThreads * kVec) {
       const int h = e / P, r = e % P;
@@ -225,9 +225,9 @@ struct VerifyState {
     // (only what the records kernel wrote: drafts j < t, the fold's decay where it flushes)
     if (threadIdx.x < t || (threadIdx.x == T && v.flush)) sm.total[threadIdx.x] = ws.scalars(row, head)[threadIdx.x];
     if (v.flush) {  // the committed records to fold, and their weights
-      copy_rows_async<act_t, ROWS, kThreads>(&sm.held_x[0][0], 0, ROWS, p.rec_x + (int64_t(slot) * p.num_heads + head) *
+      copy_rows_async<act_t, ROWS, kThreads>(&sm.held_x[0][0], 0, ROWS, p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head) *
                                              kCap * P + row0, 0, P, 1, m);
-      copy_rows_async<act_t, N, kThreads>(&sm.held_b[0][0], 0, N, p.rec_b + (int64_t(slot) * num_groups + group) *
+      copy_rows_async<act_t, N, kThreads>(&sm.held_b[0][0], 0, N, p.rec_b + int64_t(slot) * p.rec_b_slot_stride + int64_t(group) *
                                           kCap * N, 0, N, 1, m);
       for (int i = threadIdx.x; i < m; i += kThreads) sm.fold_w[i] = ws.coef(row, head)[i];
     }

@@ -82,9 +82,11 @@ def test_kernel_spec_rejects_unknown_flags():
 
 
 # --- found by the CUDA fuzz (decode.op, long profile) -----------------------------------------
-# The kernels take the checkpoint's slot stride but index the rings and cursors as slot * block:
+# The kernels took the checkpoint's slot stride but indexed the rings and cursors as slot * block:
 # a padded cursors pool was accepted and a GDN step wrote slot 1's cursor into the padding and
-# slot 0's words. The checks now want those pools packed, on every backend alike.
+# slot 0's words. The checks then wanted those pools packed; now every kernel takes each slot
+# tensor's slot stride (vLLM's cache pages pad them all), so a padded pool steps as a packed one
+# (tests/ops/test_paged_slots.py carves a whole layout out of one buffer of pages).
 
 
 def _op_case(family: str, *, window: int = 4, drafts: int = 1):
@@ -122,21 +124,38 @@ def _padded_slots(t: torch.Tensor, pad: int, offset: int = 0) -> torch.Tensor:
     [("mamba2", n) for n in ("rec_x", "rec_b", "rec_dt", "cursors")]
     + [(f, n) for f in ("gdn", "kda") for n in ("rec_u", "rec_k", "rec_g", "cursors")],
 )
-def test_a_padded_ring_or_cursor_pool_is_named_and_changes_nothing(family, name):
+def test_a_padded_ring_or_cursor_pool_steps_as_the_packed_one(family, name):
     fam, cache, plan, args = _op_case(family)
     layout = next(t for t in cache.layout.tensors() if t.name == name)
+    twin = {k: t.clone() for k, t in cache.tensors.items()}
+    twin[name] = _padded_slots(twin[name], max(1, layout.alignment // twin[name].element_size()))
+    assert twin[name].stride(0) > twin[name][0].numel()
+    got = fam.op(plan, **twin, **args)
+    want = fam.op(plan, **cache.tensors, **args)
+    assert torch.equal(got, want)
+    for k, t in cache.tensors.items():
+        assert torch.equal(twin[k], t), k
+    type(cache).from_tensors(cache.layout, **twin)  # (accepted)
+
+
+@pytest.mark.parametrize("name", ["rec_x", "rec_b"])
+def test_a_ring_or_cursor_pool_whose_slots_overlap_is_named_and_changes_nothing(name):
+    fam, cache, plan, args = _op_case("mamba2")
     pool = dict(cache.tensors)
-    pool[name] = _padded_slots(pool[name], max(1, layout.alignment // pool[name].element_size()))
-    before = {k: t.clone() for k, t in pool.items()}
+    t = pool[name]
+    pool[name] = torch.as_strided(t, t.shape, (t[0].numel() // 2, *t.stride()[1:]))
+    before = {k: v.clone() for k, v in pool.items()}
     heads = cache.layout.shape
     out = torch.full((2, heads.value_heads, heads.value_dim), float("nan"), dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match=f"^{name}: expected packed slots"):
+    with pytest.raises(
+        ValueError,
+        match=f"^{name}: expected slots {t[0].numel()} or more "
+        f"elements apart .*slot stride of {t[0].numel() // 2}",
+    ):
         fam.op(plan, **pool, **args, out=out)
-    for k, t in pool.items():
-        assert torch.equal(t, before[k]), f"{k} changed"
+    for k, v in pool.items():
+        assert torch.equal(v, before[k]), f"{k} changed"
     assert out.isnan().all()
-    with pytest.raises(ValueError, match=f"^{name}: expected packed slots"):
-        type(cache).from_tensors(cache.layout, **pool)
 
 
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
@@ -163,17 +182,18 @@ def test_cursors_need_16_byte_alignment_for_the_verify_kernels():
         mamba2_decode(plan, **pool, **args)
 
 
-def test_commit_drafts_rejects_padded_cursors():
-    """The commit kernel indexes the cursors and rings densely too."""
+def test_commit_drafts_takes_padded_cursors():
+    """The commit kernel takes the cursors' and rings' slot strides too."""
     _, cache, _, _ = _op_case("gdn", drafts=2)
     plan = plan_decode(cache.layout, 2, device="cpu")
     tensors = dict(cache.tensors)
     tensors["cursors"] = _padded_slots(tensors["cursors"], 4)
     before = tensors["cursors"].clone()
-    with pytest.raises(ValueError, match="^cursors: expected packed slots"):
-        commit_drafts(plan, tensors, num_accepted=torch.zeros(2, dtype=torch.int32),
-                      slot_indices=torch.tensor([2, 0], dtype=torch.int32))  # fmt: skip
-    assert torch.equal(tensors["cursors"], before)
+    commit_drafts(plan, tensors, num_accepted=torch.zeros(2, dtype=torch.int32),
+                  slot_indices=torch.tensor([2, 0], dtype=torch.int32))  # fmt: skip
+    assert torch.equal(
+        tensors["cursors"], before
+    )  # (nothing pending: a commit of 0 changes nothing)
 
 
 # --- the CUDA speculative entries keep to the AOT `sanitizer` preset --------------------------

@@ -119,9 +119,38 @@ def _preset_checkpoint_formats() -> list[KernelSpec]:
     return specs
 
 
+def _preset_paged_tests() -> list[KernelSpec]:
+    """What tests/ops/test_paged_slots.py loads (its CASES: every slot tensor a view into one
+    buffer of cache pages): Mamba-2 H = 6, P = 16, N = 32, G = 3 and GDN / KDA H = 2, HV = 4,
+    K = V = 32, L = 4, BF16 activations; FP32 checkpoints with T = 2 drafts, and without drafts
+    e4m3 (Mamba-2, KDA), nvfp4 (GDN) and FP32 with a BF16 read copy (GDN); the flags of a plan
+    with no options."""
+    import torch
+
+    from replayssm_jit.families.layout import family_layout
+    from replayssm_jit.ops.plan import plan_decode
+
+    dims = {
+        "mamba2": dict(num_heads=6, headdim=16, dstate=32, ngroups=3),
+        "gdn": dict(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=32),
+        "kda": dict(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=32),
+    }
+    cases = [("mamba2", "f32", None), ("mamba2", "e4m3", None), ("gdn", "f32", None),
+             ("gdn", "nvfp4", None), ("gdn", "f32", "bf16"), ("kda", "f32", None),
+             ("kda", "e4m3", None)]  # fmt: skip
+    specs = []
+    for family, state, read in cases:
+        drafts = 2 if state == "f32" and read is None else 1
+        layout = family_layout(family, window=4, drafts=drafts, state_dtype=state,
+                               read_dtype=read, **dims[family])  # fmt: skip
+        specs.append(plan_decode(layout, 4, device=torch.device("cpu")).spec)
+    return specs
+
+
 PRESETS = {
     "checkpoint-formats": _preset_checkpoint_formats,
     "kda-tests": _preset_kda_tests,
+    "paged-tests": _preset_paged_tests,
     "sanitizer": _preset_sanitizer,
     "verify-tests": _preset_verify_tests,
 }

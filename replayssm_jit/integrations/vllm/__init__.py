@@ -9,6 +9,7 @@ the out-of-tree plugin: plugin.py. The older simplified entries below stay for e
         num_accepted_tokens=, use_qk_l2norm_in_kernel=, cu_seqlens=)
     per_head_params(A, D, dt_bias)         head-expanded Mamba-2 parameters to our [H] form
     slot_tensor_specs(layout)              (name, per-slot shape, dtype) for a cache manager
+    page_entries / page_tensors            our tensors in a layer's MambaSpec and vLLM's page views
     fla_state_view / copy_state_from_fla   our GDN state [HV, V, K] against fla/HF [HV, K, V]
 
 `pool` is the layer's slot tensors by name (layout.tensors(): state, the rings, cursors), which
@@ -25,6 +26,7 @@ import torch
 
 from replayssm_jit.families.layout import CacheLayout, family_layout
 from replayssm_jit.integrations.vllm.backend import ReplaySSMBackend, VLLMLayer
+from replayssm_jit.integrations.vllm.pages import PageEntries, page_entries, page_tensors
 from replayssm_jit.integrations.vllm.rows import NULL_BLOCK_ID, narrow_to_int32
 from replayssm_jit.ops import gdn_decode, gdn_verify, mamba2_decode, mamba2_verify
 from replayssm_jit.ops.decode import reads_device_values
@@ -32,12 +34,15 @@ from replayssm_jit.ops.plan import DecodePlan
 
 __all__ = [
     "NULL_BLOCK_ID",
+    "PageEntries",
     "ReplaySSMBackend",
     "VLLMLayer",
     "copy_state_from_fla",
     "fla_state_view",
     "gdn_fused_recurrent",
     "mamba2_selective_state_update",
+    "page_entries",
+    "page_tensors",
     "per_head_params",
     "slot_tensor_specs",
 ]

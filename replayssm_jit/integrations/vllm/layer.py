@@ -17,8 +17,9 @@ __all__ = ["ReplaySSMLayer"]
 
 class ReplaySSMLayer:
     """A layer's pool and plans. `state` is the engine's own state tensor ([slots, H, P, N] or
-    [slots, HV, V, K], packed slots); the rings and cursors are made here (zero: every slot
-    starts empty) unless `tensors` gives them. plan_options go to plan_decode (family flags,
+    [slots, HV, V, K]; packed, or a view into the engine's cache pages); the rings and cursors
+    are made here (zero: every slot starts empty) unless `tensors` gives them (views into the
+    same pages: integrations/vllm/pages.py). plan_options go to plan_decode (family flags,
     scale, lower_bound); pad_slot_id is the engine's (vLLM's null block 0, SGLang's -1)."""
 
     def __init__(

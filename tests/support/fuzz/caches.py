@@ -67,7 +67,7 @@ def build_cache_init(draw, device):
             t = draw(st.sampled_from(layout.tensors()))
             value, ok, label = slot_tensor_variant(
                 draw, given[t.name], t.alignment, optional=False,
-                other_device="meta" if device == "cpu" else "cpu", packed=t.name != "state",
+                other_device="meta" if device == "cpu" else "cpu",
             )  # fmt: skip
             given[t.name] = value
             v.mark(ok, f"{t.name} {label}")
@@ -306,7 +306,7 @@ def build_lifecycle(draw, device):
         t = draw(st.sampled_from(layout.tensors()))
         value, ok, label = slot_tensor_variant(
             draw, tensors[t.name], t.alignment, optional=op == "reset_slots" and t.name.startswith("rec"),
-            other_device="meta" if device == "cpu" else "cpu", packed=t.name != "state",
+            other_device="meta" if device == "cpu" else "cpu",
         )  # fmt: skip
         given[t.name] = value
         v.mark(ok, f"{t.name} {label}")

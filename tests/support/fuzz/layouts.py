@@ -227,7 +227,7 @@ def build_layout_methods(draw, device):
         if v.spend(draw):
             value, ok, label = slot_tensor_variant(
                 draw, base[t.name], t.alignment, optional=t.name in optional,
-                other_device="meta" if device == "cpu" else "cpu", packed=t.name != "state",
+                other_device="meta" if device == "cpu" else "cpu",
             )  # fmt: skip
             v.mark(ok, f"{t.name} {label}")
             if value is None and draw(st.booleans()):

@@ -170,10 +170,10 @@ def tensor_variant(draw, base: torch.Tensor, req: str, *, other_device: str) -> 
 
 
 def slot_tensor_variant(draw, base: torch.Tensor, alignment: int, *, optional: bool,
-                        other_device: str, packed: bool) -> tuple:  # fmt: skip
+                        other_device: str) -> tuple:  # fmt: skip
     """(value, valid, label): a copy of the slot pool `base` [slots, ...] in another layout:
-    a padded slot stride (aligned or not; valid only where the slots need not be `packed`: the
-    checkpoint, not the rings and cursors), an odd start, slots aliased by an expanded view, a
+    a padded slot stride (aligned or not: every slot tensor may have padded slots, as in an
+    engine's cache pages), an odd start, slots aliased by an expanded view, a
     non-contiguous block; or a wrong one: dtype, slot count, per-slot shape, device, None
     (valid where the tensor is `optional`)."""
     kind = draw(st.sampled_from(["same", "pad-aligned", "pad-1", "offset", "expanded", "permuted",
@@ -189,8 +189,6 @@ def slot_tensor_variant(draw, base: torch.Tensor, alignment: int, *, optional: b
         t = torch.as_strided(buf, base.shape, (block + pad, *base.stride()[1:]), offset)
         t.copy_(base)
         ok = (t.stride(0) * elt) % alignment == 0 and t.data_ptr() % alignment == 0
-        if pad and packed and n > 1:
-            ok = False  # (the kernels index the rings and cursors as slot * block)
         return t, ok, f"slot stride {t.stride(0)} at offset {offset}"
     if kind == "expanded":
         return base[:1].expand_as(base), n <= 1, "aliased slots (stride 0)"
