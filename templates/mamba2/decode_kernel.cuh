@@ -117,6 +117,16 @@ struct Kernel {
                                                      bool flush, int records, float total, int slot, uint64_t epoch,
                                                      int head, int row0, const IN* q, const IN* z,
                                                      const float* extra, const float* x, const REC* b) {
+    // SR: the seed is read and the keys mixed on the flush path only, and first, where fewer values
+    // are live (mixed after the fold, the 64-row state kernel took 127 registers instead of 96).
+    uint64_t sr_key = 0, read_key = 0;
+    if constexpr (SR || READ_SR) {
+      if (flush) {
+        const uint64_t seed = rounding_seed<true>(p);
+        sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
+        if constexpr (kSeparate) read_key = read_copy_rounding_key<READ_SR>(seed, slot, epoch);
+      }
+    }
     float s[RT::kPasses][RT::kChunksPerLane][RT::kVec];
     tile_values(ck, flush ? total : 1.f, s);
     if (flush) {  // S <- a(1:j) S + sum_k (a(k+1:j) dt_k x_k[r]) B_k: exact FP32 FMAs
@@ -138,13 +148,7 @@ struct Kernel {
     RT::slice(q, q_reg);
     const auto read_at = CopyRows<Read, P, N>::of(read_view(p), slot, p.num_heads, head, row0);
     float head_scale = 0.f, read_head_scale = 0.f;  // NVFP4 copies' (whole-CTA reductions)
-    uint64_t sr_key = 0, read_key = 0;  // SR: the seed read and the keys mixed on the flush path only
     if (flush) {
-      if constexpr (SR || READ_SR) {
-        const uint64_t seed = rounding_seed<true>(p);
-        sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
-        if constexpr (kSeparate) read_key = read_copy_rounding_key<READ_SR>(seed, slot, epoch);
-      }
       head_scale = prepare_store<RT>(ck.at, s);
       if constexpr (kSeparate) read_head_scale = prepare_store<RT>(read_at, s);
     }
