@@ -208,7 +208,7 @@ struct Kernel {
   template <class RT, typename T, typename IN, typename REC, typename DECAYS = DecaySmem<PER_CHANNEL, kRecords, K>>
   static __device__ __forceinline__ void finish_rows(const Params& p, const TileCheckpoint<RT, T, V>& ck,
                                                      act_t* out, bool flush, int held, const RowScalars& sc, int slot,
-                                                     uint64_t seed, uint64_t epoch, int vhead, int row0, const IN* q,
+                                                     uint64_t epoch, int vhead, int row0, const IN* q,
                                                      const IN* v, const float* pred, const float* osum, const float* u,
                                                      const REC* k,
                                                      const DECAYS* decays = nullptr) {
@@ -304,6 +304,7 @@ struct Kernel {
       }
       float q_reg[RT::kChunksPerLane][RT::kVec];
       RT::slice(q, q_reg);
+      const uint64_t seed = rounding_seed<SR>(p);  // SR: read on the flush path only
       const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
       const uint64_t read_key = kSeparate ? read_copy_rounding_key<READ_SR>(seed, slot, epoch) : 0;
       const auto read_at = CopyRows<Read, V, K>::of(read_view(p), slot, p.num_v_heads, vhead, row0);
@@ -508,7 +509,6 @@ struct Kernel {
     const int records = held + 1;
     const bool flush = !REPLAY || records >= L || p.flush_every_step;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(at_start.epoch) : 0;
-    const uint64_t seed = rounding_seed<SR>(p);
     // The held records from the rings at [0, n), this token's k and gates at [n] (and q, v).
     auto stage_records = [&](int n) {
       k_stage.load_late(rec_k, K, n, p.speculative);
@@ -600,7 +600,7 @@ struct Kernel {
     const auto finish = [&](const auto& ck) {
       finish_rows(p, ck, out, flush, held,
                   RowScalars{PER_CHANNEL ? 1.f : sm.total_decay, sm.beta, rk_j, rq, sm.kq[held] * rk_j * rq},  // dec_j = 1
-                  slot, seed, epoch, vhead, row0, sm.q[0], sm.v[0], sm.pred, sm.osum, &sm.u[0][0], &sm.k[0][0],
+                  slot, epoch, vhead, row0, sm.q[0], sm.v[0], sm.pred, sm.osum, &sm.u[0][0], &sm.k[0][0],
                   &sm.dec);
     };
     if (kSeparate && flush) {

@@ -414,7 +414,6 @@ struct State {
     const int held = d.held, records = d.records;
     const bool flush = d.flush;
     const uint64_t epoch = SR ? uint64_t(d.epoch) : 0;
-    const uint64_t seed = rounding_seed<SR>(p);
     if (vhead == 0 && split == 0 && threadIdx.x == 0)
       close_split_step(slot_cursor(p.cursors, p.cursor_slot_stride, slot), d);
     // V divides into ROWS-row tiles, so the sums' rows are aligned to ROWS' vector width.
@@ -486,7 +485,7 @@ struct State {
     const typename Base::RowScalars sc{PER_CHANNEL ? 1.f : sm.scalars[0], sm.scalars[1], sm.scalars[2], sm.scalars[3],
                                        sm.scalars[4]};
     const auto finish = [&](const auto& ck, bool fold, const auto* q, const auto* v, const auto* k) {
-      Base::finish_rows(p, ck, out, fold, held, sc, slot, seed, epoch, vhead, row0, q, v, sm.pred, sm.osum,
+      Base::finish_rows(p, ck, out, fold, held, sc, slot, epoch, vhead, row0, q, v, sm.pred, sm.osum,
                         &sm.u[0][0], k, &sm.channels);
     };
     const auto finish_from = [&](const auto& ck) {

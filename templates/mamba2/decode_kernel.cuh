@@ -119,9 +119,19 @@ struct Kernel {
   // copy too. Shared with the split kernel.
   template <class RT, typename T, typename IN, typename REC>
   static __device__ __forceinline__ void finish_rows(const Params& p, const TileCheckpoint<RT, T, P>& ck, act_t* out,
-                                                     bool flush, int records, float total, int slot, uint64_t seed,
-                                                     uint64_t epoch, int head, int row0, const IN* q, const IN* z,
+                                                     bool flush, int records, float total, int slot, uint64_t epoch,
+                                                     int head, int row0, const IN* q, const IN* z,
                                                      const float* extra, const float* x, const REC* b) {
+    // SR: the seed is read and the keys mixed on the flush path only, and first, where fewer values
+    // are live (mixed after the fold, the 64-row state kernel took 127 registers instead of 96).
+    uint64_t sr_key = 0, read_key = 0;
+    if constexpr (SR || READ_SR) {
+      if (flush) {
+        const uint64_t seed = rounding_seed<true>(p);
+        sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
+        if constexpr (kSeparate) read_key = read_copy_rounding_key<READ_SR>(seed, slot, epoch);
+      }
+    }
     float s[RT::kPasses][RT::kChunksPerLane][RT::kVec];
     tile_values(ck, flush ? total : 1.f, s);
     if (flush) {  // S <- a(1:j) S + sum_k (a(k+1:j) dt_k x_k[r]) B_k: exact FP32 FMAs
@@ -141,8 +151,6 @@ struct Kernel {
     }
     float q_reg[RT::kChunksPerLane][RT::kVec];
     RT::slice(q, q_reg);
-    const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
-    const uint64_t read_key = kSeparate ? read_copy_rounding_key<READ_SR>(seed, slot, epoch) : 0;
     const auto read_at = CopyRows<Read, P, N>::of(read_view(p), slot, p.num_heads, head, row0);
     float head_scale = 0.f, read_head_scale = 0.f;  // NVFP4 copies' (whole-CTA reductions)
     if (flush) {
@@ -206,7 +214,6 @@ struct Kernel {
     const int held = d.held, records = d.records;
     const bool flush = d.flush;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(d.epoch) : 0;
-    const uint64_t seed = rounding_seed<SR>(p);
     // The held records from the rings at [0, n), this token's at [n], with their dt and log-decays
     // (and q, z).
     auto stage_records = [&](int n) {
@@ -259,7 +266,7 @@ struct Kernel {
 
     // 5. Rows (a separate-mode flush from the carried copy, loaded now).
     auto finish = [&](const auto& ck) {
-      finish_rows(p, ck, out, flush, records, sm.total_decay, slot, seed, epoch, head, row0, sm.q[0], sm.z[0],
+      finish_rows(p, ck, out, flush, records, sm.total_decay, slot, epoch, head, row0, sm.q[0], sm.z[0],
                   sm.extra, &sm.x[0][0], &sm.b[0][0]);
     };
     if (kSeparate && flush) {

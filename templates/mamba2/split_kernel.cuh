@@ -239,7 +239,6 @@ struct State {
     const int held = d.held, records = d.records;
     const bool flush = d.flush;
     const uint64_t epoch = SR ? uint64_t(d.epoch) : 0;
-    const uint64_t seed = rounding_seed<SR>(p);
     if (head == 0 && split == 0 && threadIdx.x == 0)
       close_split_step(slot_cursor(p.cursors, p.cursor_slot_stride, slot), d);
     const float total = *ws.scalars(row, head);
@@ -263,7 +262,7 @@ struct State {
       __syncthreads();
     }
     auto finish = [&](const auto& ck) {
-      Base::finish_rows(p, ck, out, flush, records, total, slot, seed, epoch, head, row0, sm.q, sm.z, sm.extra,
+      Base::finish_rows(p, ck, out, flush, records, total, slot, epoch, head, row0, sm.q, sm.z, sm.extra,
                         &sm.weighted_x[0][0], &sm.b[0][0]);
     };
     if (Base::kSeparate && flush) {
