@@ -5,8 +5,10 @@ from __future__ import annotations
 
 # Largest dynamic shared memory of one CTA on sm_90.
 MAX_CTA_SHARED_BYTES = 227 * 1024
-# sm_90 per-SM limits (shared_memory_resident_ctas in templates/common/split.cuh).
+# sm_90 per-SM limits (kThreadsPerSm, kRegistersPerSm and shared_memory_resident_ctas in
+# templates/common/split.cuh).
 MAX_THREADS_PER_SM = 2048
+REGISTERS_PER_SM = 64 * 1024
 SHARED_BYTES_PER_SM = 227 * 1024
 SHARED_BYTES_RESERVED_PER_CTA = 1024
 # Threads of the split step's 8-warp records CTA: one per head for its scalars.
