@@ -233,11 +233,13 @@ def sass_summary(code: list[tuple[int, str]]) -> tuple[str, str]:
 
 
 def collect(paths: list[str], cuobjdump: str, sass: bool) -> list[Kernel]:
-    kernels = []
-    for so in modules(paths):
+    kernels, sos = [], modules(paths)
+    several = len({so.parent.parent for so in sos}) > 1  # then name each module's AOT folder too
+    for so in sos:
         run = subprocess.run([cuobjdump, "-res-usage", str(so)], capture_output=True, text=True,
                              check=True)  # fmt: skip
-        found = [Kernel(so.stem, *row) for row in parse_res_usage(run.stdout)]
+        name = f"{so.parent.parent.name}/{so.stem}" if several else so.stem
+        found = [Kernel(name, *row) for row in parse_res_usage(run.stdout)]
         if sass and found:
             code = sass_functions(cuobjdump, so)
             for k in found:
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     kernels = collect(opts.paths, find_cuobjdump(opts.cuobjdump), opts.sass)
     params = template_params()
     for k, name in zip(kernels, demangle([k.mangled for k in kernels])):
-        k.family = k.module.split("_")[0]
+        k.family = k.module.split("/")[-1].split("_")[0]
         describe(k, name, params)
     kernels = [k for k in kernels if (not opts.kind or re.search(opts.kind, k.kind))
                and (not opts.args or re.search(opts.args, args_text(k)))]  # fmt: skip
