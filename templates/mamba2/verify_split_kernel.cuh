@@ -244,26 +244,36 @@ struct VerifyState {
     fold_tile<Tile, ROWS>(s_raw, s, v.flush ? sm.total[T] : 1.f, v.flush, sm.weighted_x, sm.held_b, m);
     if (v.flush)
       store_tile<Tile, SR, P>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? v.epoch : 0), head, row0);
+    // Per draft: every pass's dot and row sum first, then the row leaders' stores. With a store
+    // under row_leader() between two passes, ptxas branched around it (a divergent region it does
+    // not move shuffles across) and ran each pass's FMA chain and shuffles one after the other in
+    // every compiled (T, tile) but super120b's T = 4 (docs/tuning.md, "The T = 8 step at batch
+    // 256"; not yet timed on a GPU). Same FMAs in the same order as before.
+    act_t* out = out_of(0);
+    const int64_t draft_stride = int64_t(p.num_heads) * P;
     #pragma unroll 1
-    for (int j = 0; j < T; ++j) {
-      act_t* out = out_of(j);
+    for (int j = 0; j < T; ++j, out += draft_stride) {
       if (j >= t) {  // no such draft: a zero output
         Tile::fill_rows(out, 0.f);
         continue;
       }
       float q_reg[Tile::kChunksPerLane][Tile::kVec];
       Tile::slice(&sm.q[j][0], q_reg);
+      float y[Tile::kPasses];
       #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i) {
-        const int r = Tile::row(i);
-        const float acc = Tile::dot(s[i], q_reg);
-        float y = group_sum<Tile::kLanesPerRow>(acc) * sm.total[j] + sm.extra[j][r];
-        if (Tile::row_leader()) {
+      for (int i = 0; i < Tile::kPasses; ++i) y[i] = Tile::dot(s[i], q_reg);
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i)
+        y[i] = group_sum<Tile::kLanesPerRow>(y[i]) * sm.total[j] + sm.extra[j][Tile::row(i)];
+      if (Tile::row_leader()) {
+        #pragma unroll
+        for (int i = 0; i < Tile::kPasses; ++i) {
+          const int r = Tile::row(i);
           if constexpr (HAS_Z) {
             const float z = to_float(sm.z[j][r]);
-            y *= z / (1.f + expf(-z));
+            y[i] *= z / (1.f + expf(-z));
           }
-          out[r] = from_float<act_t>(y);
+          out[r] = from_float<act_t>(y[i]);
         }
       }
     }
