@@ -293,7 +293,8 @@ def op_args(family, op: str) -> tuple[Param, ...]:
         rings = ring_params(family, read_copy=family.read_copy)
         # A conventional step leaves the rings and cursors out.
         slots = tuple(_as_optional(p) for p in (*rings, CURSORS))
-        tail = (*copies, *slots, _opt("workspace", True), SEED, _opt("num_accepted"))
+        tail = (*copies, *slots, _opt("workspace", True), SEED, _opt("num_accepted"),
+                FLUSH_MASK)  # fmt: skip
         return _required_first((CHECKPOINT[0], *token, *tail))
     if op == "verify":
         slots = (CHECKPOINT[0], *ring_params(family, read_copy=False), CURSORS)
