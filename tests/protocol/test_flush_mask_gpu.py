@@ -25,6 +25,9 @@ L, STEPS = 8, 2 * 8 + 3
 ROW_SLOTS = [1, 2, -1, 3, 4, 5]  # a pad row among them; slots 0 and 6 never named
 NUM_SLOTS = 7
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-3}
+# Outputs: FP32 summation order; with BF16 checkpoints also a rounding that may fall either side
+# of a tie-close value on the two paths (one bf16 step in a few elements).
+OUT_TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-3}
 
 
 def _configs():
@@ -68,12 +71,15 @@ def _token(fam, gen):
 @pytest.mark.parametrize("name,config,state_dtype", list(_configs()))
 def test_kernels_follow_the_mask_as_the_torch_path_does(name, config, state_dtype):
     fam, gen, layout, pool, params = _setup(name, state_dtype, seed=3)
-    cpu = {k: v.cpu() for k, v in pool.items()}
+    cpu = {k: v.to("cpu", copy=True) for k, v in pool.items()}  # the torch path's twin
     kept = {k: v[[0, NUM_SLOTS - 1]].clone() for k, v in pool.items()}
     batch = len(ROW_SLOTS)
     plan = plan_decode(layout, batch, device="cuda", flush_mask=True, config=config)
-    twin = plan_decode(layout, batch, device="cpu", flush_mask=True, config=config)
-    assert plan.kernel == config.kernel and twin.kernel == config.kernel
+    # The torch path steps split and per-item alike; flush-every-step it takes from the plan.
+    every = config.kernel == "flush-every-step"
+    twin_config = LaunchConfig(kernel="flush-every-step" if every else "per-item")
+    twin = plan_decode(layout, batch, device="cpu", flush_mask=True, config=twin_config)
+    assert plan.kernel == config.kernel and twin.kernel == twin_config.kernel
     workspace = torch.empty(plan.workspace_floats, device="cuda")
     slots = torch.tensor(ROW_SLOTS, dtype=torch.int32, device="cuda")
     masks = torch.rand(STEPS, batch, generator=gen, device="cuda") < 0.3
@@ -88,17 +94,17 @@ def test_kernels_follow_the_mask_as_the_torch_path_does(name, config, state_dtyp
         want = op(twin, **cpu, **{k: v.cpu() for k, v in {**params, **token}.items()},
                   slot_indices=slots.cpu(), flush_mask=masks[step].cpu())  # fmt: skip
         torch.cuda.synchronize()
-        assert rel_err(out.cpu(), want) < 1e-5, step
+        assert rel_err(out.cpu(), want) < OUT_TOL[state_dtype], step
         assert torch.equal(out[2], torch.zeros_like(out[2]))
         assert torch.equal(pool["cursors"].cpu(), cpu["cursors"]), step
         e = rel_err(pool["state"].cpu(), cpu["state"])
         assert e < TOL[state_dtype], f"step {step}: checkpoint relative error {e:.3g}"
         forced = [s for r, s in enumerate(ROW_SLOTS) if s >= 0 and masks[step, r]
-                  and held[s] + 1 < L and config.kernel != "flush-every-step"]  # fmt: skip
+                  and held[s] + 1 < L and not every]  # fmt: skip
         flushes += len(forced)
         for s in forced:  # flushed now though the window held room
             assert pool["cursors"][s, 0].item() == 0
-    assert config.kernel == "flush-every-step" or flushes > 5
+    assert every or flushes > 5
     for k, v in pool.items():
         assert torch.equal(v[[0, NUM_SLOTS - 1]].view(torch.uint8), kept[k].view(torch.uint8)), k
 
