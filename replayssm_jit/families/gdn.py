@@ -105,6 +105,7 @@ GDN = DeltaFamily(
         "stochastic_rounding": ("sr", False),
         "read_copy_round_to_nearest": ("read_rn", False),
         "device_seed": ("device_seed", False),
+        "flush_mask": ("flush_mask", False),  # (as Mamba-2's)
     },
     launch=LaunchTraits(
         records_warps=(8, 4),

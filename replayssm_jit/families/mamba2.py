@@ -67,6 +67,9 @@ MAMBA2 = Mamba2Family(
         # Separate mode: round the read copy to nearest while SR rounds the carried one.
         "read_copy_round_to_nearest": ("read_rn", False),
         "device_seed": ("device_seed", False),
+        # A [batch] mask the step reads on the device: a nonzero row flushes now (SGLang's
+        # prefix tracking).
+        "flush_mask": ("flush_mask", False),
     },
     launch=LaunchTraits(
         records_warps=(8,),

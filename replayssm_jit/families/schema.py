@@ -107,6 +107,8 @@ STEP_TAIL = (
     _opt("seed_tensor"),
 )
 LAUNCH = (_int("rows"), _int("flags"))
+# A [batch] bool/uint8 mask of rows a ReplaySSM decode step flushes now (the flush_mask flag).
+FLUSH_MASK = _opt("flush_mask")
 DRAFT_INDEX = (_opt("num_drafts"), _opt("parents"), _opt("num_accepted"))
 # commit_step's rings by role, in every family's ring order (value heads, key heads, decays).
 COMMIT_RING_PARAMS = ("value_ring", "key_ring", "decay_ring")
@@ -145,7 +147,7 @@ def binding_params(family, binding: str) -> tuple[Param, ...]:
     if binding == "replay_step":
         rings = ring_params(family)
         return (*CHECKPOINT, *READ_COPY, *rings, CURSORS, *token, *STEP_TAIL, *LAUNCH,
-                _t("workspace", True))  # fmt: skip
+                _t("workspace", True), FLUSH_MASK)  # fmt: skip
     if binding == "verify_step":
         rings = ring_params(family, read_copy=False)
         return (CHECKPOINT[0], *rings, CURSORS, *token, *STEP_TAIL, *DRAFT_INDEX, *LAUNCH,
@@ -291,7 +293,8 @@ def op_args(family, op: str) -> tuple[Param, ...]:
         rings = ring_params(family, read_copy=family.read_copy)
         # A conventional step leaves the rings and cursors out.
         slots = tuple(_as_optional(p) for p in (*rings, CURSORS))
-        tail = (*copies, *slots, _opt("workspace", True), SEED, _opt("num_accepted"))
+        tail = (*copies, *slots, _opt("workspace", True), SEED, _opt("num_accepted"),
+                FLUSH_MASK)  # fmt: skip
         return _required_first((CHECKPOINT[0], *token, *tail))
     if op == "verify":
         slots = (CHECKPOINT[0], *ring_params(family, read_copy=False), CURSORS)

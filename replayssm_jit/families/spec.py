@@ -67,7 +67,8 @@ class KernelSpec:
         object.__setattr__(self, "state_dtype", state)
         read = check_read_dtype(fam, self.read_dtype, state, self.window, self.drafts)
         object.__setattr__(self, "read_dtype", read)
-        object.__setattr__(self, "flags", check_flags(fam, self.flags, state, read))
+        flags = check_flags(fam, self.flags, state, read, window=self.window, drafts=self.drafts)
+        object.__setattr__(self, "flags", flags)
 
     @property
     def uri(self) -> str:
@@ -183,9 +184,16 @@ def check_read_dtype(
 
 
 def check_flags(
-    fam: Family, flags: object, state_dtype: str, read_dtype: str | None = None
+    fam: Family,
+    flags: object,
+    state_dtype: str,
+    read_dtype: str | None = None,
+    *,
+    window: int,
+    drafts: int,
 ) -> tuple[str, ...]:
-    """`flags` as the sorted names of features `fam` compiles, with their dependencies met."""
+    """`flags` as the sorted names of features `fam` compiles, with their dependencies met (a
+    spec's window and drafts among them)."""
     if isinstance(flags, str) or not isinstance(flags, Iterable):
         raise TypeError(
             f"flags: expected a sequence of flag names, got {type(flags).__name__} {flags!r}"
@@ -210,6 +218,13 @@ def check_flags(
         )
     if "device_seed" in flags and "sr" not in flags:
         raise ValueError("flags: 'device_seed' (the seed read on the device) needs 'sr'")
+    if "flush_mask" in flags and (window < 2 or drafts != 1):
+        # A conventional step writes every state anyway; a verify reads no mask, so a spec
+        # with drafts must not suggest that one is honoured.
+        raise ValueError(
+            "flags: 'flush_mask' (forced flushes of a ReplaySSM decode step) needs window >= 2 "
+            f"and drafts = 1, got window={window} and drafts={drafts}"
+        )
     return tuple(sorted(set(flags)))
 
 
@@ -258,7 +273,8 @@ def make_spec(
     fam = get_family(family)
     state = dtype_name(state_dtype, "state_dtype", checkpoint=True)
     read = check_read_dtype(fam, read_dtype, state, window, drafts)
-    flags = check_flags(fam, fam.default_flags if flags is None else flags, state, read)
+    flags = check_flags(fam, fam.default_flags if flags is None else flags, state, read,
+                        window=window, drafts=drafts)  # fmt: skip
     spec = KernelSpec(
         family=fam.name,
         dims=fam.dims_of(shape),

@@ -9,6 +9,9 @@ SGLang's current calls (read from its code: docs/integrations.md), on SGLangLaye
     layer.decode(q, k, v, a, b, A_log=, dt_bias=, ssm_states=, cache_indices=, query_start_loc=)
     layer.packed_decode(mixed_qkv, a, b, A_log=, dt_bias=, scale=, ssm_states=,
                         cache_indices=, num_v_heads=, head_v_dim=)
+    (the three steps also take mamba_track_mask=forward_batch.mamba_track_mask on a layer made
+    with track_prefix=True: its True rows flush, so ssm_states[cache_indices[i]] is the whole
+    state when SGLang's track_mamba_states_if_needed copies it)
     layer.target_verify(A_log, dt_bias, q, k, v, a, b, ssm_states=, cache_indices=,
                         query_start_loc=, cache_steps=, retrieve_parent_token=)   GDN tree verify
     layer.update_mamba_state_after_mtp_verify(last_correct_step_indices)   the verify's commit
@@ -29,6 +32,7 @@ from collections.abc import Mapping
 
 import torch
 
+from replayssm_jit.core.checks import check_bool, check_tensor
 from replayssm_jit.families.layout import CacheLayout
 from replayssm_jit.integrations import vllm
 from replayssm_jit.integrations.sglang_tree import TreeRows, check_tree_arguments
@@ -104,7 +108,12 @@ def _deprecated(old: str, new: str) -> None:
 class SGLangLayer(ReplaySSMLayer):
     """One layer with SGLang's calls (pad id -1): Mamba-2's selective_state_update, GDN's
     kernel-dispatcher decode and packed_decode. pad_rows keeps a
-    [max_bs] int32 buffer and a row-number buffer, so that the mapping allocates nothing."""
+    [max_bs] int32 buffer and a row-number buffer, so that the mapping allocates nothing.
+
+    track_prefix=True (SGLang's prefix tracking; a layout with drafts=1): the layer's plans
+    take a flush mask, and its steps accept SGLang's mamba_track_mask ([bs] bool on the
+    device, False on pad rows); a True row flushes at that token, so its checkpoint in the
+    engine's state tensor is the whole state when SGLang copies it to its track slot."""
 
     def __init__(
         self,
@@ -113,9 +122,20 @@ class SGLangLayer(ReplaySSMLayer):
         tensors: Mapping[str, torch.Tensor] | None = None,
         *,
         max_batch: int,
+        track_prefix: bool = False,
         **plan_options,
     ) -> None:
+        check_bool("track_prefix", track_prefix)
+        if track_prefix:
+            if isinstance(layout, CacheLayout) and layout.drafts != 1:
+                raise ValueError(
+                    f"track_prefix: expected False with drafts={layout.drafts} (a verify forces "
+                    "no flush; SGLang tracks a speculative run's states after the verify, which "
+                    "update_mamba_state_after_mtp_verify refuses), got True"
+                )
+            plan_options = {**plan_options, "flush_mask": True}
         super().__init__(layout, state, tensors, pad_slot_id=PAD_SLOT_ID, **plan_options)
+        self.track_prefix = track_prefix
         dev = state.device
         self._row = torch.arange(max_batch, dtype=torch.int32, device=dev)
         self._is_pad = torch.zeros(max_batch, dtype=torch.bool, device=dev)
@@ -158,6 +178,21 @@ class SGLangLayer(ReplaySSMLayer):
             self.check_slot_values and not torch.cuda.is_current_stream_capturing()
         )
 
+    def track_mask(self, mamba_track_mask: object, batch: int | None) -> torch.Tensor | None:
+        """SGLang's mamba_track_mask as the step's flush mask, checked and passed as is (no
+        copy, no host read): None, or on a track_prefix layer a contiguous [batch] bool (or
+        uint8) tensor on the layer's device."""
+        if mamba_track_mask is None:
+            return None
+        if not self.track_prefix:
+            raise ValueError(
+                "mamba_track_mask: expected None (a layer made without track_prefix=True never "
+                "forces a flush, so a tracked state would miss its held records), got a tensor"
+            )
+        return check_tensor("mamba_track_mask", mamba_track_mask, shape=(batch,),
+                            dtype=(torch.bool, torch.uint8), device=self.device,
+                            contiguous=True)  # fmt: skip
+
     def selective_state_update(
         self,
         state: torch.Tensor,
@@ -178,11 +213,13 @@ class SGLangLayer(ReplaySSMLayer):
         cache_steps: int | None = None,
         retrieve_parent_token: torch.Tensor | None = None,
         intermediate_state_indices: torch.Tensor | None = None,
+        mamba_track_mask: torch.Tensor | None = None,
     ) -> None:
         """SGLang's Mamba-2 call (a Mamba-2 layer's SGLangLayer), pads -1.
 
         A step: x, z, out [bs, H, P]; dt [bs, H, P] head-expanded; B, C [bs, G, N];
-        state_batch_indices [bs] or [bs, 1]. EAGLE's tree verify: x, z, out [bs, T, H, P], dt
+        state_batch_indices [bs] or [bs, 1]; mamba_track_mask [bs] bool (a track_prefix layer):
+        True rows flush at this token. EAGLE's tree verify: x, z, out [bs, T, H, P], dt
         [bs, T, H, P], B, C [bs, T, G, N] (T the layout's drafts), disable_state_update=True,
         retrieve_parent_token [bs, T] (None: a chain), cache_steps None or T; the drafts stay
         pending until update_mamba_state_after_mtp_verify. intermediate_states_buffer and
@@ -194,9 +231,16 @@ class SGLangLayer(ReplaySSMLayer):
         check_tree_arguments(T, disable_state_update, intermediate_states_buffer, cache_steps,
                              intermediate_state_indices, retrieve_parent_token)  # fmt: skip
         if x.dim() == 3:
+            mask = self.track_mask(mamba_track_mask, x.shape[0])
             mamba2_call(self, state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                        state_batch_indices, None, pad_slot_id, out, None, None)  # fmt: skip
+                        state_batch_indices, None, pad_slot_id, out, None, None,
+                        flush_mask=mask)  # fmt: skip
             return
+        if mamba_track_mask is not None:
+            raise ValueError(
+                "mamba_track_mask: expected None with a tree verify (its drafts stay pending; "
+                "nothing flushes), got a tensor"
+            )
         tree = self.tree_rows(x.shape[0], T, "x")
         if not isinstance(out, torch.Tensor) or out.shape != x.shape or not out.is_contiguous():
             raise ValueError(
@@ -271,13 +315,18 @@ class SGLangLayer(ReplaySSMLayer):
         ssm_states: torch.Tensor,
         cache_indices: torch.Tensor,
         query_start_loc: torch.Tensor,
+        mamba_track_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         """The dispatcher's GDN decode: q, k [1, B, H, K], v [1, B, HV, V], a, b [B, HV] raw
-        gates, one token per row (query_start_loc 0..B); returns o [1, B, HV, V]."""
+        gates, one token per row (query_start_loc 0..B); returns o [1, B, HV, V].
+        mamba_track_mask [B] bool (a track_prefix layer): True rows flush at this token."""
         _no_extras("decode", kwargs)
+        batch = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else None
+        mask = self.track_mask(mamba_track_mask, batch)  # (q's shape is checked below)
         o, _ = gdn_call(self, A_log, a, b, dt_bias, q, k, v, 1.0, 20.0, None, ssm_states, True,
-                        query_start_loc, cache_indices, None, True, False)  # fmt: skip
+                        query_start_loc, cache_indices, None, True, False,
+                        flush_mask=mask)  # fmt: skip
         return o
 
     def packed_decode(
@@ -293,10 +342,12 @@ class SGLangLayer(ReplaySSMLayer):
         cache_indices: torch.Tensor,
         num_v_heads: int,
         head_v_dim: int,
+        mamba_track_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         """The dispatcher's packed GDN decode from conv1d's [B, 2*H*K + HV*V] output; returns
-        o [1, B, HV, V] (a view of [B, 1, HV, V], as SGLang's kernel returns it)."""
+        o [1, B, HV, V] (a view of [B, 1, HV, V], as SGLang's kernel returns it).
+        mamba_track_mask as decode's."""
         _no_extras("packed_decode", kwargs)
         shape = self.layout.shape
         if (num_v_heads, head_v_dim) != (shape.value_heads, shape.value_dim):
@@ -305,11 +356,12 @@ class SGLangLayer(ReplaySSMLayer):
                 f"layout's), got {num_v_heads}, {head_v_dim}"
             )
         batch = mixed_qkv.shape[0]
+        mask = self.track_mask(mamba_track_mask, batch)
         # The output SGLang's own kernel allocates and returns.
         out = torch.empty(batch, 1, num_v_heads, head_v_dim, dtype=mixed_qkv.dtype,
                           device=mixed_qkv.device)  # fmt: skip
         gdn_packed_call(self, mixed_qkv, a, b, A_log, dt_bias, scale, ssm_states, out,
-                        cache_indices, True)  # fmt: skip
+                        cache_indices, True, flush_mask=mask)  # fmt: skip
         return out.transpose(0, 1)
 
     def target_verify(

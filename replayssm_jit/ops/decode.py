@@ -182,6 +182,22 @@ def check_step_accepted(plan: DecodePlan, num_accepted: object) -> torch.Tensor 
                         dtype=torch.int32, device=plan.device, contiguous=True)  # fmt: skip
 
 
+def check_flush_mask(plan: DecodePlan, flush_mask: object) -> torch.Tensor | None:
+    """A decode step's flush_mask: None, or for a plan with flush_mask=True a [batch] bool or
+    uint8 tensor on its device, contiguous; a nonzero row flushes at this step (read on the
+    device: no sync). A plan with the flag and no mask forces nothing."""
+    if flush_mask is None:
+        return None
+    if "flush_mask" not in plan.spec.flags:
+        raise ValueError(
+            "flush_mask: expected None (a plan without flush_mask=True never reads a mask; plan "
+            "with flush_mask=True to force flushes), got a tensor"
+        )
+    return check_tensor("flush_mask", flush_mask, shape=(plan.batch_size,),
+                        dtype=(torch.bool, torch.uint8), device=plan.device,
+                        contiguous=True)  # fmt: skip
+
+
 def torch_scalars(
     plan: DecodePlan, seed_value: int, seed_tensor: torch.Tensor | None
 ) -> StepScalars:
@@ -223,18 +239,21 @@ def run_step(
     seed: object,
     torch_step: Callable[..., None],
     num_accepted: object = None,
+    flush_mask: object = None,
 ) -> torch.Tensor:
-    """Check the slot tensors, slot ids, workspace and seed (and in eager mode the cursors),
-    then commit num_accepted of the last verify (where given) and launch. `inputs` holds the
-    family's token inputs in its bindings' order (already checked)."""
+    """Check the slot tensors, slot ids, workspace, seed and flush mask (and in eager mode the
+    cursors), then commit num_accepted of the last verify (where given) and launch. `inputs`
+    holds the family's token inputs in its bindings' order (already checked)."""
     # A conventional step reads and writes only the state.
     optional = () if plan.replay else (*plan.layout.ring_names, "cursors")
     scratch = workspace if isinstance(workspace, torch.Tensor) else None  # (checked below)
     num_accepted = check_step_accepted(plan, num_accepted)
+    flush_mask = check_flush_mask(plan, flush_mask)
     seed_arg = seed if isinstance(seed, torch.Tensor) else None
     check_slot_tensors(plan, tensors, slot_indices, optional=optional,
                        written={"out": out, "workspace": scratch},
-                       read={**inputs, "seed": seed_arg, "num_accepted": num_accepted})  # fmt: skip
+                       read={**inputs, "seed": seed_arg, "num_accepted": num_accepted,
+                             "flush_mask": flush_mask})  # fmt: skip
     seed_value, seed_tensor = resolve_seed(plan, seed)
     workspace = resolve_workspace(plan, workspace)
     if reads_device_values(plan):
@@ -256,14 +275,14 @@ def run_step(
         cursors = tensors.get("cursors") if plan.replay else None
         copies = {k: tensors.get(k) for k in plan.layout.checkpoint_names}
         pool = Pool.named({**copies, **dict(zip(names, rings)), "cursors": cursors})
-        torch_step(setup, pool, inputs, Rows(slot_indices, out))
+        torch_step(setup, pool, inputs, Rows(slot_indices, out, flush_mask=flush_mask))
         return out
     values = {
         **tensors, **inputs, "state_block_scale": _raw_bytes(tensors.get("state_block_scale")),
         "read_block_scale": _raw_bytes(tensors.get("read_block_scale")), "out": out,
         "slot_indices": slot_indices, "pad_slot_id": plan.pad_slot_id, "seed": seed_value,
         "seed_tensor": seed_tensor, "rows": plan.rows_per_cta, "flags": plan.flag_bits,
-        "workspace": workspace,
+        "workspace": workspace, "flush_mask": flush_mask,
     }  # fmt: skip
     if plan.replay:
         plan.module.replay_step(*bind(plan.family, "replay_step", values))
@@ -335,7 +354,7 @@ def run_decode(
     return run_step(
         plan, tensors, inputs, out=out, slot_indices=args["slot_indices"],
         workspace=args.get("workspace"), seed=args.get("seed"), torch_step=torch_step,
-        num_accepted=args.get("num_accepted"),
+        num_accepted=args.get("num_accepted"), flush_mask=args.get("flush_mask"),
     )  # fmt: skip
 
 

@@ -71,6 +71,7 @@ def gdn_decode(
     workspace: torch.Tensor | None = None,
     seed: int | torch.Tensor | None = None,
     num_accepted: torch.Tensor | None = None,
+    flush_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One GDN decode step; returns out [batch, HV, V] (allocated when None).
 
@@ -79,8 +80,8 @@ def gdn_decode(
     or nvfp4, state_block_scale where it is nvfp4 (shapes above). Separate mode (a layout with
     read_dtype): read_state (and read_scale, read_block_scale), rec_v and rec_beta too;
     non-flush steps read the read copy, a flush recomputes the held u from state, folds in FP32
-    and stores both copies. workspace (scratch the step overwrites), seed and num_accepted (the
-    fused commit of the last verify) as in mamba2_decode.
+    and stores both copies. workspace (scratch the step overwrites), seed, num_accepted (the
+    fused commit of the last verify) and flush_mask (rows that flush now) as in mamba2_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.

@@ -60,12 +60,13 @@ def kda_decode(
     workspace: torch.Tensor | None = None,
     seed: int | torch.Tensor | None = None,
     num_accepted: torch.Tensor | None = None,
+    flush_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One KDA decode step; returns out [batch, HV, V] (allocated when None).
 
     Gates: a, b with A_log, dt_bias where the plan has gates_in_kernel=True, else g, beta. The
     rings and cursors are required in replay mode; state_scale, state_block_scale, workspace,
-    seed and num_accepted as in gdn_decode.
+    seed, num_accepted and flush_mask as in gdn_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.

@@ -59,6 +59,7 @@ def mamba2_decode(
     workspace: torch.Tensor | None = None,
     seed: int | torch.Tensor | None = None,
     num_accepted: torch.Tensor | None = None,
+    flush_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One Mamba-2 decode step; returns out [batch, H, P] (allocated when None).
 
@@ -73,6 +74,10 @@ def mamba2_decode(
     commit does (a layout with drafts); a step never drops pending drafts silently: in eager
     mode (CPU, or check_slot_values outside a graph capture) a row with pending drafts and no
     num_accepted raises (pass 0 to reject them); inside a CUDA graph the kernels drop them.
+    flush_mask [batch] bool or uint8 (a plan with flush_mask=True; None forces nothing): a row
+    whose value is nonzero flushes at this step whatever its record count, so its checkpoint
+    is then its whole state after this token (0 records held, epoch + 1), as SGLang's prefix
+    tracking copies it; read on the device (no sync). A plan without the flag refuses a mask.
     out (and workspace) may share no memory with an input. Everything is checked before the
     launch; a failed call changes nothing.
     """

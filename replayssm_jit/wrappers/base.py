@@ -103,7 +103,9 @@ class DecodeWrapper:
             checkpoints, and a read copy, rounded stochastically where stored: the noise is a
             hash of (seed, slot, element, flush epoch), so the same seed gives the same bits; a
             conventional step has no epoch, so give it a new seed each step); Mamba-2 with a
-            read copy also read_copy_round_to_nearest=False (SR for the carried copy only).
+            read copy also read_copy_round_to_nearest=False (SR for the carried copy only); for
+            both flush_mask=False (replay mode without drafts: run() then takes flush_mask
+            [batch], whose nonzero rows flush at that step, as SGLang's prefix tracking needs).
         config: launch choices to fix (LaunchConfig; "auto" fields are the policy's).
         """
         plan = plan_decode(

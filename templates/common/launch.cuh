@@ -37,6 +37,22 @@ inline const int64_t* seed_tensor_ptr(const tvm::ffi::Optional<tvm::ffi::TensorV
   return static_cast<const int64_t*>(t.data_ptr());
 }
 
+// An engine's flush mask ([batch] bool or uint8, contiguous, on the device; checked in Python first), or
+// null where none is given. A module built without the "flush_mask" flag (`compiled` false) takes none: its
+// kernels would never read it.
+inline const uint8_t* flush_mask_ptr(const tvm::ffi::Optional<tvm::ffi::TensorView>& flush_mask, int64_t batch,
+                                     bool compiled) {
+  if (!flush_mask.has_value()) return nullptr;
+  if (!compiled) TVM_FFI_THROW(ValueError) << "flush_mask: expected None (the module is built without the flush_mask flag), got a tensor";
+  const tvm::ffi::TensorView& t = flush_mask.value();
+  const DLDataType dtype = t.dtype();
+  const bool byte = (dtype.code == kDLBool || dtype.code == kDLUInt) && dtype.bits == 8 && dtype.lanes == 1;
+  if (!byte || t.ndim() != 1 || t.size(0) != batch || !t.IsContiguous() || t.device().device_type != kDLCUDA)
+    TVM_FFI_THROW(ValueError) << "flush_mask: expected a contiguous [" << batch << "] bool or uint8 CUDA tensor, got "
+                              << dtype << " with " << t.numel() << " elements on device type " << int(t.device().device_type);
+  return static_cast<const uint8_t*>(t.data_ptr());
+}
+
 template <typename T> inline T* ptr(const tvm::ffi::TensorView& t) { return static_cast<T*>(t.data_ptr()); }
 template <typename T> inline T* optional_ptr(const tvm::ffi::Optional<tvm::ffi::TensorView>& t) {
   return t.has_value() ? static_cast<T*>(t.value().data_ptr()) : nullptr;

@@ -76,6 +76,23 @@ __device__ __forceinline__ int32_t* slot_cursor(int32_t* cursors, int64_t slot_s
   return cursors + int64_t(slot) * slot_stride;
 }
 
+// Modules built with the "flush_mask" flag also flush a batch row whose byte in the engine's
+// [batch] mask (Params::flush_mask; null: none given) is nonzero, as SGLang's prefix tracking
+// needs the whole state at that token. The rule is flush_masked(); every kernel that decides a
+// step adds it as `kFlushMask && flush_masked(p, row)`, which the compiler's front end drops
+// whole without the flag, so those modules compile as before (even an inlined call that
+// returns false reorders GDN's per-item SASS: scripts/compare_sass.py).
+#ifndef REPLAYSSM_FLUSH_MASK
+#define REPLAYSSM_FLUSH_MASK 0
+#endif
+constexpr bool kFlushMask = REPLAYSSM_FLUSH_MASK != 0;
+
+// Whether batch row `row` flushes now whatever its record count: its flush_mask byte is nonzero.
+template <class Params>
+__host__ __device__ __forceinline__ bool flush_masked(const Params& p, int row) {
+  return p.flush_mask != nullptr && p.flush_mask[row] != 0;
+}
+
 // One batch row's step, decided: records held before this token, the records replayed with it,
 // the flush epoch read at the start, and whether they are folded into the checkpoint now.
 struct StepDecision {

@@ -77,6 +77,7 @@ struct Params {
   float lower_bound;        // per channel, gates in kernel: < 0 the safe gate, 0 fla's (fills the bools' padding)
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
   const int64_t* seed_tensor;  // [1] on the device, or null: replaces seed where SR
+  const uint8_t* flush_mask;   // [batch], or null: a nonzero row flushes now (read where REPLAYSSM_FLUSH_MASK)
 
   __host__ __device__ int heads() const { return num_v_heads; }  // the state's heads (common/opening.cuh)
 };
@@ -507,7 +508,7 @@ struct Kernel {
       return;
     }
     const int records = held + 1;
-    const bool flush = !REPLAY || records >= L || p.flush_every_step;
+    const bool flush = !REPLAY || records >= L || p.flush_every_step || (kFlushMask && flush_masked(p, row));
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(at_start.epoch) : 0;
     // The held records from the rings at [0, n), this token's k and gates at [n] (and q, v).
     auto stage_records = [&](int n) {

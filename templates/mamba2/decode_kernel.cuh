@@ -60,6 +60,7 @@ struct Params {
   bool flush_every_step;    // per-item ReplaySSM: flush every token (nothing stays held)
   float* workspace;         // split kernel only: its Records::Workspace for `batch` rows
   const int64_t* seed_tensor;  // [1] on the device, or null: replaces seed where SR
+  const uint8_t* flush_mask;   // [batch], or null: a nonzero row flushes now (read where REPLAYSSM_FLUSH_MASK)
 
   __host__ __device__ int heads() const { return num_heads; }  // the state's heads (common/opening.cuh)
 };
@@ -210,7 +211,7 @@ struct Kernel {
       fill_outputs<ROWS, kThreads>(out, fault_output());
       return;
     }
-    const StepDecision d = opened.decide([&] { return p.flush_every_step; });
+    const StepDecision d = opened.decide([&] { return p.flush_every_step || (kFlushMask && flush_masked(p, row)); });
     const int held = d.held, records = d.records;
     const bool flush = d.flush;
     const uint64_t epoch = (REPLAY && SR) ? uint64_t(d.epoch) : 0;

@@ -85,7 +85,7 @@ struct Records {
       pipe::wait_copies();
       return;
     }
-    const StepDecision d = opened.decide([] { return false; });
+    const StepDecision d = opened.decide([&] { return kFlushMask && flush_masked(p, row); });
     const int held = d.held, records = d.records;
     const bool flush = d.flush;
     if (!p.speculative) copy_ring(p, sm, slot, head0, group, held, !flush);

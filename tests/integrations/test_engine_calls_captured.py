@@ -159,6 +159,49 @@ def sglang_tree_case(family):
     return layer, lambda: torch.empty(1, BS * T, HV, V), call, BS
 
 
+def sglang_track_case(family):
+    """SGLang's decode with prefix tracking: mamba_track_mask on a track_prefix layer."""
+    from replayssm_jit.integrations.sglang import SGLangLayer
+
+    gen = torch.Generator().manual_seed(24)
+    slots = torch.tensor([1, 3, -1], dtype=I32)
+    mask = torch.tensor([True, False, False])
+    if family == "mamba2":
+        layout = mamba2_layout(num_heads=H, headdim=P, dstate=N, ngroups=G, window=L,
+                               act_dtype=F32)  # fmt: skip
+        layer = SGLangLayer(layout, torch.zeros(SLOTS, H, P, N), max_batch=BS, track_prefix=True,
+                            dt_softplus=True)  # fmt: skip
+        x = torch.randn(BS, H, P, generator=gen)
+        dt = torch.rand(BS, H, generator=gen)[:, :, None].expand(-1, -1, P)
+        BC = torch.randn(2, BS, G, N, generator=gen)
+        A = (-0.5 - torch.rand(H, 1, 1, generator=gen)).expand(H, P, N)
+        D, dt_bias = torch.ones(H, 1).expand(H, P), torch.zeros(H, 1).expand(H, P)
+
+        def call(layer, out):
+            layer.selective_state_update(
+                layer.state, x, dt, A, BC[0], BC[1], D, z=None, dt_bias=dt_bias, dt_softplus=True,
+                state_batch_indices=slots.unsqueeze(-1), out=out, mamba_track_mask=mask,
+            )  # fmt: skip
+            return out
+
+        return layer, lambda: torch.empty(BS, H, P), call, BS
+    layout = gdn_layout(num_k_heads=KH, num_v_heads=HV, head_k_dim=K, head_v_dim=V, window=L,
+                        act_dtype=F32)  # fmt: skip
+    layer = SGLangLayer(layout, torch.zeros(SLOTS, HV, V, K), max_batch=BS, track_prefix=True)
+    qk = torch.randn(2, 1, BS, KH, K, generator=gen)
+    v = torch.randn(1, BS, HV, V, generator=gen)
+    ab = torch.randn(2, BS, HV, generator=gen)
+    A_log, dt_bias = torch.rand(HV, generator=gen) - 1.0, torch.zeros(HV)
+    cu = torch.arange(BS + 1, dtype=I32)
+
+    def call(layer, out):
+        return layer.decode(qk[0], qk[1], v, ab[0], ab[1], A_log=A_log, dt_bias=dt_bias,
+                            ssm_states=layer.state, cache_indices=slots,
+                            query_start_loc=cu, mamba_track_mask=mask)  # fmt: skip
+
+    return layer, lambda: torch.empty(1, BS, HV, V), call, BS
+
+
 CASES = {
     "mamba2": lambda: mamba2_case(1), "mamba2_mtp": lambda: mamba2_case(T),
     "mamba2_mtp_varlen": lambda: mamba2_case(T, [3, 1, 2]),
@@ -168,6 +211,8 @@ CASES = {
     "kda_mtp_varlen": lambda: delta_case("kda", [2, 1, 3]),
     "sglang_mamba2_tree": lambda: sglang_tree_case("mamba2"),
     "sglang_gdn_tree": lambda: sglang_tree_case("gdn"),
+    "sglang_mamba2_track": lambda: sglang_track_case("mamba2"),
+    "sglang_gdn_track": lambda: sglang_track_case("gdn"),
 }  # fmt: skip
 
 
@@ -200,5 +245,5 @@ def test_no_allocation_and_no_clone_per_call(case):
         call(layer, out)
     made = [op for op in rec.ops if op in ALLOCATING]
     # Only the GDN calls whose engine signature takes no out allocate the returned o.
-    allocates = case in ("gdn", "gdn_mtp_varlen", "sglang_gdn_tree")
+    allocates = case in ("gdn", "gdn_mtp_varlen", "sglang_gdn_tree", "sglang_gdn_track")
     assert made == (["empty"] if allocates else []), rec.ops

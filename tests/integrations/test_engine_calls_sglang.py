@@ -111,7 +111,7 @@ def test_unsupported_dispatcher_inputs_are_refused_and_change_nothing():
         layer.decode(q, k, v, a, b, A_log=torch.zeros(HV), dt_bias=torch.zeros(HV),
                      ssm_states=ssm_states, cache_indices=torch.tensor([1, 2], dtype=I32),
                      query_start_loc=torch.arange(3, dtype=I32),
-                     mamba_track_mask=torch.ones(2, dtype=torch.bool))  # fmt: skip
+                     intermediate_states_buffer=torch.zeros(1))  # fmt: skip
     for name, t in layer.pool.items():
         assert torch.equal(before[name], t), name
 
@@ -179,3 +179,168 @@ def test_mamba2_decode_as_sglang_calls_it():
             dt_bias=dt_bias.view(H, 1).expand(H, P), dt_softplus=True,
             state_batch_indices=cache_indices, out=out, disable_state_update=True,
         )  # fmt: skip
+
+
+# --- prefix tracking: mamba_track_mask -------------------------------------------------------
+
+TRACK_INTERVAL = 3  # SGLang's track interval, in tokens: not a multiple of the window L
+M2 = (4, 2, 8, 16)  # Mamba-2 H, G, P, N
+
+
+def _track_layer(family, track_prefix=True, drafts=1):
+    from replayssm_jit import mamba2_layout
+
+    if family == "mamba2":
+        H, G, P, N = M2
+        layout = mamba2_layout(num_heads=H, headdim=P, dstate=N, ngroups=G, window=L,
+                               drafts=drafts, act_dtype=F32)  # fmt: skip
+        state = torch.zeros(SLOTS, H, P, N)
+        return SGLangLayer(layout, state, max_batch=MAX_BS, track_prefix=track_prefix,
+                           dt_softplus=True), state  # fmt: skip
+    layout = gdn_layout(num_k_heads=KH, num_v_heads=HV, head_k_dim=K, head_v_dim=V, window=L,
+                        drafts=drafts, act_dtype=F32)  # fmt: skip
+    state = torch.zeros(SLOTS, HV, V, K)
+    return SGLangLayer(layout, state, max_batch=MAX_BS, track_prefix=track_prefix), state
+
+
+class _Calls:
+    """One family's SGLang step with its float64 oracle (the rows' states in `ref`)."""
+
+    def __init__(self, call, gen):
+        self.call, self.gen = call, gen
+        if call == "mamba2":
+            H = M2[0]
+            self.A, self.D = -(0.5 + torch.rand(H, generator=gen)), torch.randn(H, generator=gen)
+            self.dt_bias = torch.rand(H, generator=gen) - 0.5
+        else:
+            self.A_log = torch.rand(HV, generator=gen) - 1.0
+            self.dt_bias = 0.5 * torch.randn(HV, generator=gen)
+
+    def step(self, layer, state, cache_indices, ref, **kw):
+        """One step of every row; returns its outputs [bs, heads, dim] and the oracle's."""
+        gen, bs, slots = self.gen, cache_indices.shape[0], cache_indices.tolist()
+        if self.call == "mamba2":
+            from replayssm_jit.reference.mamba2 import mamba2_step
+
+            H, G, P, N = M2
+            x, dt = torch.randn(bs, H, P, generator=gen), torch.rand(bs, H, generator=gen)
+            B, C = torch.randn(bs, G, N, generator=gen), torch.randn(bs, G, N, generator=gen)
+            out = torch.empty_like(x)
+            layer.selective_state_update(
+                state, x, dt[:, :, None].expand(-1, -1, P), self.A.view(H, 1, 1).expand(H, P, N),
+                B, C, self.D.view(H, 1).expand(H, P), z=None,
+                dt_bias=self.dt_bias.view(H, 1).expand(H, P), dt_softplus=True,
+                state_batch_indices=cache_indices.unsqueeze(-1), out=out, **kw,
+            )  # fmt: skip
+            want = torch.zeros(bs, H, P, dtype=F64)
+            live = [r for r, s in enumerate(slots) if s != PAD_SLOT_ID]
+            rows = [slots[r] for r in live]
+            y, new = mamba2_step(ref[rows], x[live], dt[live], self.A, B[live], C[live], D=self.D,
+                                 dt_bias=self.dt_bias, dt_softplus=True)  # fmt: skip
+            want[live], ref[rows] = y, new
+            return out, want
+        q, k, v, a, b = tokens(gen, bs)
+        args = dict(A_log=self.A_log, dt_bias=self.dt_bias, ssm_states=state,
+                    cache_indices=cache_indices, **kw)  # fmt: skip
+        if self.call == "packed_decode":
+            mixed_qkv = torch.cat([q[0].flatten(1), k[0].flatten(1), v[0].flatten(1)], dim=1)
+            o = layer.packed_decode(mixed_qkv, a, b, scale=K**-0.5, num_v_heads=HV,
+                                    head_v_dim=V, **args)  # fmt: skip
+        else:
+            o = layer.decode(q, k, v, a, b, query_start_loc=torch.arange(bs + 1, dtype=I32),
+                             **args)  # fmt: skip
+        return o[0], oracle(ref, slots, q, k, v, a, b, self.A_log, self.dt_bias)
+
+
+@pytest.mark.parametrize("call", ["decode", "packed_decode", "mamba2"])
+def test_prefix_tracking_copies_the_whole_state_at_each_interval(call):
+    """SGLang's decode with prefix tracking: the step gets mamba_track_mask (seq_len % interval
+    == 0 on live rows, False on pads), then SGLang copies ssm_states[cache_indices[i]] to
+    ssm_states[mamba_track_indices[i]] for the masked rows (track_mamba_states_if_needed, here
+    as Python). Every copied state is the float64 state at that token, also mid-window; the
+    pad rows' slot (request 0's) and the unnamed slots are untouched."""
+    gen = torch.Generator().manual_seed(31)
+    family = "mamba2" if call == "mamba2" else "gdn"
+    layer, state = _track_layer(family)
+    calls = _Calls(call, gen)
+    state.copy_(0.3 * torch.randn(state.shape, generator=gen))  # (cursors zero: checkpoints)
+    ref = state.to(F64)
+    req_to_mamba_slot = torch.tensor([3, 5, 1, 7, 6], dtype=I32)
+    req_pool_indices = torch.tensor([1, 2, 4, 0, 0], dtype=I64)  # 3 live rows, 2 pads
+    bs, live = 5, 3
+    track_indices = torch.tensor([0, 2, 4, 0, 0], dtype=I64)  # SGLang zero-fills pad rows
+    seq_lens = torch.tensor([4, 6, 7, 1, 1])
+    before = {n: t.clone() for n, t in layer.pool.items()}
+    mid_window = 0
+    for _ in range(3 * L + 1):
+        cache_indices = layer.pad_rows(req_to_mamba_slot[req_pool_indices], live)
+        slots = cache_indices.tolist()
+        seq_lens += 1
+        mask = (seq_lens % TRACK_INTERVAL == 0) & (torch.arange(bs) < live)
+        held = layer.pool["cursors"][[max(s, 0) for s in slots], 0].tolist()
+        out, want = calls.step(layer, state, cache_indices, ref, mamba_track_mask=mask)
+        assert rel(out, want) < TOL
+        assert torch.equal(out[live:], torch.zeros_like(out[live:]))
+        for i in mask.nonzero().flatten().tolist():  # SGLang's copy after the step
+            state[track_indices[i]] = state[slots[i]]
+            assert layer.pool["cursors"][slots[i], 0] == 0  # flushed: nothing held
+            assert rel(state[track_indices[i]], ref[slots[i]]) < TOL
+            mid_window += held[i] + 1 < L  # (a flush the window alone would not have made)
+    assert mid_window >= 4
+    for name, t in layer.pool.items():  # request 0's slot and the unnamed ones
+        for s in (3, 7) if name == "state" else (0, 2, 3, 4, 7):
+            assert torch.equal(before[name][s], t[s]), (name, s)
+
+
+@pytest.mark.parametrize("call", ["decode", "packed_decode", "mamba2"])
+def test_track_masks_are_checked_by_name_and_change_nothing(call):
+    gen = torch.Generator().manual_seed(32)
+    family = "mamba2" if call == "mamba2" else "gdn"
+    calls = _Calls(call, gen)
+    plain, plain_state = _track_layer(family, track_prefix=False)
+    tracked, tracked_state = _track_layer(family)
+    slots = torch.tensor([1, 2, -1], dtype=I32)
+    ref = torch.zeros(SLOTS, *plain_state.shape[1:], dtype=F64)
+    bad = [
+        (plain, plain_state, torch.ones(3, dtype=torch.bool), ValueError,
+         r"mamba_track_mask: expected None \(a layer made without track_prefix=True"),
+        (tracked, tracked_state, torch.ones(3, dtype=I32), TypeError,
+         r"mamba_track_mask: expected dtype one of \[torch.bool, torch.uint8\], got torch.int32"),
+        (tracked, tracked_state, torch.ones(4, dtype=torch.bool), ValueError,
+         r"mamba_track_mask: expected shape \[3\], got \[4\]"),
+        (tracked, tracked_state, torch.ones(6, dtype=torch.bool)[::2], ValueError,
+         "mamba_track_mask: expected a contiguous tensor"),
+    ]  # fmt: skip
+    for layer, state, mask, error, message in bad:
+        before = {n: t.clone() for n, t in layer.pool.items()}
+        with pytest.raises(error, match=message):
+            calls.step(layer, state, slots, ref, mamba_track_mask=mask)
+        for name, t in layer.pool.items():
+            assert torch.equal(before[name], t), (name, message)
+
+
+def test_track_prefix_needs_a_layout_without_drafts_and_verifies_take_no_mask():
+    for family in ("mamba2", "gdn"):
+        with pytest.raises(ValueError, match="track_prefix: expected False with drafts=2"):
+            _track_layer(family, drafts=2)
+        with pytest.raises(TypeError, match="track_prefix: expected a bool, got str"):
+            _track_layer(family, track_prefix="yes")
+    # A tree verify (a layout with drafts) refuses a mask rather than drop it.
+    layer, state = _track_layer("mamba2", track_prefix=False, drafts=2)
+    H, G, P, N = M2
+    x = torch.zeros(2, 2, H, P)
+    with pytest.raises(ValueError, match="mamba_track_mask: expected None with a tree verify"):
+        layer.selective_state_update(
+            state, x, torch.zeros(2, 2, H, P), -torch.ones(H, P, N), torch.zeros(2, 2, G, N),
+            torch.zeros(2, 2, G, N), None, dt_bias=None, dt_softplus=True,
+            state_batch_indices=torch.tensor([1, 2], dtype=I32), out=torch.empty_like(x),
+            disable_state_update=True, cache_steps=2, mamba_track_mask=torch.ones(2, dtype=bool),
+        )  # fmt: skip
+    layer, state = _track_layer("gdn", track_prefix=False, drafts=2)
+    with pytest.raises(TypeError, match="not supported yet"):
+        layer.target_verify(torch.zeros(HV), torch.zeros(HV), torch.zeros(1, 4, KH, K),
+                            torch.zeros(1, 4, KH, K), torch.zeros(1, 4, HV, V),
+                            torch.zeros(4, HV), torch.zeros(4, HV), ssm_states=state,
+                            cache_indices=torch.tensor([1, 2], dtype=I32),
+                            query_start_loc=torch.tensor([0, 2, 4], dtype=I32), cache_steps=2,
+                            mamba_track_mask=torch.ones(2, dtype=torch.bool))  # fmt: skip

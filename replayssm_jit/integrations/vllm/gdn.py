@@ -30,7 +30,12 @@ import math
 import torch
 
 from replayssm_jit.integrations.vllm.layer import ReplaySSMLayer
-from replayssm_jit.integrations.vllm.mamba2 import _check_uniform, _check_varlen, tokens_per_row
+from replayssm_jit.integrations.vllm.mamba2 import (
+    _check_uniform,
+    _check_varlen,
+    step_flush_mask,
+    tokens_per_row,
+)
 
 __all__ = ["gdn_call", "gdn_packed_call", "kda_call", "kda_fla_call"]
 
@@ -71,11 +76,13 @@ def _lead_view(name: str, t: object, lead: tuple[int, ...], inner: int) -> torch
 
 
 def _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted, o,
-           parents=None, cu_seqlens=None) -> None:  # fmt: skip
+           parents=None, cu_seqlens=None, flush_mask=None) -> None:  # fmt: skip
     """One launch; with cu_seqlens (varlen rows of 0..T tokens, `lead` the packed tokens) the
-    inputs are gathered into the plan's [batch, T, ...] buffers and o scattered back."""
+    inputs are gathered into the plan's [batch, T, ...] buffers and o scattered back.
+    flush_mask: a step's rows that flush now (SGLang's prefix tracking)."""
     gates = rows.step_gates if T == 1 else rows.draft_gates
     extra = {} if parents is None else {"parents": parents}
+    extra.update(step_flush_mask(flush_mask, T))
     views = {n: _lead_view(n, t, lead, 2) for n, t in (("q", q), ("k", k), ("v", v))}
     inner = gates[0].dim() - (1 if T == 1 else 2)  # a's per-token dims: [HV] or KDA's [HV, K]
     a, b = _lead_view("a", a, lead, inner), _lead_view("b", b, lead, 1)
@@ -126,10 +133,11 @@ def gdn_call(
     layer: ReplaySSMLayer,
     A_log, a, b, dt_bias, q, k, v, beta, threshold, scale, initial_state, inplace_final_state,
     cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, is_kda,
-    *, parents=None,
+    *, parents=None, flush_mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """fused_sigmoid_gating_delta_rule_update on the layer: a step (T = 1) or an MTP verify
-    (with `parents`, the [batch, T] draft tree of SGLang's tree verify)."""
+    (with `parents`, the [batch, T] draft tree of SGLang's tree verify); `flush_mask`: a step's
+    rows that flush now (SGLang's prefix tracking)."""
     layer.check_state(initial_state)
     if is_kda:
         raise ValueError(
@@ -151,16 +159,17 @@ def gdn_call(
     accepted = rows.accepted_from_engine(num_accepted_tokens, layer.pool["cursors"], slots)
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # as the engine's kernel returns it
     _delta(layer, rows, T, lead, q, k, v, a, b, A_log, dt_bias, slots, accepted, o, parents,
-           varlen)  # fmt: skip
+           varlen, flush_mask)  # fmt: skip
     return o, initial_state
 
 
 def gdn_packed_call(
     layer: ReplaySSMLayer,
     mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
-    use_qk_l2norm_in_kernel,
+    use_qk_l2norm_in_kernel, *, flush_mask=None,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """The packed one-token decode: q, k, v are views into mixed_qkv (no copy)."""
+    """The packed one-token decode: q, k, v are views into mixed_qkv (no copy); `flush_mask`
+    as gdn_call's."""
     layer.check_state(initial_state)
     shape = layer.layout.shape
     H, HV, K, V = shape.key_heads, shape.value_heads, shape.key_dim, shape.value_dim
@@ -186,7 +195,8 @@ def gdn_packed_call(
     k = mixed_qkv[:, H * K : 2 * H * K].unflatten(1, (H, K))
     v = mixed_qkv[:, 2 * H * K : width].unflatten(1, (HV, V))
     slots = rows.slot_ids("ssm_state_indices", ssm_state_indices)
-    _delta(layer, rows, 1, (batch,), q, k, v, a, b, A_log, dt_bias, slots, None, out)
+    _delta(layer, rows, 1, (batch,), q, k, v, a, b, A_log, dt_bias, slots, None, out,
+           flush_mask=flush_mask)  # fmt: skip
     return out, initial_state
 
 

@@ -82,10 +82,11 @@ def mamba2_call(
     layer: ReplaySSMLayer,
     state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
     state_batch_indices, dst_state_batch_indices, null_block_id, out, num_accepted_tokens,
-    cu_seqlens, *, parents=None,
+    cu_seqlens, *, parents=None, flush_mask=None,
 ) -> None:  # fmt: skip
     """The shared body: checks, index mapping, then one registered op (writes `out`).
-    `parents` ([batch, T] int32, the verify's draft tree) is the SGLang tree verify's."""
+    `parents` ([batch, T] int32, the verify's draft tree) is the SGLang tree verify's;
+    `flush_mask` ([batch] bool, rows a step flushes now) its prefix tracking's, steps only."""
     layer.check_state(state)
     if null_block_id != layer.pad_slot_id:
         raise ValueError(
@@ -122,6 +123,7 @@ def mamba2_call(
     gates = rows.step_gates if T == 1 else rows.draft_gates
     named = (("x", x), ("B", B), ("C", C), ("z", z))
     tree = {} if parents is None else {"parents": parents}  # (the decode op takes none)
+    forced = step_flush_mask(flush_mask, T)  # (the verify op takes none)
     if varlen:  # rows of 1..T tokens: gathered into the plan's [batch, T, ...] buffers
         packed = rows.packed_rows()
         packed.lay_out(cu_seqlens, x.shape[0])
@@ -137,7 +139,20 @@ def mamba2_call(
     tokens = {n: None if t is None else t.unflatten(0, lead) for n, t in named}
     layer.launch(rows, "decode" if T == 1 else "verify", **tokens, out=out.unflatten(0, lead),
                  dt=gates[0], A=A, D=D, dt_bias=dt_bias, slot_indices=slots,
-                 num_accepted=accepted, **tree)  # fmt: skip
+                 num_accepted=accepted, **tree, **forced)  # fmt: skip
+
+
+def step_flush_mask(flush_mask: object, T: int) -> dict:
+    """The decode op's flush_mask argument, as keywords ({} for none): a verify (T > 1) forces
+    no flush, so a mask there is refused rather than dropped."""
+    if flush_mask is None:
+        return {}
+    if T != 1:
+        raise ValueError(
+            f"flush_mask: expected None with {T} tokens per row (a verify forces no flush), got "
+            "a tensor"
+        )
+    return {"flush_mask": flush_mask}
 
 
 def _check_varlen(cu_seqlens: torch.Tensor, tokens: int, T: int, rows) -> None:

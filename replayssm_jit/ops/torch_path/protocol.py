@@ -9,7 +9,8 @@ Per batch row b with slot s = slot_indices[b]:
   * A corrupted cursor (no launch leaves one): out[b] = NaN; nothing else is read or written
     (the kernels' held_count_valid guard). A step accepts n in [0, L) without drafts, [0, L + T)
     with them; a verify and a commit n >= 0, p in [0, T] and n + p < L + T.
-  * A step: with j = n + 1 records, the row flushes when j >= L or in flush-every-step mode.
+  * A step: with j = n + 1 records, the row flushes when j >= L, in flush-every-step mode, or
+    where flush_mask[b] is nonzero (a plan with the flush_mask flag).
     Cursor afterwards: in flush-every-step mode without "sr", a row that held nothing only
     advances the epoch (finish_step_cursor leaves words 0 and 2); otherwise (0 after a flush else
     j, epoch + 1 after a flush, 0, 0): a step drops pending drafts uncommitted.
@@ -100,7 +101,8 @@ class Pool:
 @dataclass(frozen=True)
 class Rows:
     """The batch: each row's slot, the output buffer (None for a commit), and the per-row
-    tensors a verify, a commit or the snapshot baseline takes, None where not given."""
+    tensors a step (flush_mask), a verify, a commit or the snapshot baseline takes, None where
+    not given."""
 
     slot_indices: torch.Tensor
     out: torch.Tensor | None = None
@@ -108,6 +110,7 @@ class Rows:
     parents: torch.Tensor | None = None
     num_accepted: torch.Tensor | None = None
     snapshot_slots: torch.Tensor | None = None
+    flush_mask: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,8 @@ def _run(setup: StepScalars, pool: Pool, rows: Rows, compute: Compute, verify: b
         anc = _ancestors(given, live.numel(), T, out.device)
     else:
         flush = (held + 1 >= setup.window) | setup.flush_every_step
+        if rows.flush_mask is not None:  # (step.cuh's forced_flush)
+            flush = flush | (rows.flush_mask.to(out.device)[live] != 0)
     for n, f in sorted(set(zip(held.tolist(), flush.tolist()))):
         members = (held == n) & (flush == f)
         group_slots = slots[members]
