@@ -82,17 +82,29 @@ def _mamba2_prefill_slots(md) -> torch.Tensor | None:
     return slots
 
 
+def _continuing(slots: torch.Tensor | None, has_initial_state) -> torch.Tensor | None:
+    """The slots of rows that continue a sequence (decode rows, a prefill's later chunks); a
+    first chunk's rows become pads: their state starts from zero, and their cursor words are
+    not reset yet (a page vLLM hands out again holds whatever it held)."""
+    if slots is None or not isinstance(has_initial_state, torch.Tensor):
+        return slots
+    if has_initial_state.shape != slots.shape:
+        return slots
+    return torch.where(has_initial_state.to(slots.device), slots, NULL_BLOCK_ID)
+
+
 def _kda_flush_slots(md) -> torch.Tensor | None:
     """Kimi-Linear runs every non-spec row of a batch with a prefill (decodes too) through the
     chunk kernel, from ssm_state[idx]."""
-    return md.non_spec_state_indices_tensor
+    return _continuing(md.non_spec_state_indices_tensor, getattr(md, "has_initial_state", None))
 
 
 def _gdn_flush_slots(md) -> torch.Tensor | None:
     """Older vLLM ran a mixed batch's decode rows through the chunk kernel too; newer vLLM
     peels them off (prefill_state_indices), and a prefill's own slots hold no records."""
     if getattr(md, "prefill_state_indices", None) is None:
-        return md.non_spec_state_indices_tensor
+        return _continuing(md.non_spec_state_indices_tensor,
+                           getattr(md, "has_initial_state", None))  # fmt: skip
     return None
 
 

@@ -206,6 +206,10 @@ def bind(module: object) -> PageSlots | None:
     found = _BOUND.get(state.data_ptr())
     if found is None:
         pool = page_tensors(pages.entries, kv)
+        # The null block, which vLLM hands to no request, is where pad rows' resets land: its
+        # cursor words are made valid once (vLLM allocates the pages zeroed; this holds anyway).
+        if 0 <= NULL_BLOCK_ID < state.shape[0]:
+            pool["cursors"][NULL_BLOCK_ID].zero_()
         found = _BOUND[state.data_ptr()] = PageSlots(pages.layout, pool, state)
     elif (found.layout, found.state.shape) != (pages.layout, state.shape) or (
         found.state.stride() != state.stride()
