@@ -59,6 +59,7 @@ def vllm(monkeypatch):
     for name in ("_DRAFTS", "_RESETS"):
         monkeypatch.setattr(hooks, name, {})
     monkeypatch.setattr(page_hooks, "_BOUND", {})
+    monkeypatch.setattr(page_hooks, "_WARNED", set())
     mods = install_fake_vllm(monkeypatch, lower_bound=-5.0)
     mods["models"] = install_models(monkeypatch)
     assert plugin.register() is True

@@ -43,6 +43,15 @@ __all__ = [
 ]  # fmt: skip
 
 logger = logging.getLogger("replayssm_jit.vllm")
+_WARNED: set[tuple] = set()
+
+
+def _warn_once(key: tuple, message: str, *args) -> None:
+    """One warning per kind of layer, not one per layer."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        logger.warning(message, *args)
+
 
 SSM_INDEX = 1  # vLLM's entries: (conv state, SSM state)
 MODEL_SHAPE, MODEL_DTYPE = "get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config"
@@ -103,14 +112,16 @@ def pages_for(family: str, shapes, dtypes, *, act_dtype, drafts: int) -> LayerPa
     dtypes = tuple(dtypes)
     heads = key_heads_from_conv(*shapes) if len(shapes) == len(dtypes) == 2 else None
     if heads is None:
-        logger.warning("replayssm: vLLM's %s entries %s are not (conv state, SSM state); the "
-                       "rings stay apart from its pages", family, shapes)  # fmt: skip
+        _warn_once(("entries", family, str(shapes)), "replayssm: vLLM's %s entries %s are not "
+                   "(conv state, SSM state); the rings stay apart from its pages", family,
+                   shapes)  # fmt: skip
         return None
     try:
         layout = layer_layout(family, shapes[SSM_INDEX], heads, act_dtype=act_dtype,
                               state_dtype=dtypes[SSM_INDEX], drafts=drafts)  # fmt: skip
     except (TypeError, ValueError) as e:
-        logger.warning("replayssm: no %s layout for vLLM's entries %s (%s)", family, shapes, e)
+        _warn_once(("layout", family, str(shapes)), "replayssm: no %s layout for vLLM's "
+                   "entries %s (%s)", family, shapes, e)  # fmt: skip
         return None
     return LayerPages(layout, page_entries(layout, shapes, dtypes, state_index=SSM_INDEX))
 
@@ -144,9 +155,10 @@ def declare(module: object, family: str, base: type) -> LayerPages | None:
         cache_config = getattr(module, "cache_config", None)
         padded = getattr(cache_config, "mamba_page_size_padded", None)
         if pages is not None and padded is not None and pages.entries.page_bytes > padded:
-            logger.warning("replayssm: %s's page was padded to %d bytes from the model class's "
-                           "entries, short of %d with the rings; they stay apart from vLLM's "
-                           "pages", base.__name__, padded, pages.entries.page_bytes)  # fmt: skip
+            _warn_once(("padded", base.__name__, padded), "replayssm: %s's page was padded to "
+                       "%d bytes from the model class's entries, short of %d with the rings; "
+                       "they stay apart from vLLM's pages", base.__name__, padded,
+                       pages.entries.page_bytes)  # fmt: skip
             pages = None
     module.__dict__["_replayssm_pages"] = pages
     return pages
