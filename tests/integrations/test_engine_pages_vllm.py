@@ -7,9 +7,10 @@ then prefill, decode and verify (MTP, num_accepted_tokens) through their own cor
 against float64 references, with a recycled slot; the layer's tensors are the runner's views,
 vLLM's code sees its own two entries, and pages no row names keep every byte.
 
-Broken variants that must fail: a runner that carves our entries 16 bytes early (outputs), a
-plugin that allocates its own rings (not the page's), and one that leaves a page's cursor words
-unreset before the layer's first decode (garbage cursors: NaN rows)."""
+Broken variants that must fail: a runner that carves our entries 16 bytes early (refused as
+overlapping), a plugin that allocates its own rings (not the page's), one that leaves a page's
+cursor words unreset before the layer's first decode (refused as corrupted on the CPU path; the
+kernels' NaN rows), and Kimi-Linear's mixed batch without the fold of the page's records."""
 
 from __future__ import annotations
 
@@ -196,22 +197,31 @@ class Run:
         o, st = kda_step(st[None], q, k, v, self.kda_gates(tok)[i][None], tok["beta"][0, i][None])
         return o[0], st[0]
 
-    def prefill(self, slots, lens):
-        n = sum(lens)
+    def prefill(self, slots, lens, decodes=()):
+        """New sequences in `slots`, with one-token `decodes` first in the batch (T = 1; KDA's
+        layer runs them through the chunk kernel too, from their folded checkpoints); the
+        worst relative error of the decode rows."""
+        nd, n = len(decodes), len(decodes) + sum(lens)
         if self.family == "mamba2":
             loc = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=I32)
             md = M2Metadata(
-                num_prefills=len(slots), num_prefill_tokens=n, num_decodes=0,
-                num_decode_tokens=0, has_initial_states_p=torch.zeros(len(slots), dtype=bool),
+                num_prefills=len(slots), num_prefill_tokens=n - nd, num_decodes=nd,
+                num_decode_tokens=nd, has_initial_states_p=torch.zeros(len(slots), dtype=bool),
                 query_start_loc_p=loc, state_indices_tensor_p=torch.tensor(slots, dtype=I32),
-                state_indices_tensor_d=torch.zeros(0, dtype=I32),
+                state_indices_tensor_d=torch.tensor(decodes, dtype=I32),
             )  # fmt: skip
         else:
-            md = gdn_metadata([], slots, lens)
-        self.call(md, self.tokens(n), n)
+            md = gdn_metadata(decodes, slots, lens)
+        tok = self.tokens(n)
+        out = self.call(md, tok, n)
+        worst = 0.0
+        for r, s in enumerate(decodes):
+            o, self.ref[s] = self.reference(self.ref[s], tok, r)
+            worst = max(worst, rel(out[r], o.view(out[r].shape)))
         for s in slots:  # what vLLM wrote is the new sequence's state
             self.ref[s] = self.state[s].to(F64)
             self.window.pop(s, None)
+        return worst
 
     def step(self, slots, accepted):
         """A decode (T = 1) or verify (T tokens a row) of `slots` (0: a pad row), after a
@@ -282,7 +292,7 @@ def run_pages(mods, family, T, form="as_strided", shift=0, seed=1):
     pages = allocate([run.layer], SLOTS, padded, form=form, fill=gen, shift=shift)
     run.prefill([2, 5], [3, 2])
     worst, acc = 0.0, [1, 1, 1]
-    for _ in range(2 * L):
+    for _ in range(2 * L + 1):  # (T = 1: slot 2 holds a record at the mixed batch below)
         worst = max(worst, run.step([2, 5, 0], acc))
         acc = kept(gen, [2, 5, 0], T)
     layer = plugin.BACKEND.layer(run.state)
@@ -290,7 +300,8 @@ def run_pages(mods, family, T, form="as_strided", shift=0, seed=1):
     in_pages &= all(t.untyped_storage().data_ptr() == pages.raw.data_ptr()
                     for t in layer.pool.values())  # fmt: skip
     before = pages.raw.view(SLOTS, pages.page)[QUIET].clone()
-    run.prefill([5, 7], [2, 3])  # slot 5 recycled for a new request, 7 a fresh block
+    # Slot 5 recycled for a new request, 7 a fresh block; T = 1: slot 2 decodes in that batch.
+    worst = max(worst, run.prefill([5, 7], [2, 3], decodes=[2] if T == 1 else []))
     acc = [acc[0], 1, 1, 1]
     for _ in range(2 * L):
         worst = max(worst, run.step([2, 5, 7, 0], acc))
@@ -380,6 +391,13 @@ def test_a_page_whose_cursors_are_not_reset_before_the_first_decode_fails(
         reset(owner, slots) if isinstance(owner, VLLMLayer) else None))  # fmt: skip
     with pytest.raises(ValueError, match="corrupted"):
         run_pages(vllm, family, 1)
+
+
+def test_kimis_mixed_batch_folds_the_pages_records_first(vllm, monkeypatch):
+    """Kimi-Linear runs a mixed batch's decode row through the chunk kernel from its page's
+    checkpoint: without the fold of the records it holds (flush_held), that start is stale."""
+    monkeypatch.setattr(hooks, "flush_held", lambda layer, slots: None)
+    assert {k for k, ok in run_pages(vllm, "kda", 1).items() if not ok} == {"outputs"}
 
 
 # ---------------------------------------------------------------------------------------------
