@@ -11,6 +11,7 @@
 | REPLAYSSM_MAX_JOBS            | parallel builds for AOT (default: CPU count)                   |
 | REPLAYSSM_VLLM                | 1: the vLLM plugin routes Mamba-2 decode to ReplaySSM          |
 | REPLAYSSM_VLLM_WINDOW         | the replay window L the vLLM plugin's layers use (default 16)  |
+| REPLAYSSM_VLLM_PAGES          | 0: the plugin's rings apart from vLLM's pages (default 1: in)  |
 """
 
 from __future__ import annotations
@@ -159,3 +160,12 @@ def vllm_window() -> int:
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"REPLAYSSM_VLLM_WINDOW: expected a positive integer, got {value!r}")
     return int(value)
+
+
+def vllm_pages() -> bool:
+    """Whether the vLLM plugin declares its rings, scales and cursors in each layer's cache
+    pages (the default) or allocates them apart at the layer's first decode (0)."""
+    value = os.environ.get("REPLAYSSM_VLLM_PAGES", "1").strip().lower()
+    if value not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise ValueError(f"REPLAYSSM_VLLM_PAGES: expected 1 or 0, got {value!r}")
+    return value in ("1", "true", "yes", "on")

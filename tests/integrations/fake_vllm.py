@@ -3,8 +3,11 @@ copied; docs/integrations.md lists the files and commits): the module names, the
 module binds, the layer classes' registration (PluggableLayer.register / register_oot and its
 __new__, keyed by class name), the forward context's per-layer metadata, and the GDN (Qwen)
 and KDA (Kimi-Linear) layers' and Mamba-2 mixer's core methods reduced to their state
-traffic, with ssu_dispatch dispatching Mamba-2's decode to its backend registry. The causal conv is
-left out (the plugin never sees it): q, k, v arrive post-conv. The prefill kernels are float64
+traffic, with ssu_dispatch dispatching Mamba-2's decode to its backend registry. Each layer
+declares its per-block state entries as vLLM's MambaStateShapeCalculator / DtypeCalculator give
+them (get_state_shape, get_state_dtype: conv state (d_conv - 1 + num_spec, conv_dim), then the
+SSM state; tensor parallelism 1), which fake_vllm_runner.py allocates as vLLM's runner does. The
+causal conv is left out (the plugin never sees it): q, k, v arrive post-conv. The prefill kernels are float64
 references that return a final state, which the layer writes into ssm_state[idx] as vLLM does;
 the decode kernels are vLLM's only until the plugin rebinds them, and here raise if reached.
 """
@@ -44,6 +47,43 @@ def _tripwire(name):
 
     kernel.__name__ = name
     return kernel
+
+
+# -- the configs a layer reads, and its state entries (mamba_utils.py's calculators) ---------
+
+CONV_KERNEL = 4
+
+
+@dataclass
+class ModelConfig:
+    dtype: torch.dtype = torch.float32
+
+
+@dataclass
+class CacheConfig:
+    mamba_ssm_cache_dtype: str = "auto"
+    mamba_page_size_padded: int | None = None
+
+
+def state_dtypes(model_config, cache_config, kda=False):
+    """(conv, SSM state) dtypes: the model's, the SSM state's "auto" too (KDA's float32)."""
+    ssm = model_config.dtype if cache_config.mamba_ssm_cache_dtype == "auto" else torch.float32
+    return model_config.dtype, torch.float32 if kda else ssm
+
+
+def state_shapes(conv_dim, state, num_spec):
+    """(conv state (state_len, dim): vLLM's default "SD" layout, SSM state)."""
+    return (CONV_KERNEL - 1 + num_spec, conv_dim), tuple(state)
+
+
+class StateEntries:
+    """What MambaBase declares: entries per block, and the configs they come from."""
+
+    def _configs(self, model_config, cache_config):
+        self.model_config = model_config or ModelConfig()
+        self.cache_config = cache_config or CacheConfig()
+        self.tp_size = 1
+        self.kv_cache = (torch.empty(0), torch.empty(0))
 
 
 # -- vllm.model_executor.custom_op ------------------------------------------------------------
@@ -116,6 +156,9 @@ class GDNAttentionMetadata:
     prefill_query_start_loc: torch.Tensor | None = None
     spec_sequence_masks: torch.Tensor | None = None
     num_accepted_tokens: torch.Tensor | None = None
+    num_spec_decodes: int = 0
+    spec_state_indices_tensor: torch.Tensor | None = None
+    spec_query_start_loc: torch.Tensor | None = None
 
 
 # -- float64 prefill kernels (the chunk kernels' results, not their algorithm) ----------------
@@ -158,16 +201,25 @@ def gdn_module(custom_op, forward_context):
     mod.fla_chunk_gated_delta_rule = fla_chunk_gated_delta_rule
 
     @custom_op.PluggableLayer.register("qwen_gated_delta_net_attention")
-    class QwenGatedDeltaNetAttention(custom_op.PluggableLayer):
+    class QwenGatedDeltaNetAttention(custom_op.PluggableLayer, StateEntries):
         def __init__(self, prefix, num_k_heads, num_v_heads, head_k_dim, head_v_dim, A_log,
-                     dt_bias, num_spec=0, packed_decode=False):  # fmt: skip
+                     dt_bias, num_spec=0, packed_decode=False, model_config=None,
+                     cache_config=None):  # fmt: skip
             super().__init__()
             self.prefix, self.num_spec = prefix, num_spec
             self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
             self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
             self.A_log, self.dt_bias = A_log, dt_bias
             self.enable_packed_recurrent_decode = packed_decode
-            self.kv_cache = (torch.empty(0), torch.empty(0))
+            self._configs(model_config, cache_config)
+
+        def get_state_shape(self):
+            conv_dim = 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+            state = (self.num_v_heads, self.head_v_dim, self.head_k_dim)
+            return state_shapes(conv_dim // self.tp_size, state, self.num_spec)
+
+        def get_state_dtype(self):
+            return state_dtypes(self.model_config, self.cache_config)
 
         def rearrange_mixed_qkv(self, mixed_qkv):
             n, kd = mixed_qkv.shape[0], self.num_k_heads * self.head_k_dim
@@ -179,6 +231,17 @@ def gdn_module(custom_op, forward_context):
             md = forward_context.get_forward_context().attn_metadata[self.prefix]
             ssm_state, n = self.kv_cache[1], md.num_actual_tokens
             indices = md.non_spec_state_indices_tensor
+            if md.spec_sequence_masks is not None:  # MTP: every row a spec row here
+                q, k, v = self.rearrange_mixed_qkv(mixed_qkv[:n])
+                o, _ = mod.fused_sigmoid_gating_delta_rule_update(
+                    A_log=self.A_log, a=a[:n], b=b[:n], dt_bias=self.dt_bias, q=q, k=k, v=v,
+                    initial_state=ssm_state, inplace_final_state=True,
+                    cu_seqlens=md.spec_query_start_loc[: md.num_spec_decodes + 1],
+                    ssm_state_indices=md.spec_state_indices_tensor,
+                    num_accepted_tokens=md.num_accepted_tokens, use_qk_l2norm_in_kernel=True,
+                )  # fmt: skip
+                core_attn_out[:n] = o[0]
+                return
             if self.enable_packed_recurrent_decode and md.num_prefills == 0 and md.num_decodes:
                 mod.fused_recurrent_gated_delta_rule_packed_decode(
                     mixed_qkv=mixed_qkv[:n], a=a[:n], b=b[:n], A_log=self.A_log,
@@ -240,18 +303,27 @@ def kda_module(custom_op, forward_context, lower_bound):
     mod.fused_kda_gate, mod.chunk_kda_with_fused_gate = fused_kda_gate, chunk_kda_with_fused_gate
 
     @custom_op.PluggableLayer.register("kimi_gated_delta_net_attention")
-    class KimiGatedDeltaNetAttention(custom_op.PluggableLayer):
-        def __init__(self, prefix, num_heads, head_dim, A_log, dt_bias, num_spec=0):
+    class KimiGatedDeltaNetAttention(custom_op.PluggableLayer, StateEntries):
+        def __init__(self, prefix, num_heads, head_dim, A_log, dt_bias, num_spec=0,
+                     model_config=None, cache_config=None):  # fmt: skip
             super().__init__()
             self.prefix, self.num_spec = prefix, num_spec
-            self.local_num_heads, self.head_dim = num_heads, head_dim
+            self.num_heads, self.local_num_heads, self.head_dim = num_heads, num_heads, head_dim
             self.A_log, self.dt_bias = A_log, dt_bias
             self.gate_lower_bound = lower_bound
-            self.kv_cache = (torch.empty(0), torch.empty(0))
+            self._configs(model_config, cache_config)
+
+        def get_state_shape(self):
+            conv_dim = 3 * self.num_heads * self.head_dim  # q, k, v projections
+            state = (self.num_heads // self.tp_size, self.head_dim, self.head_dim)
+            return state_shapes(conv_dim // self.tp_size, state, self.num_spec)
+
+        def get_state_dtype(self):
+            return state_dtypes(self.model_config, self.cache_config, kda=True)
 
         def _forward(self, q_proj_states, k_proj_states, v_proj_states, g1, beta, core_attn_out):
             md = forward_context.get_forward_context().attn_metadata[self.prefix]
-            recurrent_state, n = self.kv_cache[1], md.num_actual_tokens
+            (_conv_state, recurrent_state), n = self.kv_cache, md.num_actual_tokens
             indices = md.non_spec_state_indices_tensor
             q, k, v = (t[:n].unflatten(-1, (-1, self.head_dim))[None]
                        for t in (q_proj_states, k_proj_states, v_proj_states))  # fmt: skip
@@ -352,15 +424,23 @@ def mamba2_module(custom_op, forward_context, ssu):
     mod.mamba_chunk_scan_combined_varlen = mamba_chunk_scan_combined_varlen
 
     @custom_op.PluggableLayer.register("mamba_mixer2")
-    class MambaMixer2(custom_op.PluggableLayer):
+    class MambaMixer2(custom_op.PluggableLayer, StateEntries):
         def __init__(self, prefix, num_heads, head_dim, n_groups, ssm_state_size, A, D, dt_bias,
-                     num_spec=0):  # fmt: skip
+                     num_spec=0, model_config=None, cache_config=None):  # fmt: skip
             super().__init__()
             self.prefix, self.num_spec = prefix, num_spec
             self.num_heads, self.head_dim = num_heads, head_dim
             self.n_groups, self.ssm_state_size = n_groups, ssm_state_size
             self.A, self.D, self.dt_bias = A, D, dt_bias
-            self.kv_cache = (torch.empty(0), torch.empty(0))
+            self._configs(model_config, cache_config)
+
+        def get_state_shape(self):
+            H, P, N = self.num_heads, self.head_dim, self.ssm_state_size
+            conv_dim = H * P + 2 * self.n_groups * N
+            return state_shapes(conv_dim // self.tp_size, (H // self.tp_size, P, N), self.num_spec)
+
+        def get_state_dtype(self):
+            return state_dtypes(self.model_config, self.cache_config)
 
         def conv_ssm_forward(self, projected_states, output):
             """projected_states: post-conv [tokens, H*P + 2*G*N + H] (x, B, C, dt)."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_jit.families.layout import gdn_layout, kda_layout
+from replayssm_jit.integrations.vllm import page_hooks
 from replayssm_jit.integrations.vllm.backend import NULL_BLOCK_ID, ReplaySSMBackend, VLLMLayer
 from replayssm_jit.jit import env
 from replayssm_jit.ops.prefix import materialize_states
@@ -82,26 +82,40 @@ def _mamba2_prefill_slots(md) -> torch.Tensor | None:
     return slots
 
 
+def _continuing(slots: torch.Tensor | None, has_initial_state) -> torch.Tensor | None:
+    """The slots of rows that continue a sequence (decode rows, a prefill's later chunks); a
+    first chunk's rows become pads: their state starts from zero, and their cursor words are
+    not reset yet (a page vLLM hands out again holds whatever it held)."""
+    if slots is None or not isinstance(has_initial_state, torch.Tensor):
+        return slots
+    if has_initial_state.shape != slots.shape:
+        return slots
+    return torch.where(has_initial_state.to(slots.device), slots, NULL_BLOCK_ID)
+
+
 def _kda_flush_slots(md) -> torch.Tensor | None:
     """Kimi-Linear runs every non-spec row of a batch with a prefill (decodes too) through the
     chunk kernel, from ssm_state[idx]."""
-    return md.non_spec_state_indices_tensor
+    return _continuing(md.non_spec_state_indices_tensor, getattr(md, "has_initial_state", None))
 
 
 def _gdn_flush_slots(md) -> torch.Tensor | None:
     """Older vLLM ran a mixed batch's decode rows through the chunk kernel too; newer vLLM
     peels them off (prefill_state_indices), and a prefill's own slots hold no records."""
     if getattr(md, "prefill_state_indices", None) is None:
-        return md.non_spec_state_indices_tensor
+        return _continuing(md.non_spec_state_indices_tensor,
+                           getattr(md, "has_initial_state", None))  # fmt: skip
     return None
 
 
 @dataclass(frozen=True)
 class Hook:
-    """A layer class whose method (the first of `methods` it has) runs the prefill and writes
-    the state: `prefill_slots` names the slots written, `flush_slots` those whose current
-    state the chunk kernel reads from ssm_state[idx] (decode rows in a batch with a prefill)."""
+    """A layer class (of `family`) whose method (the first of `methods` it has) runs the
+    prefill and writes the state: `prefill_slots` names the slots written, `flush_slots` those
+    whose current state the chunk kernel reads from ssm_state[idx] (decode rows in a batch with
+    a prefill)."""
 
+    family: str
     module: str
     cls: str
     methods: tuple[str, ...]
@@ -110,12 +124,12 @@ class Hook:
 
 
 HOOKS = (
-    Hook(GDN_MODULE, "QwenGatedDeltaNetAttention", ("_forward_core",), _gdn_prefill_slots,
-         _gdn_flush_slots),
-    Hook(KDA_MODULE, "KimiGatedDeltaNetAttention", ("_forward",), _kda_prefill_slots,
+    Hook("gdn", GDN_MODULE, "QwenGatedDeltaNetAttention", ("_forward_core",),
+         _gdn_prefill_slots, _gdn_flush_slots),
+    Hook("kda", KDA_MODULE, "KimiGatedDeltaNetAttention", ("_forward",), _kda_prefill_slots,
          _kda_flush_slots),
-    *(Hook(m, "MambaMixer2", ("conv_ssm_forward", "forward_cuda"), _mamba2_prefill_slots)
-      for m in MAMBA2_MODULES),
+    *(Hook("mamba2", m, "MambaMixer2", ("conv_ssm_forward", "forward_cuda"),
+           _mamba2_prefill_slots) for m in MAMBA2_MODULES),
 )  # fmt: skip
 
 
@@ -200,7 +214,7 @@ _RESETS: dict[int, HeldReset] = {}
 _PLAIN = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _reset_of(layer: VLLMLayer) -> HeldReset:
+def _reset_of(layer: VLLMLayer | page_hooks.PageSlots) -> HeldReset:
     cursors = layer.pool["cursors"]
     reset = _RESETS.get(cursors.data_ptr())
     if reset is None or reset.cursors is not cursors:
@@ -208,8 +222,10 @@ def _reset_of(layer: VLLMLayer) -> HeldReset:
     return reset
 
 
-def reset_held(layer: VLLMLayer, slots: torch.Tensor) -> None:
-    """Drop the records `slots` hold in `layer` (after vLLM wrote their checkpoints)."""
+def reset_held(layer: VLLMLayer | page_hooks.PageSlots, slots: torch.Tensor) -> None:
+    """Drop the records `slots` hold in `layer` (after vLLM wrote their checkpoints): a
+    registered layer, or before its first decode its tensors in vLLM's pages, whose cursor
+    words are whatever the page held (vLLM does not zero a block it hands out)."""
     _reset_of(layer)(slots)
 
 
@@ -254,10 +270,11 @@ def _metadata(module: object) -> list:
     return [m[prefix] for m in mds if isinstance(m, dict) and prefix in m]
 
 
-def _lifecycle_class(base: type, method: str, prefill_slots: Callable,
-                     flush_slots: Callable) -> type:  # fmt: skip
+def _lifecycle_class(base: type, method: str, hook: Hook) -> type:
     """A subclass of vLLM's layer class whose `method` flushes the decode rows the chunk kernel
-    will read, runs vLLM's method, and resets the slots the prefill wrote."""
+    will read, runs vLLM's method (which sees vLLM's own kv_cache entries), and resets the slots
+    the prefill wrote; with REPLAYSSM_VLLM_PAGES, its state shapes and dtypes declare the
+    layout's tensors in the layer's pages (page_hooks.py)."""
     original = getattr(base, method)
 
     def core(self, *args, **kwargs):
@@ -266,22 +283,30 @@ def _lifecycle_class(base: type, method: str, prefill_slots: Callable,
         if state is not None and state.numel():
             _DRAFTS[state.data_ptr()] = 1 + int(getattr(self, "num_spec", 0) or 0)
         layer = _backend()._layers.get(state.data_ptr()) if state is not None else None
-        prefills = [md for md in mds if getattr(md, "num_prefills", 0)] if layer else []
-        for md in prefills:
-            slots = flush_slots(md)
+        # Before the layer's first decode its cursors are its pages' (none without pages).
+        owner = layer if layer is not None or state is None else page_hooks.bind(self)
+        prefills = [md for md in mds if getattr(md, "num_prefills", 0)] if owner else []
+        for md in prefills if layer is not None else ():
+            slots = hook.flush_slots(md)
             if slots is not None:
                 flush_held(layer, slots)
-        result = original(self, *args, **kwargs)
+        full = page_hooks.narrow(self)
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            if full is not None:
+                self.kv_cache = full
         for md in prefills:
-            slots = prefill_slots(md)
+            slots = hook.prefill_slots(md)
             if slots is not None:
-                reset_held(layer, slots)
+                reset_held(owner, slots)
         return result
 
     core.__name__, core.__qualname__ = method, f"ReplaySSM{base.__name__}.{method}"
     core.__doc__ = f"vLLM's {base.__name__}.{method}, then the prefill's slots reset."
-    return type(f"ReplaySSM{base.__name__}", (base,),
-                {method: core, "__module__": __name__, "_replayssm_base": base})  # fmt: skip
+    members = {method: core, "__module__": __name__, "_replayssm_base": base}
+    members.update(page_hooks.state_methods(hook.family, base))
+    return type(f"ReplaySSM{base.__name__}", (base,), members)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,7 +362,8 @@ def _decode_entry(name: str, original: Callable) -> Callable:
 
 def _register_delta(key: str, state: torch.Tensor, args: tuple, kwargs: dict) -> VLLMLayer:
     """A GDN or KDA layer for `state` from its first call: HV, V, K from the state, key heads
-    from q (or mixed_qkv's width), drafts from the layer class (1 + num_spec) or the indices."""
+    from q (or mixed_qkv's width), drafts from the layer class (1 + num_spec) or the indices;
+    its rings and cursors in its pages where it declared them there."""
     if state.dim() != 4:
         raise ValueError(f"initial_state: expected [slots, HV, V, K], got {list(state.shape)}")
     _, HV, V, K = state.shape
@@ -368,12 +394,12 @@ def _register_delta(key: str, state: torch.Tensor, args: tuple, kwargs: dict) ->
         options["scale"] = float(scale)
     width = idx.shape[1] if isinstance(idx, torch.Tensor) and idx.dim() == 2 else 1
     drafts = _DRAFTS.get(state.data_ptr(), width)
-    make = kda_layout if key.startswith("fused_recurrent_kda") else gdn_layout
-    layout = make(num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
-                  window=env.vllm_window(), drafts=drafts, act_dtype=act,
-                  state_dtype=state.dtype)  # fmt: skip
-    return _backend().register(state, layout, pad_slot_id=NULL_BLOCK_ID,
-                               use_qk_l2norm=bool(l2), **options)  # fmt: skip
+    family = "kda" if key.startswith("fused_recurrent_kda") else "gdn"
+    layout = page_hooks.layer_layout(family, (HV, V, K), H, act_dtype=act,
+                                     state_dtype=state.dtype, drafts=drafts)  # fmt: skip
+    return _backend().register(state, layout, page_hooks.page_pool(state, layout),
+                               pad_slot_id=NULL_BLOCK_ID, use_qk_l2norm=bool(l2),
+                               **options)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,7 +423,8 @@ def drafts_hint(state: torch.Tensor) -> int | None:
 def install(backend: ReplaySSMBackend) -> list[str]:
     """Register the lifecycle subclasses, then rebind the decode names of the GDN / KDA modules
     whose layer class is hooked (a decode on ReplaySSM without the reset would replay stale
-    records after a prefill); returns what is installed. Idempotent; a class another plugin
+    records after a prefill), and with REPLAYSSM_VLLM_PAGES size the model classes' pages
+    (page_hooks.install_models); returns what is installed. Idempotent; a class another plugin
     already replaced is left alone, and so are its module's decode names (logged)."""
     custom_op, forward_context = _import(CUSTOM_OP), _import(FORWARD_CONTEXT)
     if custom_op is None or forward_context is None:
@@ -405,6 +432,7 @@ def install(backend: ReplaySSMBackend) -> list[str]:
     _STATE["backend"], _STATE["forward_context"] = backend, forward_context.get_forward_context
     done: list[str] = []
     hooked: set[str] = set()
+    families: set[str] = set()
     registry = custom_op.op_registry_oot
     for hook in HOOKS:
         module = _import(hook.module)
@@ -414,14 +442,17 @@ def install(backend: ReplaySSMBackend) -> list[str]:
             continue
         current = registry.get(cls.__name__)
         if current is None:
-            cls.register_oot(_lifecycle_class(cls, method, hook.prefill_slots, hook.flush_slots))
+            cls.register_oot(_lifecycle_class(cls, method, hook))
         elif getattr(current, "_replayssm_base", None) is not cls:
             logger.warning("replayssm: %s is already replaced by %s (another plugin); its "
                            "slots cannot be reset after a prefill, so its decode stays vLLM's",
                            cls.__name__, current)  # fmt: skip
             continue
         hooked.add(hook.module)
+        families.add(hook.family)
         done.append(f"{hook.module}.{cls.__name__}.{method}")
+    if env.vllm_pages():  # the classes vLLM sizes a hybrid model's padded page from
+        done += page_hooks.install_models(families)
     for module_name, names in DECODE_NAMES.items():
         module = _import(module_name) if module_name in hooked else None
         for name in names if module is not None else ():

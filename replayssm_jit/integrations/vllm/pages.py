@@ -44,7 +44,8 @@ def page_entries(
     """vLLM's entries of a layer (`shapes`, `dtypes`: what its get_state_shape and
     get_state_dtype return, conv state first) with the layout's other tensors appended: the
     16-byte aligned ones first, in layout order, then the scalar rings; a uint8 [pad] entry
-    wherever the running byte offset would leave one misaligned. `state_index`: which of vLLM's
+    wherever the running byte offset would leave one misaligned, and one at the end that makes
+    the page a multiple of 16 bytes. `state_index`: which of vLLM's
     entries is the SSM state (it must be the layout's [H, P, N] / [HV, V, K] of its state dtype)."""
     if not isinstance(layout, CacheLayout):
         raise TypeError(f"layout: expected a CacheLayout, got {type(layout).__name__}")
@@ -76,6 +77,14 @@ def page_entries(
         dtypes.append(t.dtype)
         names.append(t.name)
         offset += math.prod(t.per_slot_shape) * t.dtype.itemsize
+    # The page (vLLM's slot stride) a multiple of every alignment: a model without attention
+    # pages, whose page vLLM does not pad, declares it so.
+    tail = -offset % max(t.alignment for t in ours)
+    if tail:
+        shapes.append((tail,))
+        dtypes.append(torch.uint8)
+        names.append(None)
+        offset += tail
     return PageEntries(tuple(shapes), tuple(dtypes), tuple(names), offset)
 
 

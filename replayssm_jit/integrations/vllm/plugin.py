@@ -6,13 +6,12 @@ register() in every vLLM process at startup. With REPLAYSSM_VLLM=1 it
   run on ReplaySSM;
 * rebinds the decode / MTP kernel names vLLM's GDN and KDA layers call (hooks.py), and
 * registers, through vLLM's register_oot, subclasses of the Mamba-2, GDN and KDA layer classes
-  that drop the records of the slots a prefill wrote (hooks.py),
+  that drop the records of the slots a prefill wrote (hooks.py) and declare the layout's rings,
+  scales and cursors beside vLLM's conv and SSM state in each layer's cache pages
+  (page_hooks.py; REPLAYSSM_VLLM_PAGES=0 allocates them apart at the layer's first call),
 
 all with no engine edit. Without vLLM, or without the setting, it does nothing and says why.
-Calling it again changes nothing.
-
-Each layer's rings and cursors are made at its first call (from the call's shapes), outside
-vLLM's cache pages and memory profiler; slots start empty: see docs/integrations.md.
+Calling it again changes nothing. See docs/integrations.md.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ import logging
 
 import torch
 
-from replayssm_jit.families.layout import mamba2_layout
-from replayssm_jit.integrations.vllm import hooks
+from replayssm_jit.integrations.vllm import hooks, page_hooks
 from replayssm_jit.integrations.vllm.backend import NULL_BLOCK_ID, ReplaySSMBackend
 from replayssm_jit.jit import env
 
@@ -97,15 +95,16 @@ def make_ssu_backend_class(base: type) -> type:
 def _register_from_call(state, x, B, D, z, dt_bias, dt_softplus, indices, null_block_id):
     """A layer for `state` from its first call: heads, headdim and dstate from the state,
     groups from B, activations from x, drafts from the layer class (1 + num_spec, once it ran)
-    or else from the [bs, 1 + T] indices' width."""
+    or else from the [bs, 1 + T] indices' width; its rings and cursors in its pages where it
+    declared them there."""
     if not isinstance(state, torch.Tensor) or state.dim() != 4:
         raise ValueError(f"state: expected vLLM's [slots, H, P, N] state, got {state!r:.60}")
     _, H, P, N = state.shape
     width = indices.shape[1] if isinstance(indices, torch.Tensor) and indices.dim() == 2 else 1
     drafts = hooks.drafts_hint(state) or width
-    layout = mamba2_layout(num_heads=H, headdim=P, dstate=N, ngroups=B.shape[-2],
-                           window=env.vllm_window(), drafts=drafts, act_dtype=x.dtype,
-                           state_dtype=state.dtype)  # fmt: skip
-    return BACKEND.register(state, layout, pad_slot_id=null_block_id, has_D=D is not None,
-                            has_z=z is not None, has_dt_bias=dt_bias is not None,
+    layout = page_hooks.layer_layout("mamba2", (H, P, N), B.shape[-2], act_dtype=x.dtype,
+                                     state_dtype=state.dtype, drafts=drafts)  # fmt: skip
+    return BACKEND.register(state, layout, page_hooks.page_pool(state, layout),
+                            pad_slot_id=null_block_id, has_D=D is not None, has_z=z is not None,
+                            has_dt_bias=dt_bias is not None,
                             dt_softplus=bool(dt_softplus))  # fmt: skip

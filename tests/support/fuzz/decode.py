@@ -248,8 +248,13 @@ def _pool_variant(draw, sc: Scenario, name: str, v: Validity) -> object:
     """A copy of slot tensor `name` in another layout (or a wrong one)."""
     layout = next(t for t in sc.cache.layout.tensors() if t.name == name)
     optional = not sc.replay and name != "state"
-    t, ok, label = slot_tensor_variant(draw, sc.cache.tensors[name], layout.alignment,
-                                       optional=optional, other_device=_other_device(sc.device))
+    t, ok, label = slot_tensor_variant(
+        draw,
+        sc.cache.tensors[name],
+        layout.alignment,
+        optional=optional,
+        other_device=_other_device(sc.device),
+    )
     v.mark(ok, f"{name} {label}")
     return t
 
