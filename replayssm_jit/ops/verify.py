@@ -31,6 +31,7 @@ outside a graph capture; otherwise the kernels clamp them as docs/speculative.md
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable
 
@@ -239,7 +240,14 @@ def _delta_verify(family: Family, torch_verify: Callable[..., None], doc: str):
 
     verify.__name__ = verify.__qualname__ = name
     verify.__doc__ = doc
+    if not family.read_copy:  # (KDA: no separate mode, so no read copy nor its rings)
+        sig = inspect.signature(verify)
+        kept = [p for p in sig.parameters.values() if p.name not in _READ_COPY_ARGS]
+        verify.__signature__ = sig.replace(parameters=kept)
     return verify
+
+
+_READ_COPY_ARGS = frozenset({"read_state", "read_scale", "read_block_scale", "rec_v", "rec_beta"})
 
 
 gdn_verify = _delta_verify(
