@@ -284,6 +284,9 @@ def make_spec(
     """
     fam = get_family(family)
     state = dtype_name(state_dtype, "state_dtype", checkpoint=True)
+    # (window and drafts first: the read-copy and flag rules compare them)
+    check_positive_int("window", window, upper=MAX_WINDOW)
+    check_positive_int("drafts", drafts, upper=MAX_DRAFTS)
     read = check_read_dtype(fam, read_dtype, state, window, drafts)
     flags = check_flags(fam, fam.default_flags if flags is None else flags, state, read,
                         window=window, drafts=drafts)  # fmt: skip
