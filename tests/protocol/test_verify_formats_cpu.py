@@ -30,7 +30,13 @@ from support.verify_formats import (
 )
 from support.verify_schedule import Cursor, random_path, random_tree
 
-from replayssm_jit import commit_drafts, plan_decode, reset_slots
+from replayssm_jit import (
+    commit_drafts,
+    commit_snapshots,
+    mamba2_snapshot_verify,
+    plan_decode,
+    reset_slots,
+)
 from replayssm_jit.families.spec import check_cuda_spec, make_spec
 from replayssm_jit.jit.build import load_module, render
 
@@ -287,3 +293,27 @@ def plan_shape(fam):
 
 def test_formats_take_every_dtype_listed():
     assert set(DTYPES) >= {state for _, state, _ in CASES}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] == "mamba2"], ids=_id)
+def test_the_snapshot_baseline_refuses_these_formats_and_writes_nothing(case):
+    """The snapshot baseline copies plain state slots: on a scaled or two-copy checkpoint it
+    would copy codes without their scales, so both of its ops refuse by name, writing nothing."""
+    name, state, read = case
+    fam = FAMS[name]()
+    gen, layout, tensors, opts = start(fam, state, read, 4, 2)
+    plan = plan_decode(layout, 1, device="cpu", seed=SEED, **opts)
+    before = {k: t.clone() for k, t in tensors.items()}
+    slots, snaps = torch.tensor([1]), torch.tensor([[2, 3]])
+    refusal = "^plan: expected a layout with one f32/bf16/f16 checkpoint"
+    with pytest.raises(ValueError, match=refusal):
+        commit_snapshots(plan, state=tensors["state"], snapshot_slots=snaps,
+                         num_accepted=torch.tensor([1]), slot_indices=slots)  # fmt: skip
+    with pytest.raises(ValueError, match=refusal):
+        mamba2_snapshot_verify(plan, state=tensors["state"], **fam.params(gen),
+                               **fam.drafts(gen, 1, 2), slot_indices=slots,
+                               snapshot_slots=snaps)  # fmt: skip
+    for k, t in tensors.items():  # bit for bit (rings hold NaN)
+        assert torch.equal(
+            t.contiguous().view(torch.uint8), before[k].contiguous().view(torch.uint8)
+        ), k
