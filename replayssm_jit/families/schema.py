@@ -296,8 +296,9 @@ def op_args(family, op: str) -> tuple[Param, ...]:
         tail = (*copies, *slots, _opt("workspace", True), SEED, _opt("num_accepted"),
                 FLUSH_MASK)  # fmt: skip
         return _required_first((CHECKPOINT[0], *token, *tail))
-    if op == "verify":
-        slots = (CHECKPOINT[0], *ring_params(family, read_copy=False), CURSORS)
+    if op == "verify":  # (the torch path's copies; the CUDA modules take one-copy f32/bf16/f16)
+        copies = CHECKPOINT + (READ_COPY if family.read_copy else ())
+        slots = (*copies, *ring_params(family, read_copy=family.read_copy), CURSORS)
         return _required_first((*slots, *token, *DRAFT_INDEX, SEED, _opt("workspace", True)))
     if op == "snapshot_verify":
         return _required_first((CHECKPOINT[0], *token, _t("snapshot_slots"), DRAFT_INDEX[0]))

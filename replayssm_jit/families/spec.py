@@ -145,8 +145,9 @@ class KernelSpec:
 def check_read_dtype(
     fam: Family, read_dtype: object, state_dtype: str, window: int, drafts: int
 ) -> str | None:
-    """`read_dtype` as a short name (or None), checked against the rest of the spec. Checkpoint
-    formats other than f32/bf16/f16 (e4m3/nvfp4 state or any read copy) take no drafts yet."""
+    """`read_dtype` as a short name (or None), checked against the rest of the spec. Every
+    format takes drafts on the torch path; check_cuda_spec refuses the CUDA modules that would
+    pair drafts with an e4m3/nvfp4 state or a read copy (not built yet)."""
     read = None if read_dtype is None else dtype_name(read_dtype, "read_dtype", checkpoint=True)
     nvfp4 = BLOCK_SCALED_DTYPES & {state_dtype, read}
     if nvfp4 and not fam.nvfp4:
@@ -175,12 +176,23 @@ def check_read_dtype(
                 f"read_dtype: a read copy serves ReplaySSM's non-flush steps (window >= 2); "
                 f"got window={window}"
             )
-    if drafts != 1 and (read is not None or state_dtype in CHECKPOINT_ONLY_DTYPES):
-        raise ValueError(
-            f"drafts: expected 1 with state_dtype={state_dtype!r} and read_dtype={read!r} "
-            f"(the speculative kernels take f32/bf16/f16 checkpoints), got {drafts}"
-        )
     return read
+
+
+def check_cuda_spec(spec: KernelSpec) -> KernelSpec:
+    """`spec`, refused where the CUDA templates cannot build it: drafts (the speculative
+    kernels) with an e4m3 or NVFP4 checkpoint, or with any read copy. The torch path (a plan on
+    device="cpu", or torch_path on any tensors) takes those; the CUDA verify kernels read
+    unscaled, one-copy checkpoints only."""
+    if spec.has_verify and (spec.read_dtype is not None
+                            or spec.state_dtype in CHECKPOINT_ONLY_DTYPES):  # fmt: skip
+        raise ValueError(
+            f"drafts: expected 1 for a CUDA module with state_dtype={spec.state_dtype!r} and "
+            f"read_dtype={spec.read_dtype!r} (the torch path, a plan on device='cpu', verifies "
+            f"drafts on these checkpoints; the CUDA kernels do not yet: they take f32/bf16/f16 "
+            f"checkpoints without a read copy), got {spec.drafts}"
+        )
+    return spec
 
 
 def check_flags(
@@ -272,6 +284,9 @@ def make_spec(
     """
     fam = get_family(family)
     state = dtype_name(state_dtype, "state_dtype", checkpoint=True)
+    # (window and drafts first: the read-copy and flag rules compare them)
+    check_positive_int("window", window, upper=MAX_WINDOW)
+    check_positive_int("drafts", drafts, upper=MAX_DRAFTS)
     read = check_read_dtype(fam, read_dtype, state, window, drafts)
     flags = check_flags(fam, fam.default_flags if flags is None else flags, state, read,
                         window=window, drafts=drafts)  # fmt: skip

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from replayssm_jit.families.spec import KernelSpec
+from replayssm_jit.families.spec import KernelSpec, check_cuda_spec
 from replayssm_jit.jit.build import build
 
 __all__ = ["build_aot"]
@@ -24,6 +24,8 @@ def build_aot(
     specs: list[KernelSpec], out: Path, jobs: int, archs: list[str] | None = None
 ) -> list[Path]:
     """Build `specs` in parallel into `out`, keeping only each module and its manifest."""
+    for spec in specs:  # (refused before any build starts: render() would, one by one)
+        check_cuda_spec(spec)
     out.mkdir(parents=True, exist_ok=True)
     built = []
     with (

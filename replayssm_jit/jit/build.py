@@ -50,7 +50,7 @@ import jinja2.meta
 from filelock import FileLock
 
 from replayssm_jit.families import get_family
-from replayssm_jit.families.spec import KernelSpec
+from replayssm_jit.families.spec import KernelSpec, check_cuda_spec
 from replayssm_jit.jit import env
 
 logger = logging.getLogger("replayssm_jit")
@@ -124,7 +124,10 @@ def _headers_digest(root: Path, folders: frozenset[str]) -> str:
 
 
 def render(spec: KernelSpec) -> str:
-    """The CUDA source of `spec` (deterministic; embeds a digest of the headers)."""
+    """The CUDA source of `spec` (deterministic; embeds a digest of the headers). Every CUDA
+    route (JIT build, AOT build, load, prebuilt lookup) renders first, so a spec the templates
+    do not build yet is refused here (check_cuda_spec) before anything is written."""
+    check_cuda_spec(spec)
     root = template_root()
     template_name = get_family(spec.family).template
     body = _jinja_env(str(root)).get_template(template_name).render(**spec.template_context())

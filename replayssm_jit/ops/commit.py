@@ -45,7 +45,7 @@ def commit_drafts(
 
     The pool as keyword tensors, as the verify and decode ops take it
     (`commit_drafts(plan, **pool, num_accepted=, slot_indices=)`): the layout's cursors and
-    rings by name (the checkpoint may be there too; it is not touched). A mapping as the second
+    rings by name (the checkpoint copies may be there too, in any format; none is touched). A mapping as the second
     positional argument is still accepted, in place of the keywords. num_accepted [batch]: a in
     [0, p], p the row's pending drafts. Chain (no accepted_path): drafts 0..a-1 become
     committed records. Tree: accepted_path[b, :a] lists the accepted root-to-node path, strictly
@@ -73,7 +73,9 @@ def commit_drafts(
     accepted_path = check_index(plan, "accepted_path", accepted_path, (T,))
     parents = check_index(plan, "parents", parents, (T,))
     index = {"num_accepted": num_accepted, "accepted_path": accepted_path, "parents": parents}
-    check_slot_tensors(plan, tensors, slot_indices, optional=("state",), read=index)
+    # (a commit moves records and cursors only: no copy of the checkpoint is read or written)
+    check_slot_tensors(plan, tensors, slot_indices, optional=plan.layout.checkpoint_names,
+                       read=index)  # fmt: skip
     fused = FUSED_FORM.get(tensors["cursors"])
     fused = fused() if fused is not None else None  # (None once that tensor is freed)
     if fused is not None and _tensor_key(fused) == _tensor_key(num_accepted):

@@ -14,7 +14,7 @@ from replayssm_jit.core.checks import (
     resolve_device,
 )
 from replayssm_jit.families.layout import CacheLayout
-from replayssm_jit.families.spec import KernelSpec, make_spec
+from replayssm_jit.families.spec import KernelSpec, check_cuda_spec, make_spec
 from replayssm_jit.launch.config import resolve_config
 from replayssm_jit.launch.policy import FLAG_SPLIT, plan_launch
 from replayssm_jit.launch.tuning import tuned_config
@@ -136,6 +136,8 @@ def plan_decode(
         act_dtype=layout.act_dtype, state_dtype=layout.state_dtype, flags=flags,
         read_dtype=layout.read_dtype,
     )  # fmt: skip
+    if device.type == "cuda":  # (before the launch policy, whose choices would not matter)
+        check_cuda_spec(spec)
     config = tuned_config(resolve_config(config), tuning, spec, mode, batch_size, device)
     heads = layout.shape.value_heads
     launch = plan_launch(spec, batch_size, heads, device, replay=replay, config=config)

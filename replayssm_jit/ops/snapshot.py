@@ -71,6 +71,17 @@ def _check_snapshot_slots(
             seen[s] = (b, j)
 
 
+def _check_one_copy(plan: DecodePlan, op: str) -> None:
+    """The baseline copies plain state slots: a one-copy f32/bf16/f16 checkpoint (e4m3/NVFP4
+    copies and read copies take verify and commit_drafts only)."""
+    if plan.layout.checkpoint_names != ("state",):
+        raise ValueError(
+            f"plan: expected a layout with one f32/bf16/f16 checkpoint for {op} (the conventional "
+            f"baseline copies plain state slots), got checkpoint tensors "
+            f"{list(plan.layout.checkpoint_names)}"
+        )
+
+
 def _snapshot(
     plan: DecodePlan,
     state: torch.Tensor,
@@ -83,6 +94,7 @@ def _snapshot(
     torch_snapshot,
 ) -> torch.Tensor:
     T = plan.layout.drafts
+    _check_one_copy(plan, "the snapshot verify")
     tensors = {"state": state}
     optional = (*plan.layout.ring_names, "cursors")
     read = {**inputs, "snapshot_slots": snapshot_slots, "num_drafts": num_drafts}
@@ -206,6 +218,7 @@ def commit_snapshots(
     it can be captured in a CUDA graph.
     """
     T = check_speculative_plan(plan, None, None, "commit_snapshots")
+    _check_one_copy(plan, "commit_snapshots")
     optional = (*plan.layout.ring_names, "cursors")
     read = {"snapshot_slots": snapshot_slots, "num_accepted": num_accepted}
     num_slots = check_slot_tensors(plan, {"state": state}, slot_indices, optional=optional,

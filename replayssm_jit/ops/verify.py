@@ -31,13 +31,14 @@ outside a graph capture; otherwise the kernels clamp them as docs/speculative.md
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable
 
 import torch
 
 from replayssm_jit.families import GDN, KDA, MAMBA2, Family
-from replayssm_jit.families.schema import bind
+from replayssm_jit.families.schema import CHECKPOINT_NAMES, bind
 from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.commit import commit_drafts
@@ -47,6 +48,7 @@ from replayssm_jit.ops.decode import (
     reads_device_values,
     resolve_seed,
     resolve_workspace,
+    slot_tensors,
     torch_scalars,
 )
 from replayssm_jit.ops.plan import DecodePlan
@@ -126,8 +128,7 @@ def _verify(
     else:
         FUSED_FORM.set(tensors["cursors"], weakref.ref(num_accepted))
     if plan.backend == "cpu":
-        ring_args = {name: tensors[name] for name in plan.layout.ring_names}
-        pool = Pool.named({"state": tensors["state"], **ring_args, "cursors": tensors["cursors"]})
+        pool = Pool.named(tensors)  # (the checkpoint copies, every ring and the cursors)
         torch_verify(
             torch_scalars(plan, seed_value, seed_tensor),
             pool,
@@ -161,6 +162,11 @@ def mamba2_verify(
     B: torch.Tensor,
     C: torch.Tensor,
     slot_indices: torch.Tensor,
+    state_scale: torch.Tensor | None = None,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
+    state_block_scale: torch.Tensor | None = None,
+    read_block_scale: torch.Tensor | None = None,
     D: torch.Tensor | None = None,
     z: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
@@ -180,7 +186,12 @@ def mamba2_verify(
     commit (commit_drafts, or the next verify's num_accepted). seed: as in mamba2_decode.
     workspace: float32, at least plan.workspace_floats elements: scratch the split verify
     overwrites (allocated when None and plan.verify_kernel is "split"; the per-item verify
-    reads none).
+    reads none). The checkpoint as in mamba2_decode: state_scale, state_block_scale, read_state,
+    read_scale and read_block_scale where the layout has them (layout.checkpoint_names). A row
+    that does not flush reads the read copy in separate mode (else the checkpoint), as a
+    non-flush step does; an early flush folds into the carried copy in its format and rewrites
+    the read copy. e4m3/NVFP4 checkpoints and read copies verify on the torch path (CPU plans)
+    only: plan_decode refuses their CUDA modules with drafts (not built yet).
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.
     return _verify_op(plan, MAMBA2, "mamba2_verify", torch_path.mamba2_verify, locals())
@@ -204,6 +215,13 @@ def _delta_verify(family: Family, torch_verify: Callable[..., None], doc: str):
         k: torch.Tensor,
         v: torch.Tensor,
         slot_indices: torch.Tensor,
+        state_scale: torch.Tensor | None = None,
+        read_state: torch.Tensor | None = None,
+        read_scale: torch.Tensor | None = None,
+        state_block_scale: torch.Tensor | None = None,
+        read_block_scale: torch.Tensor | None = None,
+        rec_v: torch.Tensor | None = None,
+        rec_beta: torch.Tensor | None = None,
         a: torch.Tensor | None = None,
         b: torch.Tensor | None = None,
         A_log: torch.Tensor | None = None,
@@ -222,7 +240,14 @@ def _delta_verify(family: Family, torch_verify: Callable[..., None], doc: str):
 
     verify.__name__ = verify.__qualname__ = name
     verify.__doc__ = doc
+    if not family.read_copy:  # (KDA: no separate mode, so no read copy nor its rings)
+        sig = inspect.signature(verify)
+        kept = [p for p in sig.parameters.values() if p.name not in _READ_COPY_ARGS]
+        verify.__signature__ = sig.replace(parameters=kept)
     return verify
+
+
+_READ_COPY_ARGS = frozenset({"read_state", "read_scale", "read_block_scale", "rec_v", "rec_beta"})
 
 
 gdn_verify = _delta_verify(
@@ -232,6 +257,8 @@ gdn_verify = _delta_verify(
 
     Gates as in gdn_decode, with the draft dim. The rest as in mamba2_verify; each draft's
     correction u is computed along its own root path, so a tree's accepted path commits exactly.
+    Separate mode also takes rec_v and rec_beta (the drafts' v and beta are recorded there), and
+    an early flush recomputes the committed u's from the carried copy, as a step's flush does.
     """,
 )
 kda_verify = _delta_verify(
@@ -249,8 +276,7 @@ kda_verify = _delta_verify(
 def _verify_op(plan, family, op, torch_verify, args) -> torch.Tensor:
     """The body of every family's verify op: `args` are its arguments by name."""
     inputs, out = check_draft_op(plan, family, "replay", op, args)
-    tensors = {"state": args["state"], **{n: args[n] for n in plan.layout.ring_names},
-               "cursors": args["cursors"]}  # fmt: skip
+    tensors = slot_tensors(family, args, (*CHECKPOINT_NAMES, "cursors"))
     return _verify(
         plan, tensors, inputs, out=out, slot_indices=args["slot_indices"],
         num_drafts=args.get("num_drafts"), parents=args.get("parents"),

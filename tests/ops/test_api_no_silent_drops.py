@@ -235,6 +235,47 @@ def test_a_nan_draft_reaches_no_other_draft_nor_the_committed_state(family):
     assert bool(torch.isfinite(state).all())
 
 
+# The torch path's other checkpoint formats: e4m3 / NVFP4 checkpoints and read copies (Mamba-2
+# and GDN), with support.verify_formats' heads (wide enough for NVFP4's blocks).
+NAN_FORMATS = [("e4m3", None), ("nvfp4", None), ("f32", "e4m3"), ("f32", "bf16"), ("f32", "nvfp4")]
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+@pytest.mark.parametrize("state, read", NAN_FORMATS, ids=lambda d: str(d))
+def test_a_nan_draft_is_contained_on_every_checkpoint_format(family, state, read):
+    from support.verify_formats import FAMS
+
+    if family == "kda" and read is not None:
+        pytest.skip("KDA has no separate mode")
+    fam = FAMS[family]()
+    layout = fam.layout(state, read, 4, 3)
+    pool = layout.allocate(4, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    reset_slots(layout, pool, torch.arange(4), 0.3 * torch.randn(4, *fam.state_shape(),
+                                                                  generator=gen))  # fmt: skip
+    plan = plan_decode(layout, 1, device="cpu", **fam.options)
+    params, tok = fam.params(gen), fam.drafts(gen, 1, 3)
+    tok["x" if family == "mamba2" else "v"][0, 1] = math.nan
+    parents, slots = torch.tensor([[-1, 0, 0]], dtype=I32), rows(1)
+    before = {k: v.clone() for k, v in pool.items()}
+    out = fam.verify_op(plan, **pool, **params, **tok, slot_indices=slots, parents=parents)
+    commit_drafts(plan, **pool, num_accepted=rows(2), slot_indices=slots, parents=parents,
+                  accepted_path=torch.tensor([[0, 2, 0]], dtype=I32))  # fmt: skip
+    for a in (0, 3):  # the second verify's early flush folds them (and rewrites every copy)
+        fam.verify_op(plan, **pool, **params, **fam.drafts(gen, 1, 3), slot_indices=slots,
+                      num_accepted=rows(a))  # fmt: skip
+    assert pool["cursors"][1, 1].item() == 1, "an early flush folded the accepted drafts"
+    assert bool(torch.isnan(out[0, 1]).any())
+    assert bool(torch.isfinite(out[0, 0]).all()) and bool(torch.isfinite(out[0, 2]).all())
+    fold = {"A": params["A"]} if family == "mamba2" else {}
+    assert bool(torch.isfinite(materialize_slots(plan, pool, [1], **fold)).all())
+    for name in layout.checkpoint_names:  # every copy finite, slots no row named untouched
+        if pool[name].dtype != torch.float4_e2m1fn_x2:
+            assert bool(torch.isfinite(pool[name][1].float()).all()), name
+        assert all(torch.equal(pool[name][s].view(torch.uint8), before[name][s].view(torch.uint8))
+                   for s in (0, 2, 3)), name  # fmt: skip
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
 def test_a_nan_draft_is_contained_by_the_kernels(family):

@@ -140,9 +140,20 @@ def test_every_op_is_registered_with_its_written_tensors_declared():
             "rec_beta",
         },
         "kda_decode": delta_step | {"state_scale", "state_block_scale"},
-        "mamba2_verify": m2_step,
-        "gdn_verify": delta_step,
-        "kda_verify": delta_step,
+        # a verify's early flush too (every checkpoint format on the torch path)
+        "mamba2_verify": m2_step
+        | {"state_scale", "read_state", "read_scale", "state_block_scale", "read_block_scale"},
+        "gdn_verify": delta_step
+        | {
+            "state_scale",
+            "read_state",
+            "read_scale",
+            "state_block_scale",
+            "read_block_scale",
+            "rec_v",
+            "rec_beta",
+        },
+        "kda_verify": delta_step | {"state_scale", "state_block_scale"},
         "commit_drafts": {"cursors", "value_ring", "key_ring", "decay_ring"},
         "mamba2_snapshot_verify": {"state", "out"},
         "gdn_snapshot_verify": {"state", "out"},

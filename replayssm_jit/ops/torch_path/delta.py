@@ -242,8 +242,20 @@ def _verify(setup: StepScalars, decay: Decay, pool: Pool, inputs, rows: Rows) ->
     k_heads, v_heads, K = q.shape[2], v.shape[2], q.shape[3]
     per_key = v_heads // k_heads
     l2norm = "qk_l2norm" in flags
-    rec_u, rec_k, rec_g = (pool.rings[n] for n in ("rec_u", "rec_k", "rec_g"))
-    out = rows.out
+    rec_u, rec_k, rec_g, rec_v, rec_beta = (pool.rings.get(n) for n in
+                                            ("rec_u", "rec_k", "rec_g", "rec_v", "rec_beta"))  # fmt: skip
+    separate, out = pool.read is not None, rows.out
+
+    def fold(s, slots, n):
+        """An early flush of n committed records into carried values s: separate mode first
+        recomputes each u from s, as a step's flush does (the held u came from the read copy)."""
+        ks, gs = held_rows(rec_k, slots, n), held_rows(rec_g, slots, n)
+        if separate:
+            vs, betas = held_rows(rec_v, slots, n), held_rows(rec_beta, slots, n)
+            us = recompute_held_u(s, ks, gs, vs, betas, l2norm, per_key)
+        else:
+            us = held_rows(rec_u, slots, n)
+        return delta_fold(s, us, ks, gs, l2norm, per_key)
 
     def compute(group: Group) -> None:
         r, slots, held = group.rows, group.slots, group.held
@@ -254,8 +266,7 @@ def _verify(setup: StepScalars, decay: Decay, pool: Pool, inputs, rows: Rows) ->
         g_d, beta_d = decay.draft_gates(tokens, draft_inputs(tokens.gate_a, r, live),
                                         draft_inputs(tokens.gate_b, r, live), flags)  # fmt: skip
         g_d = torch.where(live.view(*live.shape, *([1] * (g_d.dim() - 2))), g_d, 0.0)
-        s, held = verify_states(setup, pool, group, (rec_u, rec_k, rec_g),
-                                lambda s, *held: delta_fold(s, *held, l2norm, per_key))  # fmt: skip
+        s, held = verify_states(setup, pool, group, fold)
         ks = torch.cat([held_rows(rec_k, slots, held), k_d.transpose(1, 2)], 2)  # [r,H,M,K]
         gs = torch.cat([_per_channel(held_rows(rec_g, slots, held), K),
                         _per_channel(g_d, K).transpose(1, 2)], 2)  # [r, HV, M, K]  # fmt: skip
@@ -293,7 +304,10 @@ def _verify(setup: StepScalars, decay: Decay, pool: Pool, inputs, rows: Rows) ->
             outs.append(torch.where(live[:, j, None, None], o, 0.0))
         out[r] = torch.stack(outs, dim=1).to(out.dtype)
         u_d = us[:, :, held:].transpose(1, 2)  # [r, T, HV, V]
-        write_draft_records(slots, held, live, [(rec_u, u_d), (rec_g, g_d), (rec_k, k[r])])
+        records = [(rec_u, u_d), (rec_g, g_d), (rec_k, k[r])]
+        if separate:  # what a flush recomputes u from (v as given, beta in FP32)
+            records += [(rec_v, v[r]), (rec_beta, beta_d)]
+        write_draft_records(slots, held, live, records)
 
     protocol.run_verify(setup, pool, rows, compute)
 

@@ -146,6 +146,10 @@ def mamba2_verify(setup: StepScalars, pool: Pool, inputs, rows: Rows) -> None:
     rec_x, rec_b, rec_dt = (pool.rings[n] for n in ("rec_x", "rec_b", "rec_dt"))
     out = rows.out
 
+    def fold(s, slots, n):  # an early flush: the committed records (inputs, exact in any mode)
+        rings = (held_rows(ring, slots, n) for ring in (rec_x, rec_b, rec_dt))
+        return mamba2_fold(s, *rings, a, per_group)
+
     def compute(group: Group) -> None:
         r, slots, held = group.rows, group.slots, group.held
         live = live_drafts(group.drafts, T)
@@ -154,8 +158,7 @@ def mamba2_verify(setup: StepScalars, pool: Pool, inputs, rows: Rows) -> None:
         dt_d = torch.where(live[..., None], dt_d, 0.0)  # [r, T, H]
         b_d = draft_inputs(tokens.B, r, live)  # [r, T, G, N]
         c_d = draft_inputs(tokens.C, r, live)
-        s, held = verify_states(setup, pool, group, (rec_x, rec_b, rec_dt),
-                                lambda s, *held: mamba2_fold(s, *held, a, per_group))  # fmt: skip
+        s, held = verify_states(setup, pool, group, fold)
         xs = torch.cat([held_rows(rec_x, slots, held), x_d.transpose(1, 2)], 2)  # [r,H,M,P]
         bs = torch.cat([held_rows(rec_b, slots, held), b_d.transpose(1, 2)], 2)  # [r,G,M,N]
         dts = torch.cat([held_rows(rec_dt, slots, held), dt_d.transpose(1, 2)], 2)  # [r,H,M]

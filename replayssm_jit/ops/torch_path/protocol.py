@@ -34,7 +34,7 @@ from replayssm_jit.core.cursor_words import (
     CURSOR_HELD,
     CURSOR_PENDING,
 )
-from replayssm_jit.ops.torch_path.checkpoint import Copy, RoundingKey, store_flush
+from replayssm_jit.ops.torch_path.checkpoint import Copy, RoundingKey, load_state, store_flush
 
 __all__ = [
     "Group",
@@ -236,17 +236,19 @@ def verify_states(
     setup: StepScalars,
     pool: Pool,
     group: Group,
-    rings: tuple[torch.Tensor, ...],
-    fold: Callable[..., torch.Tensor],
+    fold: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
 ) -> tuple[torch.Tensor, int]:
-    """A verify group's FP32 states and the records they still hold: a group that flushes early
-    folds its committed records, never the drafts (fold(s, *held rows of `rings`)), and stores
-    them, then holds none."""
-    s = pool.state.codes[group.slots].to(_F32)
+    """A verify group's FP32 states and the records they still hold. A group that does not
+    flush reads what a non-flush step reads: separate mode's read copy, else the checkpoint,
+    decoded. One that flushes early loads the carried copy, folds its committed records (never
+    the drafts: fold(s, slots, n)), stores it and the read copy as a step's flush does
+    (store_flush), and replays the drafts from the folded FP32 values, holding none."""
     if not group.flush:
-        return s, group.held
-    s = fold(s, *(held_rows(ring, group.slots, group.held) for ring in rings))
-    store_flush(pool.state, None, group.slots, s, setup.rounding(group.epochs), False)
+        reads = pool.state if pool.read is None else pool.read
+        return load_state(reads, group.slots), group.held
+    s = fold(load_state(pool.state, group.slots), group.slots, group.held)
+    store_flush(pool.state, pool.read, group.slots, s, setup.rounding(group.epochs),
+                "read_rn" in setup.flags)  # fmt: skip
     return s, 0
 
 

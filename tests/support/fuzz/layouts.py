@@ -281,6 +281,14 @@ def build_spec(draw, device):
         v.mark(False, "sr with an f32 state")
     if "device_seed" in chosen and "sr" not in chosen:
         v.mark(False, "device_seed without sr")
+    replay_decode = isinstance(window, int) and window >= 2 and drafts == 1
+    if (
+        "flush_mask" in chosen
+        and isinstance(window, int)
+        and isinstance(drafts, int)
+        and not replay_decode
+    ):
+        v.mark(False, "flush_mask without a ReplaySSM decode step (window >= 2, drafts = 1)")
     if "read_rn" in chosen:  # (these layouts have no read copy)
         v.mark(False, "read_rn without a read copy")
     how = draw(st.sampled_from(["make", "family", "named"]))

@@ -28,7 +28,7 @@ PLAN_NAMES = {
     "config", "plan()", "flags", "scale", LAUNCH_ENV, "config.kernel", "config.rows_per_cta",
     "config.records_warps", "config.capped_state_registers", "use_qk_l2norm", "gates_in_kernel",
     "stochastic_rounding", "device_seed", "has_D", "has_z", "has_dt_bias", "dt_softplus",
-    "read_copy_round_to_nearest",
+    "read_copy_round_to_nearest", "flush_mask",
 }  # fmt: skip
 
 
@@ -42,9 +42,9 @@ def draw_layout(draw, device: str):
     return fam, shape, layout
 
 
-def draw_options(draw, fam, layout, device: str, v: Validity) -> dict:
+def draw_options(draw, fam, layout, device: str, v: Validity, replay: bool) -> dict:
     """The family's plan options: a valid set (on CUDA the sanitizer preset's), then perhaps one
-    changed to another value, good or bad, or an unknown one."""
+    changed to another value, good or bad, or an unknown one. `replay`: the plan's mode."""
     opts = fam.draw_options(draw, device, layout.state_dtype)
     kind = draw(st.sampled_from(["keep", "keep", "flip", "scale"]))
     if v.spend(draw):
@@ -74,6 +74,10 @@ def draw_options(draw, fam, layout, device: str, v: Validity) -> dict:
             v.mark(False, "stochastic rounding of an f32 state")
         if resolved["device_seed"] and not resolved["stochastic_rounding"]:
             v.mark(False, "device_seed without stochastic rounding")
+        if resolved.get("flush_mask") and not (
+            replay and layout.window >= 2 and layout.drafts == 1
+        ):
+            v.mark(False, "flush_mask without a ReplaySSM decode step")
         if resolved.get("read_copy_round_to_nearest"):  # (these layouts have no read copy)
             v.mark(False, "read_copy_round_to_nearest without a read copy")
     return opts
@@ -193,7 +197,7 @@ def build_plan_decode(draw, device):
     v.mark(is_int(seed), f"seed={seed!r}")
     dev = draw_device(draw, device, v)
     replay = mode == "replay"
-    opts = draw_options(draw, fam, layout, device, v)
+    opts = draw_options(draw, fam, layout, device, v, replay)
     config, fields = draw_config(draw, fam, layout, replay, device, v)
     env, env_kernel = draw_env(draw, v)
     kernel_asked = fields.get("kernel", env_kernel)
@@ -250,7 +254,7 @@ def build_wrapper_plan(draw, device):
     v.mark(ok, f"batch_size={batch!r}")
     seed = draw(st.sampled_from([True, 1.5, None]) if v.spend(draw) else st.integers())
     v.mark(is_int(seed), f"seed={seed!r}")
-    opts = draw_options(draw, fam, layout, device, v)
+    opts = draw_options(draw, fam, layout, device, v, mode == "replay")
     config, fields = draw_config(draw, fam, layout, mode == "replay", device, v)
     env, env_kernel = draw_env(draw, v)
     kernel_asked = fields.get("kernel", env_kernel)
