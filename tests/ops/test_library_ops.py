@@ -125,35 +125,18 @@ def _assert_same(got, want):
 def test_every_op_is_registered_with_its_written_tensors_declared():
     m2_step = {"state", "rec_x", "rec_b", "rec_dt", "cursors", "out", "workspace"}
     delta_step = {"state", "rec_u", "rec_k", "rec_g", "cursors", "out", "workspace"}
+    # a decode step (and a verify's early flush, every format on the torch path) also writes the
+    # checkpoint's scales and separate mode's read copy
+    copies = {"state_scale", "read_state", "read_scale", "state_block_scale", "read_block_scale"}
+    m2, gdn = m2_step | copies, delta_step | copies | {"rec_v", "rec_beta"}
+    kda = delta_step | {"state_scale", "state_block_scale"}
     written = {
-        # a decode step also writes the checkpoint's scales and separate mode's read copy
-        "mamba2_decode": m2_step
-        | {"state_scale", "read_state", "read_scale", "state_block_scale", "read_block_scale"},
-        "gdn_decode": delta_step
-        | {
-            "state_scale",
-            "read_state",
-            "read_scale",
-            "state_block_scale",
-            "read_block_scale",
-            "rec_v",
-            "rec_beta",
-        },
-        "kda_decode": delta_step | {"state_scale", "state_block_scale"},
-        # a verify's early flush too (every checkpoint format on the torch path)
-        "mamba2_verify": m2_step
-        | {"state_scale", "read_state", "read_scale", "state_block_scale", "read_block_scale"},
-        "gdn_verify": delta_step
-        | {
-            "state_scale",
-            "read_state",
-            "read_scale",
-            "state_block_scale",
-            "read_block_scale",
-            "rec_v",
-            "rec_beta",
-        },
-        "kda_verify": delta_step | {"state_scale", "state_block_scale"},
+        "mamba2_decode": m2,
+        "gdn_decode": gdn,
+        "kda_decode": kda,
+        "mamba2_verify": m2,
+        "gdn_verify": gdn,
+        "kda_verify": kda,
         "commit_drafts": {"cursors", "value_ring", "key_ring", "decay_ring"},
         "mamba2_snapshot_verify": {"state", "out"},
         "gdn_snapshot_verify": {"state", "out"},
