@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_jit.families.layout import CacheLayout, gdn_layout, kda_layout, mamba2_layout
+from replayssm_jit.families import get_family
+from replayssm_jit.families.layout import CacheLayout, family_layout
 from replayssm_jit.integrations.vllm.pages import PageEntries, page_entries, page_tensors
 from replayssm_jit.integrations.vllm.rows import NULL_BLOCK_ID
 from replayssm_jit.jit import env
@@ -76,13 +77,12 @@ def layer_layout(
     """The layout of a plugin layer: `state_shape` is vLLM's SSM state per slot (Mamba-2
     [H, P, N], GDN / KDA [HV, V, K]), `key_heads` Mamba-2's groups or GDN / KDA's key heads,
     all per tensor-parallel rank; drafts = 1 + num_spec; window REPLAYSSM_VLLM_WINDOW."""
-    a, b, c = (int(d) for d in state_shape)
-    common = dict(window=env.vllm_window(), drafts=drafts, act_dtype=act_dtype,
-                  state_dtype=state_dtype)  # fmt: skip
-    if family == "mamba2":
-        return mamba2_layout(num_heads=a, headdim=b, dstate=c, ngroups=key_heads, **common)
-    make = {"gdn": gdn_layout, "kda": kda_layout}[family]
-    return make(num_k_heads=key_heads, num_v_heads=a, head_k_dim=c, head_v_dim=b, **common)
+    value_heads, value_dim, key_dim = (int(d) for d in state_shape)
+    # The state is [value heads, value dim, key dim] in every family; the registry names them.
+    roles = (key_heads, value_heads, key_dim, value_dim)  # Family.shape_args' role order
+    shape_args = dict(zip(get_family(family).shape_args, roles))
+    return family_layout(family, window=env.vllm_window(), drafts=drafts, act_dtype=act_dtype,
+                         state_dtype=state_dtype, **shape_args)  # fmt: skip
 
 
 def key_heads_from_conv(conv_shape: Sequence[int], state_shape: Sequence[int]) -> int | None:
