@@ -310,9 +310,11 @@ def _required_first(params: Sequence[Param]) -> tuple[Param, ...]:
 
 
 # The family-free ops: commit_drafts (the pool by ring role) and commit_snapshots.
+# Separate mode's rings (a read copy's layout only: GDN's v and beta), after the three.
+COMMIT_READ_RING_PARAMS = ("read_value_ring", "read_scalar_ring")
 COMMIT_DRAFTS_ARGS = (
     CURSORS, *(_t(n, True) for n in COMMIT_RING_PARAMS), _t("num_accepted"), _t("slot_indices"),
-    _opt("accepted_path"), _opt("parents"),
+    _opt("accepted_path"), _opt("parents"), *(_opt(n, True) for n in COMMIT_READ_RING_PARAMS),
 )  # fmt: skip
 COMMIT_SNAPSHOTS_ARGS = (
     _t("state", True),

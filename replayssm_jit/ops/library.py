@@ -34,6 +34,7 @@ import torch
 from replayssm_jit.families import FAMILIES
 from replayssm_jit.families.schema import (
     COMMIT_DRAFTS_ARGS,
+    COMMIT_READ_RING_PARAMS,
     COMMIT_RING_PARAMS,
     COMMIT_SNAPSHOTS_ARGS,
     SEED,
@@ -203,6 +204,8 @@ COMMIT_RING_ARGS = COMMIT_RING_PARAMS
 
 def _commit_drafts(plan: DecodePlan, handle: int, kw: dict) -> None:
     rings = [kw.pop(arg) for arg in COMMIT_RING_ARGS]
+    # (a read copy's rings follow in the layout's order; commit_drafts names any missing)
+    rings += [r for r in (kw.pop(arg, None) for arg in COMMIT_READ_RING_PARAMS) if r is not None]
     tensors = {"cursors": kw.pop("cursors"), **dict(zip(plan.layout.ring_names, rings))}
     commit_drafts(plan, tensors, **kw)
 

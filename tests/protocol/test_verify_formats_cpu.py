@@ -37,8 +37,10 @@ from replayssm_jit import (
     plan_decode,
     reset_slots,
 )
+from replayssm_jit.families.schema import COMMIT_READ_RING_PARAMS
 from replayssm_jit.families.spec import check_cuda_spec, make_spec
 from replayssm_jit.jit.build import load_module, render
+from replayssm_jit.ops.library import COMMIT_RING_ARGS, plan_handle
 
 I32 = torch.int32
 SEED = 5
@@ -71,7 +73,7 @@ def start(fam, state, read, L, T, slots=5, sr=False):
     return gen, layout, tensors, opts
 
 
-def run_formats_schedule(case, *, trees, fused, sr=False, steps=14, L=4, T=3):
+def run_formats_schedule(case, *, trees, fused, sr=False, steps=14, L=4, T=3, via_op=False):
     """Rows on slots 1 and 3 and a pad row, random draft counts, trees or chains, fused or
     explicit commits: outputs, cursors and flushed copies against the emulation; slots no row
     names, and checkpoints no flush wrote, bit for bit."""
@@ -147,9 +149,16 @@ def run_formats_schedule(case, *, trees, fused, sr=False, steps=14, L=4, T=3):
                 models[s].commit(path)
         if not fused or trees:
             counts = torch.tensor([accepted.get(s, 0) for s in slot_row], dtype=I32)
-            commit_drafts(plan, **tensors, num_accepted=counts, slot_indices=slots,
-                          accepted_path=paths if trees else None,
-                          parents=kw.get("parents"))  # fmt: skip
+            args = dict(num_accepted=counts, slot_indices=slots,
+                        accepted_path=paths if trees else None, parents=kw.get("parents"))  # fmt: skip
+            if via_op:  # the registered op: rings by role, a read copy's after the three
+                names = layout.ring_names
+                rings = {**dict(zip(COMMIT_RING_ARGS, (tensors[n] for n in names[:3]))),
+                         **dict(zip(COMMIT_READ_RING_PARAMS, (tensors[n] for n in names[3:])))}  # fmt: skip
+                torch.ops.replayssm.commit_drafts(plan_handle(plan), cursors=tensors["cursors"],
+                                                  **rings, **args)  # fmt: skip
+            else:
+                commit_drafts(plan, **tensors, **args)
             for s in live:
                 cursors[s].commit(accepted[s])
             accepted = None
@@ -165,6 +174,28 @@ def run_formats_schedule(case, *, trees, fused, sr=False, steps=14, L=4, T=3):
                          ids=["chain-fused", "chain-explicit", "tree"])  # fmt: skip
 def test_verify_schedules_on_formats_match_the_emulation(case, trees, fused):
     run_formats_schedule(case, trees=trees, fused=fused)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] is not None], ids=_id)
+def test_tree_commits_through_the_registered_op_on_read_copies(case):
+    """torch.ops.replayssm.commit_drafts takes a read copy's rings (GDN's v and beta) after the
+    three by role, and moves them as the Python commit_drafts does."""
+    run_formats_schedule(case, trees=True, fused=False, via_op=True)
+
+
+def test_the_registered_commit_names_a_read_copy_ring_left_out():
+    fam = FAMS["gdn"]()
+    _gen, layout, tensors, opts = start(fam, "f32", "e4m3", 4, 3)
+    plan = plan_decode(layout, 1, device="cpu", seed=SEED, **opts)
+    rings = dict(zip(COMMIT_RING_ARGS, (tensors[n] for n in layout.ring_names[:3])))
+    before = {k: t.clone() for k, t in tensors.items()}
+    with pytest.raises((ValueError, TypeError), match="rec_v|rec_beta"):
+        torch.ops.replayssm.commit_drafts(plan_handle(plan), cursors=tensors["cursors"], **rings,
+                                          num_accepted=torch.tensor([1], dtype=I32),
+                                          slot_indices=torch.tensor([1], dtype=I32))  # fmt: skip
+    assert all(
+        torch.equal(t.view(torch.uint8), before[k].view(torch.uint8)) for k, t in tensors.items()
+    )
 
 
 @pytest.mark.parametrize("case", [("mamba2", "e4m3", None), ("gdn", "f32", "nvfp4"),
