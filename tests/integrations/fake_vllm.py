@@ -493,6 +493,10 @@ def install(monkeypatch, lower_bound=None) -> dict[str, types.ModuleType]:
         FLASHINFER = "flashinfer"
 
     mods["vllm.config.mamba"].MambaBackendEnum = MambaBackendEnum
+    # The config the layers are built under; a test sets mamba_cache_mode ("none" unless it
+    # enables prefix caching).
+    config = types.SimpleNamespace(cache_config=types.SimpleNamespace(mamba_cache_mode="none"))
+    mods["vllm.config"].get_current_vllm_config = lambda: config
     custom_op, ctx = custom_op_module(), forward_context_module()
     mods[custom_op.__name__], mods[ctx.__name__] = custom_op, ctx
     mods[SSU] = ssu_module(MambaBackendEnum)

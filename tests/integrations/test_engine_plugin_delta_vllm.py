@@ -114,6 +114,26 @@ def test_register_rebinds_the_decode_names_and_registers_the_layer_classes(vllm)
     assert ssu._BACKEND_REGISTRY[triton] is backend_cls
 
 
+@pytest.mark.parametrize("mode", ["align", "all"])
+def test_prefix_caching_is_refused_when_each_layer_is_built(vllm, mode):
+    """vLLM's block copies would leave the rings and cursors behind (silently wrong outputs),
+    so every hooked layer class refuses mamba_cache_mode other than "none", naming it."""
+    plugin.register()
+    config = vllm["vllm.config"].get_current_vllm_config()
+    A, gen = torch.zeros(HV), torch.Generator().manual_seed(0)
+    builds = {
+        "gdn": lambda: vllm[GDN].QwenGatedDeltaNetAttention(PREFIX, KH, HV, K, V, A, A),
+        "kda": lambda: vllm[KDA].KimiGatedDeltaNetAttention(PREFIX, HV, K, A, A),
+        "mamba2": lambda: Mamba2Run(vllm, gen),
+    }
+    for build in builds.values():
+        config.cache_config.mamba_cache_mode = mode
+        with pytest.raises(ValueError, match=rf"mamba_cache_mode: expected 'none'.*got '{mode}'"):
+            build()
+        config.cache_config.mamba_cache_mode = "none"
+        build()  # (the same class builds without prefix caching)
+
+
 def test_with_the_real_vllm_the_names_and_classes_are_installed(monkeypatch):
     pytest.importorskip("vllm")
     monkeypatch.setenv("REPLAYSSM_VLLM", "1")

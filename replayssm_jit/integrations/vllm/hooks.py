@@ -37,7 +37,8 @@ from replayssm_jit.jit import env
 from replayssm_jit.ops.prefix import materialize_states
 
 __all__ = [
-    "DECODE_NAMES", "HOOKS", "HeldReset", "drafts_hint", "flush_held", "install", "reset_held",
+    "DECODE_NAMES", "HOOKS", "HeldReset", "check_cache_mode", "drafts_hint", "flush_held",
+    "install", "reset_held",
 ]  # fmt: skip
 
 logger = logging.getLogger("replayssm_jit.vllm")
@@ -51,6 +52,7 @@ MAMBA2_MODULES = (
 )
 CUSTOM_OP = "vllm.model_executor.custom_op"
 FORWARD_CONTEXT = "vllm.forward_context"
+VLLM_CONFIG = "vllm.config"
 
 DECODE_NAMES = {
     GDN_MODULE: ("fused_sigmoid_gating_delta_rule_update",
@@ -302,11 +304,33 @@ def _lifecycle_class(base: type, method: str, hook: Hook) -> type:
                 reset_held(owner, slots)
         return result
 
+    def __init__(self, *args, **kwargs):
+        check_cache_mode()
+        base.__init__(self, *args, **kwargs)
+
     core.__name__, core.__qualname__ = method, f"ReplaySSM{base.__name__}.{method}"
     core.__doc__ = f"vLLM's {base.__name__}.{method}, then the prefill's slots reset."
-    members = {method: core, "__module__": __name__, "_replayssm_base": base}
+    __init__.__qualname__ = f"ReplaySSM{base.__name__}.__init__"
+    members = {"__init__": __init__, method: core, "__module__": __name__, "_replayssm_base": base}
     members.update(page_hooks.state_methods(hook.family, base))
     return type(f"ReplaySSM{base.__name__}", (base,), members)
+
+
+def check_cache_mode() -> None:
+    """Refuse vLLM's prefix caching for Mamba layers (cache_config.mamba_cache_mode "align" or
+    "all"), at layer construction: vLLM then copies a layer's conv and SSM state between blocks
+    with copy specs of its own, so a slot's rings and cursors would not follow, and a block taken
+    from the prefix cache would replay records of another sequence: wrong outputs, no error."""
+    current = getattr(_import(VLLM_CONFIG), "get_current_vllm_config", None)
+    if current is None:  # an older vLLM: no Mamba prefix caching to refuse
+        return
+    mode = getattr(getattr(current(), "cache_config", None), "mamba_cache_mode", "none")
+    if mode not in (None, "none"):
+        raise ValueError(
+            f"mamba_cache_mode: expected 'none' with REPLAYSSM_VLLM=1 (the plugin's rings and "
+            f"cursors do not follow vLLM's block copies), got {mode!r}; start vLLM with "
+            f"--no-enable-prefix-caching, or without REPLAYSSM_VLLM"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -198,7 +198,7 @@ def _run(setup: StepScalars, pool: Pool, rows: Rows, compute: Compute, verify: b
         anc = _ancestors(given, live.numel(), T, out.device)
     else:
         flush = (held + 1 >= setup.window) | setup.flush_every_step
-        if rows.flush_mask is not None:  # (step.cuh's forced_flush)
+        if rows.flush_mask is not None:  # (step.cuh's flush_masked)
             flush = flush | (rows.flush_mask.to(out.device)[live] != 0)
     for n, f in sorted(set(zip(held.tolist(), flush.tolist()))):
         members = (held == n) & (flush == f)
