@@ -30,11 +30,12 @@ M2 = "vllm.model_executor.layers.mamba.mamba2.mamba_mixer2"
 GDN = "vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn"
 KDA = "vllm.model_executor.layers.mamba.gdn.kimi_gdn_linear_attn"
 SSU = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
+MAMBA_UTILS = "vllm.model_executor.layers.mamba.mamba_utils"
 PACKAGES = ("vllm", "vllm.config", "vllm.config.mamba", "vllm.model_executor",
             "vllm.model_executor.layers", "vllm.model_executor.layers.mamba",
             "vllm.model_executor.layers.mamba.ops", "vllm.model_executor.layers.mamba.gdn",
             "vllm.model_executor.layers.mamba.mamba2", "vllm.model_executor.custom_op",
-            "vllm.forward_context", SSU, M2, GDN, KDA)  # fmt: skip
+            "vllm.forward_context", SSU, M2, GDN, KDA, MAMBA_UTILS)  # fmt: skip
 
 
 class EngineKernelReached(AssertionError):
@@ -481,6 +482,34 @@ def mamba2_module(custom_op, forward_context, ssu):
     return mod
 
 
+# -- mamba/mamba_utils.py: align mode's copy specs ------------------------------------------
+
+
+@dataclass
+class MambaCopySpec:
+    start_addr: int
+    num_elements: int
+
+
+def conv_copy_spec(state, block_ids, cur_block_idx, num_accepted_tokens):
+    """The conv state's rows from the accepted token's on, of the current block."""
+    src = state[block_ids[cur_block_idx], num_accepted_tokens - 1 :]
+    return MambaCopySpec(src.data_ptr(), src.numel())
+
+
+def temporal_copy_spec(state, block_ids, cur_block_idx, num_accepted_tokens):
+    """The SSM state of the block holding the accepted token's state (drafts' blocks follow)."""
+    src = state[block_ids[cur_block_idx + num_accepted_tokens - 1]]
+    return MambaCopySpec(src.data_ptr(), src.numel())
+
+
+def mamba_utils_module():
+    mod = types.ModuleType(MAMBA_UTILS)
+    mod.MambaCopySpec = MambaCopySpec
+    mod.get_conv_copy_spec, mod.get_temporal_copy_spec = conv_copy_spec, temporal_copy_spec
+    return mod
+
+
 # -- the package ------------------------------------------------------------------------------
 
 
@@ -503,6 +532,7 @@ def install(monkeypatch, lower_bound=None) -> dict[str, types.ModuleType]:
     mods[M2] = mamba2_module(custom_op, ctx, mods[SSU])
     mods[GDN] = gdn_module(custom_op, ctx)
     mods[KDA] = kda_module(custom_op, ctx, lower_bound)
+    mods[MAMBA_UTILS] = mamba_utils_module()
     for name, mod in mods.items():
         monkeypatch.setitem(sys.modules, name, mod)
     # The older path of mamba_mixer2 is absent, as in vLLM after the move into mamba2/.

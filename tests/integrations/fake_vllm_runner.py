@@ -8,6 +8,8 @@ vLLM's code (never copied; docs/integrations.md names the files):
   token), cache_config.mamba_page_size_padded = that attention page;
 * MambaSpec's page_size_bytes (v1/kv_cache_interface.py): the entries' bytes summed, or the
   padded page, which must hold them;
+* align mode's copy specs (model classes' get_mamba_state_copy_func, mamba_utils.py) and the
+  runner's copies between a request's blocks (v1/worker/mamba_utils.py, `copy_block`);
 * the runner's views (gpu_model_runner.py _reshape_kv_cache_tensors): one buffer of
   num_blocks pages, entry i viewed with as_strided at the sum of the earlier entries' bytes,
   slot stride = the page; or MambaBase.bind_kv_cache's slices of a [blocks, 1, 1, page] int8
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 MODELS = "vllm.model_executor.models"
+MAMBA_UTILS = "vllm.model_executor.layers.mamba.mamba_utils"
 MODEL_MODULES = {
     "mamba2": (f"{MODELS}.nemotron_h", "NemotronHForCausalLM"),
     "gdn": (f"{MODELS}.qwen3_next", "Qwen3NextForCausalLM"),
@@ -78,10 +81,15 @@ def _model_class(family: str) -> type:
     def dtypes(cls, vllm_config):
         return entries(cls, vllm_config)[1]
 
+    def copy_funcs(cls):  # (MambaStateCopyFuncCalculator: conv, then temporal)
+        utils = sys.modules[MAMBA_UTILS]
+        return utils.get_conv_copy_spec, utils.get_temporal_copy_spec
+
     module, name = MODEL_MODULES[family]
     return type(name, (), {"__module__": module,
                            "get_mamba_state_shape_from_config": classmethod(shapes),
-                           "get_mamba_state_dtype_from_config": classmethod(dtypes)})  # fmt: skip
+                           "get_mamba_state_dtype_from_config": classmethod(dtypes),
+                           "get_mamba_state_copy_func": classmethod(copy_funcs)})  # fmt: skip
 
 
 def install_models(monkeypatch) -> dict[str, type]:
@@ -154,3 +162,21 @@ def allocate(layers, num_blocks, padded, *, form="as_strided", fill=None, shift=
     for layer in layers:
         layer.kv_cache = tuple(views)
     return Pages(raw, page, tuple(views))
+
+
+def copy_block(pages: Pages, layers, copy_funcs, block_ids, src_idx, dest_idx, accept_bias=0):
+    """Align mode's copy of a request's state between its blocks (v1/worker/mamba_utils.py
+    collect_mamba_copy_meta, then the batched memcpy): for each layer, entry i from the address
+    copy_funcs[i] names (zip: entries past the funcs are not copied) to the destination block."""
+    if src_idx == dest_idx and accept_bias == 0:
+        return
+    raw, base = pages.raw.view(torch.uint8), pages.raw.data_ptr()
+    moves = []
+    for layer in layers:
+        for state, func in zip(layer.kv_cache, copy_funcs):
+            spec = func(state, block_ids, src_idx, accept_bias + 1)
+            nbytes = spec.num_elements * state.element_size()
+            moves.append((spec.start_addr - base, state[block_ids[dest_idx]].data_ptr() - base,
+                          nbytes))  # fmt: skip
+    for src, dst, nbytes in moves:
+        raw[dst : dst + nbytes] = raw[src : src + nbytes].clone()

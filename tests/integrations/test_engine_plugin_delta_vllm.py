@@ -9,6 +9,7 @@ every bit; register() twice changes nothing; without REPLAYSSM_VLLM nothing is p
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 import torch
@@ -114,12 +115,21 @@ def test_register_rebinds_the_decode_names_and_registers_the_layer_classes(vllm)
     assert ssu._BACKEND_REGISTRY[triton] is backend_cls
 
 
-@pytest.mark.parametrize("mode", ["align", "all"])
-def test_prefix_caching_is_refused_when_each_layer_is_built(vllm, mode):
-    """vLLM's block copies would leave the rings and cursors behind (silently wrong outputs),
-    so every hooked layer class refuses mamba_cache_mode other than "none", naming it."""
+@pytest.mark.parametrize(
+    ("mode", "pages", "num_spec", "why"),
+    [("all", "1", 0, "'all'"), ("align", "0", 0, "REPLAYSSM_VLLM_PAGES=1"),
+     ("align", "1", 2, "num_speculative_tokens 2")],
+)  # fmt: skip
+def test_prefix_caching_is_refused_where_the_copies_would_miss_our_entries(
+    vllm, monkeypatch, mode, pages, num_spec, why
+):
+    """vLLM's block copies would leave the rings and cursors behind, or copy a draft's block
+    (silently wrong outputs): every hooked layer class refuses these modes, naming
+    mamba_cache_mode and why; "none" builds (align mode itself: test_engine_align_vllm.py)."""
+    monkeypatch.setenv("REPLAYSSM_VLLM_PAGES", pages)
     plugin.register()
     config = vllm["vllm.config"].get_current_vllm_config()
+    config.speculative_config = types.SimpleNamespace(num_speculative_tokens=num_spec)
     A, gen = torch.zeros(HV), torch.Generator().manual_seed(0)
     builds = {
         "gdn": lambda: vllm[GDN].QwenGatedDeltaNetAttention(PREFIX, KH, HV, K, V, A, A),
@@ -128,7 +138,7 @@ def test_prefix_caching_is_refused_when_each_layer_is_built(vllm, mode):
     }
     for build in builds.values():
         config.cache_config.mamba_cache_mode = mode
-        with pytest.raises(ValueError, match=rf"mamba_cache_mode: expected 'none'.*got '{mode}'"):
+        with pytest.raises(ValueError, match=rf"mamba_cache_mode: expected .*got '{mode}'.*{why}"):
             build()
         config.cache_config.mamba_cache_mode = "none"
         build()  # (the same class builds without prefix caching)
@@ -356,7 +366,7 @@ def test_kda_decode_after_a_prefill_starts_from_the_written_state(vllm, monkeypa
     non-spec row here, resets them too). A plugin that does neither fails."""
     assert plugin.register() is True
     for name in broken or ():
-        monkeypatch.setattr(hooks, f"{name}_held", lambda layer, slots: None)
+        monkeypatch.setattr(hooks, f"{name}_held", lambda *args: None)
     run = KDARun(vllm, torch.Generator().manual_seed(21))
     run.step([], [2, 5], [3, 2])
     for _ in range(3):

@@ -37,6 +37,7 @@ def install_vllm_pages(monkeypatch) -> dict:
         monkeypatch.setattr(hooks, name, {})
     monkeypatch.setattr(page_hooks, "_BOUND", {})
     monkeypatch.setattr(page_hooks, "_WARNED", set())
+    monkeypatch.setattr(page_hooks, "_DECLARED", {})
     mods = install_fake_vllm(monkeypatch, lower_bound=-5.0)
     mods["models"] = install_models(monkeypatch)
     assert plugin.register() is True
@@ -53,12 +54,13 @@ def rel(actual, expected):
 # ---------------------------------------------------------------------------------------------
 
 
-def gdn_metadata(decodes, prefills, lens):
-    """vLLM's non-spec GDN metadata: decode rows (one token) first, then prefills."""
+def gdn_metadata(decodes, prefills, lens, initial=()):
+    """vLLM's non-spec GDN metadata: decode rows (one token) first, then prefills (those whose
+    slot is in `initial` start from its state)."""
     seqlens = [1] * len(decodes) + list(lens)
     loc = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=I32)
     p_loc = torch.tensor([0, *torch.tensor(list(lens) or [0]).cumsum(0).tolist()], dtype=I32)
-    init = torch.zeros(len(prefills), dtype=torch.bool)
+    init = torch.tensor([s in initial for s in prefills], dtype=torch.bool)
     return GDNAttentionMetadata(
         num_prefills=len(prefills), num_decodes=len(decodes), num_decode_tokens=len(decodes),
         num_actual_tokens=sum(seqlens),
@@ -178,30 +180,39 @@ class Run:
         o, st = kda_step(st[None], q, k, v, self.kda_gates(tok)[i][None], tok["beta"][0, i][None])
         return o[0], st[0]
 
-    def prefill(self, slots, lens, decodes=()):
-        """New sequences in `slots`, with one-token `decodes` first in the batch (T = 1; KDA's
-        layer runs them through the chunk kernel too, from their folded checkpoints); the
-        worst relative error of the decode rows."""
+    def prefill(self, slots, lens, decodes=(), initial=()):
+        """Sequences in `slots`, new or (those in `initial`) continuing from their slot's state,
+        with one-token `decodes` first in the batch (T = 1; KDA's layer runs them through the
+        chunk kernel too, from their folded checkpoints); the worst relative error of the
+        decode rows' outputs and the continuing rows' written states."""
         nd, n = len(decodes), len(decodes) + sum(lens)
         if self.family == "mamba2":
             loc = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=I32)
             md = M2Metadata(
                 num_prefills=len(slots), num_prefill_tokens=n - nd, num_decodes=nd,
-                num_decode_tokens=nd, has_initial_states_p=torch.zeros(len(slots), dtype=bool),
+                num_decode_tokens=nd,
+                has_initial_states_p=torch.tensor([s in initial for s in slots], dtype=bool),
                 query_start_loc_p=loc, state_indices_tensor_p=torch.tensor(slots, dtype=I32),
                 state_indices_tensor_d=torch.tensor(decodes, dtype=I32),
             )  # fmt: skip
         else:
-            md = gdn_metadata(decodes, slots, lens)
+            md = gdn_metadata(decodes, slots, lens, initial)
         tok = self.tokens(n)
         out = self.call(md, tok, n)
         worst = 0.0
         for r, s in enumerate(decodes):
             o, self.ref[s] = self.reference(self.ref[s], tok, r)
             worst = max(worst, rel(out[r], o.view(out[r].shape)))
-        for s in slots:  # what vLLM wrote is the new sequence's state
-            self.ref[s] = self.state[s].to(F64)
+        first = nd
+        for s, length in zip(slots, lens):
+            if s in initial:  # the prompt's tokens from the state the slot held
+                st = self.ref[s]
+                for i in range(first, first + length):
+                    _, st = self.reference(st, tok, i)
+                worst = max(worst, rel(self.state[s], st.view(self.state[s].shape)))
+            self.ref[s] = self.state[s].to(F64)  # what vLLM wrote is the sequence's state
             self.window.pop(s, None)
+            first += length
         return worst
 
     def step(self, slots, accepted):

@@ -52,7 +52,6 @@ MAMBA2_MODULES = (
 )
 CUSTOM_OP = "vllm.model_executor.custom_op"
 FORWARD_CONTEXT = "vllm.forward_context"
-VLLM_CONFIG = "vllm.config"
 
 DECODE_NAMES = {
     GDN_MODULE: ("fused_sigmoid_gating_delta_rule_update",
@@ -95,6 +94,19 @@ def _continuing(slots: torch.Tensor | None, has_initial_state) -> torch.Tensor |
     return torch.where(has_initial_state.to(slots.device), slots, NULL_BLOCK_ID)
 
 
+def _mamba2_fold_params(module) -> dict:
+    """The mixer's A ([H] float32 per rank), which the records' decays need."""
+    return {"A": module.A.detach().to(torch.float32)}
+
+
+def _with_initial_state(slots: torch.Tensor | None, flags) -> torch.Tensor | None:
+    """The prefill rows flagged as starting from a state, the others pads; None (no row) where
+    the flags are missing: a first chunk's page may hold any cursor words."""
+    if slots is None or not isinstance(flags, torch.Tensor) or flags.shape != slots.shape:
+        return None
+    return _continuing(slots, flags)
+
+
 def _kda_flush_slots(md) -> torch.Tensor | None:
     """Kimi-Linear runs every non-spec row of a batch with a prefill (decodes too) through the
     chunk kernel, from ssm_state[idx]."""
@@ -103,11 +115,19 @@ def _kda_flush_slots(md) -> torch.Tensor | None:
 
 def _gdn_flush_slots(md) -> torch.Tensor | None:
     """Older vLLM ran a mixed batch's decode rows through the chunk kernel too; newer vLLM
-    peels them off (prefill_state_indices), and a prefill's own slots hold no records."""
-    if getattr(md, "prefill_state_indices", None) is None:
+    peels them off (prefill_state_indices), and of its prefill rows those with an initial state
+    (a later chunk, or a block from the prefix cache, copied with its records) are read."""
+    slots = getattr(md, "prefill_state_indices", None)
+    if slots is None:
         return _continuing(md.non_spec_state_indices_tensor,
                            getattr(md, "has_initial_state", None))  # fmt: skip
-    return None
+    return _with_initial_state(slots, getattr(md, "prefill_has_initial_state", None))
+
+
+def _mamba2_flush_slots(md) -> torch.Tensor | None:
+    """The prefill rows with an initial state (a later chunk, or a block from the prefix cache,
+    copied with its records): the chunked scan reads their ssm_state[idx]."""
+    return _with_initial_state(_mamba2_prefill_slots(md), getattr(md, "has_initial_states_p", None))
 
 
 @dataclass(frozen=True)
@@ -123,6 +143,7 @@ class Hook:
     methods: tuple[str, ...]
     prefill_slots: Callable[[object], torch.Tensor | None]
     flush_slots: Callable[[object], torch.Tensor | None] = lambda md: None
+    fold_params: Callable[[object], dict] = lambda module: {}  # the fold's (materialize_states)
 
 
 HOOKS = (
@@ -131,7 +152,8 @@ HOOKS = (
     Hook("kda", KDA_MODULE, "KimiGatedDeltaNetAttention", ("_forward",), _kda_prefill_slots,
          _kda_flush_slots),
     *(Hook("mamba2", m, "MambaMixer2", ("conv_ssm_forward", "forward_cuda"),
-           _mamba2_prefill_slots) for m in MAMBA2_MODULES),
+           _mamba2_prefill_slots, _mamba2_flush_slots, _mamba2_fold_params)
+      for m in MAMBA2_MODULES),
 )  # fmt: skip
 
 
@@ -189,7 +211,7 @@ class HeldReset:
         rows.mul_(is_pad.unsqueeze(1))  # live rows zero, pad rows their own bits
         self.cursors.index_copy_(0, target, rows)
 
-    def flush(self, layer: VLLMLayer, slots: torch.Tensor) -> None:
+    def flush(self, layer: VLLMLayer, slots: torch.Tensor, params: dict | None = None) -> None:
         """Fold the records `slots` hold into their checkpoints, then drop them: the
         checkpoint becomes the current state, which vLLM's chunk kernel reads. A pad's target
         (the null block, which holds no records) is rewritten with its own bits: a plain
@@ -207,7 +229,7 @@ class HeldReset:
                                      device=state.device)  # fmt: skip
         table, out = self.table[:, :n], self.states[:, :n]
         table[0].copy_(target)
-        materialize_states(plan, [layer.pool], table, out)
+        materialize_states(plan, [layer.pool], table, out, params=[params or {}])
         state.index_copy_(0, target, out[0].to(state.dtype))
         self(slots)
 
@@ -231,7 +253,7 @@ def reset_held(layer: VLLMLayer | page_hooks.PageSlots, slots: torch.Tensor) -> 
     _reset_of(layer)(slots)
 
 
-def flush_held(layer: VLLMLayer, slots: torch.Tensor) -> None:
+def flush_held(layer: VLLMLayer, slots: torch.Tensor, params: dict | None = None) -> None:
     """Fold the records `slots` hold into their checkpoints (before vLLM's chunk kernel reads
     them as decode rows' initial states). Plain checkpoints only: an e4m3 / nvfp4 one is
     refused (ValueError), since vLLM's own state tensor never has those dtypes."""
@@ -240,7 +262,7 @@ def flush_held(layer: VLLMLayer, slots: torch.Tensor) -> None:
             f"state: expected a float32, bfloat16 or float16 checkpoint to flush into, got "
             f"{layer.state.dtype} with {layer.layout.checkpoint_names}"
         )
-    _reset_of(layer).flush(layer, slots)
+    _reset_of(layer).flush(layer, slots, params)
 
 
 # The process-wide layers and the drafts each state's layer class declares (1 + num_spec).
@@ -291,7 +313,7 @@ def _lifecycle_class(base: type, method: str, hook: Hook) -> type:
         for md in prefills if layer is not None else ():
             slots = hook.flush_slots(md)
             if slots is not None:
-                flush_held(layer, slots)
+                flush_held(layer, slots, hook.fold_params(self))
         full = page_hooks.narrow(self)
         try:
             result = original(self, *args, **kwargs)
@@ -317,20 +339,33 @@ def _lifecycle_class(base: type, method: str, hook: Hook) -> type:
 
 
 def check_cache_mode() -> None:
-    """Refuse vLLM's prefix caching for Mamba layers (cache_config.mamba_cache_mode "align" or
-    "all"), at layer construction: vLLM then copies a layer's conv and SSM state between blocks
-    with copy specs of its own, so a slot's rings and cursors would not follow, and a block taken
-    from the prefix cache would replay records of another sequence: wrong outputs, no error."""
-    current = getattr(_import(VLLM_CONFIG), "get_current_vllm_config", None)
-    if current is None:  # an older vLLM: no Mamba prefix caching to refuse
+    """At layer construction, vLLM's prefix caching for Mamba layers (cache_config.
+    mamba_cache_mode): "align" is taken with the rings and cursors in vLLM's pages (vLLM's block
+    copies then move them with the checkpoint, through the copy specs page_hooks declares) and
+    without speculative decoding (vLLM would copy the accepted draft's block, while a verify
+    keeps its drafts pending in one); "all" (a decode reading one block and writing another) is
+    refused, as is "align" otherwise: a block taken from the prefix cache would replay records
+    of another sequence, wrong outputs with no error."""
+    config = page_hooks.current_vllm_config()
+    mode = getattr(getattr(config, "cache_config", None), "mamba_cache_mode", "none")
+    if mode in (None, "none"):
         return
-    mode = getattr(getattr(current(), "cache_config", None), "mamba_cache_mode", "none")
-    if mode not in (None, "none"):
-        raise ValueError(
-            f"mamba_cache_mode: expected 'none' with REPLAYSSM_VLLM=1 (the plugin's rings and "
-            f"cursors do not follow vLLM's block copies), got {mode!r}; start vLLM with "
-            f"--no-enable-prefix-caching, or without REPLAYSSM_VLLM"
-        )
+    spec = getattr(config, "speculative_config", None)
+    num_spec = int(getattr(spec, "num_speculative_tokens", 0) or 0)
+    if mode == "align" and env.vllm_pages() and num_spec == 0:
+        return
+    why = (
+        "'align' needs the rings and cursors in vLLM's pages (REPLAYSSM_VLLM_PAGES=1)"
+        if mode == "align" and not env.vllm_pages()
+        else f"'align' takes no speculative decoding (num_speculative_tokens {num_spec})"
+        if mode == "align"
+        else "'all' (a decode reading one block and writing another) is not supported"
+    )
+    raise ValueError(
+        f"mamba_cache_mode: expected 'none', or 'align' with REPLAYSSM_VLLM_PAGES=1 and no "
+        f"speculative decoding, got {mode!r} ({why}); start vLLM with "
+        f"--no-enable-prefix-caching, or without REPLAYSSM_VLLM"
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,9 @@ the plugin takes those views (`page_pool`) in place of allocating its own.
   `conv_state, recurrent_state = self.kv_cache`.
 * `install_models` makes the model classes' get_mamba_state_shape_from_config /
   get_mamba_state_dtype_from_config report the same entries: vLLM pads a hybrid model's Mamba
-  page to the attention page, which it sizes at config time from those, before any layer exists.
+  page to the attention page, which it sizes at config time from those, before any layer exists;
+  and their get_mamba_state_copy_func add a whole-block copy spec per entry of ours, so vLLM's
+  prefix caching in align mode moves a slot's records and cursor words with its checkpoint.
 
 A layer whose page cannot hold the layout's tensors (vLLM padded it from a model class this
 module does not hook) declares vLLM's entries alone and allocates its own at the first decode,
@@ -56,6 +58,9 @@ def _warn_once(key: tuple, message: str, *args) -> None:
 
 SSM_INDEX = 1  # vLLM's entries: (conv state, SSM state)
 MODEL_SHAPE, MODEL_DTYPE = "get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config"
+MODEL_COPY = "get_mamba_state_copy_func"  # align mode's copy specs, one per entry
+VLLM_CONFIG = "vllm.config"
+MAMBA_UTILS = "vllm.model_executor.layers.mamba.mamba_utils"
 # The model classes vLLM sizes the hooked layers' pages from, by module: their family.
 MODEL_MODULES = {
     "vllm.model_executor.models.nemotron_h": "mamba2",
@@ -63,6 +68,22 @@ MODEL_MODULES = {
     "vllm.model_executor.models.qwen3_5": "gdn",
     "vllm.model_executor.models.kimi_linear": "kda",
 }
+
+
+def current_vllm_config() -> object | None:
+    """The config vLLM builds the model under (None in a vLLM without get_current_vllm_config)."""
+    try:
+        module = importlib.import_module(VLLM_CONFIG)
+    except ImportError:
+        return None
+    current = getattr(module, "get_current_vllm_config", None)
+    return current() if current is not None else None
+
+
+def cache_mode() -> str:
+    """cache_config.mamba_cache_mode ("none" where vLLM has none)."""
+    cache_config = getattr(current_vllm_config(), "cache_config", None)
+    return getattr(cache_config, "mamba_cache_mode", None) or "none"
 
 
 def layer_layout(
@@ -137,6 +158,7 @@ def _act_dtype(model_config: object, fallback: torch.dtype) -> torch.dtype:
 # ---------------------------------------------------------------------------------------------
 
 _UNSET = object()
+_DECLARED: dict[str, int] = {}  # family: entries its layers declare (the copy specs' count)
 
 
 def declare(module: object, family: str, base: type) -> LayerPages | None:
@@ -160,7 +182,15 @@ def declare(module: object, family: str, base: type) -> LayerPages | None:
                        "they stay apart from vLLM's pages", base.__name__, padded,
                        pages.entries.page_bytes)  # fmt: skip
             pages = None
+        if pages is None and cache_mode() == "align":
+            raise ValueError(
+                f"mamba_cache_mode: 'align' needs the rings and cursors in {base.__name__}'s "
+                f"cache pages (vLLM's block copies reach nothing else), but its page cannot "
+                f"hold them (logged above); start vLLM with --no-enable-prefix-caching"
+            )
     module.__dict__["_replayssm_pages"] = pages
+    if pages is not None:
+        _DECLARED[family] = len(pages.entries.names)
     return pages
 
 
@@ -307,8 +337,41 @@ def _model_method(name: str, family: str, original):
     return classmethod(method)
 
 
+def copy_whole_block(state: torch.Tensor, block_ids, cur_block_idx: int, num_accepted_tokens: int):
+    """vLLM's copy spec (align mode) of one of our entries: the whole block, so a slot's rings,
+    scales and cursor words move with its checkpoint (align mode runs without drafts: the block
+    is the current one, whatever num_accepted_tokens says)."""
+    block = state[block_ids[cur_block_idx]]
+    spec = importlib.import_module(MAMBA_UTILS).MambaCopySpec
+    return spec(start_addr=block.data_ptr(), num_elements=block.numel())
+
+
+def _entry_count(cls: type, family: str) -> int | None:
+    """How many entries `cls`'s layers declare: as a layer declared them, else from the config
+    vLLM builds the model under; None where neither is known."""
+    if family in _DECLARED:
+        return _DECLARED[family]
+    try:
+        pages = config_pages(cls, family, current_vllm_config())
+    except (AttributeError, TypeError, ValueError):  # a config without the model's fields
+        return None
+    return None if pages is None else len(pages.entries.names)
+
+
+def _copy_method(family: str, original):
+    def method(cls):
+        funcs = tuple(original(cls))
+        count = _entry_count(cls, family) if env.vllm_pages() else None
+        return funcs if count is None else funcs + (copy_whole_block,) * (count - len(funcs))
+
+    method.__name__ = MODEL_COPY
+    method.__doc__ = f"vLLM's {MODEL_COPY}, then a whole-block copy per entry of ours."
+    method._replayssm_original = original
+    return classmethod(method)
+
+
 def install_models(families: Collection[str]) -> list[str]:
-    """Wrap the two classmethods of every class in MODEL_MODULES of one of `families` (whose
+    """Wrap the three classmethods of every class in MODEL_MODULES of one of `families` (whose
     layer class is hooked) that defines them (a subclass inherits the wrapped ones, which read
     its own originals). Idempotent."""
     done = []
@@ -323,10 +386,12 @@ def install_models(families: Collection[str]) -> list[str]:
         for cls in vars(module).values():
             if not isinstance(cls, type) or cls.__module__ != module_name:
                 continue
-            for name in (MODEL_SHAPE, MODEL_DTYPE):
+            for name in (MODEL_SHAPE, MODEL_DTYPE, MODEL_COPY):
                 own = cls.__dict__.get(name)
                 fn = own.__func__ if isinstance(own, classmethod) else None
                 if fn is not None and not hasattr(fn, "_replayssm_original"):
-                    setattr(cls, name, _model_method(name, family, fn))
+                    wrap = _copy_method(family, fn) if name == MODEL_COPY else (
+                        _model_method(name, family, fn))  # fmt: skip
+                    setattr(cls, name, wrap)
                     done.append(f"{module_name}.{cls.__name__}.{name}")
     return done
