@@ -147,7 +147,32 @@ def _preset_paged_tests() -> list[KernelSpec]:
     return specs
 
 
+def _preset_flush_mask_tests() -> list[KernelSpec]:
+    """What tests/protocol/test_flush_mask_gpu.py loads: its FAMILIES' layouts (Mamba-2 H = 16,
+    P = 64, N = 128, G = 2; GDN H = 2, HV = 4 and KDA H = HV = 4, K = V = 128), L = 8, no
+    drafts, FP32 activations, FP32 and BF16 checkpoints, planned with the flush mask."""
+    import torch
+
+    from replayssm_jit.families.layout import family_layout
+    from replayssm_jit.ops.plan import plan_decode
+
+    dims = {
+        "mamba2": dict(num_heads=16, headdim=64, dstate=128, ngroups=2),
+        "gdn": dict(num_k_heads=2, num_v_heads=4, head_k_dim=128, head_v_dim=128),
+        "kda": dict(num_k_heads=4, num_v_heads=4, head_k_dim=128, head_v_dim=128),
+    }
+    specs = []
+    for family, shape in dims.items():
+        for state in (torch.float32, torch.bfloat16):
+            layout = family_layout(family, window=8, drafts=1, state_dtype=state,
+                                   act_dtype=torch.float32, **shape)  # fmt: skip
+            plan = plan_decode(layout, 6, device=torch.device("cpu"), flush_mask=True)
+            specs.append(plan.spec)
+    return specs
+
+
 PRESETS = {
+    "flush-mask-tests": _preset_flush_mask_tests,
     "checkpoint-formats": _preset_checkpoint_formats,
     "kda-tests": _preset_kda_tests,
     "paged-tests": _preset_paged_tests,
