@@ -115,18 +115,22 @@ def _kda_flush_slots(md) -> torch.Tensor | None:
 
 def _gdn_flush_slots(md) -> torch.Tensor | None:
     """Older vLLM ran a mixed batch's decode rows through the chunk kernel too; newer vLLM
-    peels them off (prefill_state_indices), and of its prefill rows those with an initial state
-    (a later chunk, or a block from the prefix cache, copied with its records) are read."""
-    slots = getattr(md, "prefill_state_indices", None)
-    if slots is None:
+    peels them off (prefill_state_indices), and a prefill's own slots hold no records (but see
+    _gdn_cached_slots)."""
+    if getattr(md, "prefill_state_indices", None) is None:
         return _continuing(md.non_spec_state_indices_tensor,
                            getattr(md, "has_initial_state", None))  # fmt: skip
+    return None
+
+
+def _gdn_cached_slots(md) -> torch.Tensor | None:
+    """Newer vLLM's prefill rows that start from a state (prefill_has_initial_state)."""
+    slots = getattr(md, "prefill_state_indices", None)
     return _with_initial_state(slots, getattr(md, "prefill_has_initial_state", None))
 
 
-def _mamba2_flush_slots(md) -> torch.Tensor | None:
-    """The prefill rows with an initial state (a later chunk, or a block from the prefix cache,
-    copied with its records): the chunked scan reads their ssm_state[idx]."""
+def _mamba2_cached_slots(md) -> torch.Tensor | None:
+    """The prefill rows that start from a state (has_initial_states_p)."""
     return _with_initial_state(_mamba2_prefill_slots(md), getattr(md, "has_initial_states_p", None))
 
 
@@ -143,16 +147,20 @@ class Hook:
     methods: tuple[str, ...]
     prefill_slots: Callable[[object], torch.Tensor | None]
     flush_slots: Callable[[object], torch.Tensor | None] = lambda md: None
+    # In align mode, the prefill rows that start from a state: a block from the prefix cache is
+    # copied with its records (a later chunk's slot holds none: the reset after each chunk).
+    cached_slots: Callable[[object], torch.Tensor | None] = lambda md: None
     fold_params: Callable[[object], dict] = lambda module: {}  # the fold's (materialize_states)
 
 
 HOOKS = (
     Hook("gdn", GDN_MODULE, "QwenGatedDeltaNetAttention", ("_forward_core",),
-         _gdn_prefill_slots, _gdn_flush_slots),
+         _gdn_prefill_slots, _gdn_flush_slots, _gdn_cached_slots),
     Hook("kda", KDA_MODULE, "KimiGatedDeltaNetAttention", ("_forward",), _kda_prefill_slots,
          _kda_flush_slots),
     *(Hook("mamba2", m, "MambaMixer2", ("conv_ssm_forward", "forward_cuda"),
-           _mamba2_prefill_slots, _mamba2_flush_slots, _mamba2_fold_params)
+           _mamba2_prefill_slots, cached_slots=_mamba2_cached_slots,
+           fold_params=_mamba2_fold_params)
       for m in MAMBA2_MODULES),
 )  # fmt: skip
 
@@ -314,6 +322,9 @@ def _lifecycle_class(base: type, method: str, hook: Hook) -> type:
             slots = hook.flush_slots(md)
             if slots is not None:
                 flush_held(layer, slots, hook.fold_params(self))
+            slots = hook.cached_slots(md) if self.__dict__.get(ALIGNED) else None
+            if slots is not None:
+                flush_held(layer, slots, hook.fold_params(self))
         full = page_hooks.narrow(self)
         try:
             result = original(self, *args, **kwargs)
@@ -327,8 +338,9 @@ def _lifecycle_class(base: type, method: str, hook: Hook) -> type:
         return result
 
     def __init__(self, *args, **kwargs):
-        check_cache_mode()
+        aligned = check_cache_mode() == "align"
         base.__init__(self, *args, **kwargs)
+        self.__dict__[ALIGNED] = aligned
 
     core.__name__, core.__qualname__ = method, f"ReplaySSM{base.__name__}.{method}"
     core.__doc__ = f"vLLM's {base.__name__}.{method}, then the prefill's slots reset."
@@ -338,22 +350,25 @@ def _lifecycle_class(base: type, method: str, hook: Hook) -> type:
     return type(f"ReplaySSM{base.__name__}", (base,), members)
 
 
-def check_cache_mode() -> None:
+ALIGNED = "_replayssm_align_mode"  # a layer built under vLLM's align mode
+
+
+def check_cache_mode() -> str:
     """At layer construction, vLLM's prefix caching for Mamba layers (cache_config.
     mamba_cache_mode): "align" is taken with the rings and cursors in vLLM's pages (vLLM's block
     copies then move them with the checkpoint, through the copy specs page_hooks declares) and
     without speculative decoding (vLLM would copy the accepted draft's block, while a verify
     keeps its drafts pending in one); "all" (a decode reading one block and writing another) is
     refused, as is "align" otherwise: a block taken from the prefix cache would replay records
-    of another sequence, wrong outputs with no error."""
+    of another sequence, wrong outputs with no error. Returns the mode taken."""
     config = page_hooks.current_vllm_config()
     mode = getattr(getattr(config, "cache_config", None), "mamba_cache_mode", "none")
     if mode in (None, "none"):
-        return
+        return "none"
     spec = getattr(config, "speculative_config", None)
     num_spec = int(getattr(spec, "num_speculative_tokens", 0) or 0)
     if mode == "align" and env.vllm_pages() and num_spec == 0:
-        return
+        return mode
     why = (
         "'align' needs the rings and cursors in vLLM's pages (REPLAYSSM_VLLM_PAGES=1)"
         if mode == "align" and not env.vllm_pages()
