@@ -4,8 +4,8 @@
 # then the Mamba-2 step at batches 1 to 64 on main and on the tree before the slot strides (old),
 # in one call (about 600 s: the largest verify case alone may need a call of its own).
 source scripts/device/suites.sh
-suite main verify-largest 200 tests/protocol/test_verify_gpu.py -k "test_verify_chain_fused_commit and 256-16-8"
-suite main flush-mask 120 tests/protocol/test_flush_mask_gpu.py -n 2
+suite main verify-largest 170 tests/protocol/test_verify_gpu.py -k "test_verify_chain_fused_commit and 256-16-8"
+suite main flush-mask 110 tests/protocol/test_flush_mask_gpu.py -n 2
 suite main materialize 80 tests/protocol/test_materialize_states.py tests/protocol/test_seed_tensor_gpu.py -n 2
 suite main autotune 90 tests/launch/test_autotune.py tests/launch/test_autotune_verify.py
 for tree in main old; do
