@@ -119,7 +119,33 @@ def _preset_checkpoint_formats() -> list[KernelSpec]:
     return specs
 
 
+def _preset_verify_formats_tests() -> list[KernelSpec]:
+    """What tests/protocol/test_verify_formats_gpu.py loads: support/verify_formats.py's Mamba-2
+    (H = 2, G = 1, P = N = 32, FP32 activations), L = 4, T = 3, e4m3 and NVFP4 checkpoints and
+    FP32 with e4m3, BF16 and NVFP4 read copies, with and without stochastic rounding."""
+    import torch
+
+    from replayssm_jit.families.layout import family_layout
+    from replayssm_jit.ops.plan import plan_decode
+
+    dims = dict(num_heads=2, headdim=32, dstate=32, ngroups=1)
+    options = dict(has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True)
+    f8, f4 = torch.float8_e4m3fn, torch.float4_e2m1fn_x2
+    cases = [(f8, None), (f4, None), (torch.float32, f8), (torch.float32, torch.bfloat16),
+             (torch.float32, f4)]  # fmt: skip
+    specs = []
+    for state, read in cases:
+        layout = family_layout("mamba2", window=4, drafts=3, state_dtype=state, read_dtype=read,
+                               act_dtype=torch.float32, **dims)  # fmt: skip
+        for sr in (False, True):
+            plan = plan_decode(layout, 3, device=torch.device("cpu"), stochastic_rounding=sr,
+                               **options)  # fmt: skip
+            specs.append(plan.spec)
+    return specs
+
+
 PRESETS = {
+    "verify-formats-tests": _preset_verify_formats_tests,
     "checkpoint-formats": _preset_checkpoint_formats,
     "kda-tests": _preset_kda_tests,
     "sanitizer": _preset_sanitizer,
