@@ -86,6 +86,7 @@ MAMBA2 = Mamba2Family(
     ),
     read_copy=True,
     nvfp4=True,
+    verify_any_checkpoint=True,
     inputs=MAMBA2_INPUTS,
     fold_inputs=("A",),
 )

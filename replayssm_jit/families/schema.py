@@ -149,9 +149,9 @@ def binding_params(family, binding: str) -> tuple[Param, ...]:
         return (*CHECKPOINT, *READ_COPY, *rings, CURSORS, *token, *STEP_TAIL, *LAUNCH,
                 _t("workspace", True), FLUSH_MASK)  # fmt: skip
     if binding == "verify_step":
-        rings = ring_params(family, read_copy=False)
-        return (CHECKPOINT[0], *rings, CURSORS, *token, *STEP_TAIL, *DRAFT_INDEX, *LAUNCH,
-                _opt("workspace", True))  # fmt: skip
+        rings = ring_params(family)
+        return (*CHECKPOINT, *READ_COPY, *rings, CURSORS, *token, *STEP_TAIL, *DRAFT_INDEX,
+                *LAUNCH, _opt("workspace", True))  # fmt: skip
     if binding == "snapshot_step":
         return (CHECKPOINT[0], *token, *STEP_TAIL[:2], _t("snapshot_slots"), STEP_TAIL[2],
                 DRAFT_INDEX[0], LAUNCH[0])  # fmt: skip

@@ -56,6 +56,8 @@ struct CopyRows {
 // where they live for the store.
 template <class Tile, typename T, int HEAD_ROWS>
 struct TileCheckpoint {
+  using Tiling = Tile;  // (for code generic over the copy it reads)
+  using Format = T;
   static constexpr bool kScaled = kRowScaled<T>;
   static constexpr bool kBlocks = kBlockScaled<T>;
   static_assert(!kBlocks || Tile::kVec == 2 * kBlockValues, "an NVFP4 chunk holds two blocks");

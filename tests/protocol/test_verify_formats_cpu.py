@@ -22,29 +22,25 @@ import torch
 from support.verify_formats import (
     DTYPES,
     FAMS,
-    SlotModel,
-    assert_within_one_code,
+    SEED,
     decoded,
     rel_err,
-    stored_block,
+    run_formats_schedule,
+    start,
 )
-from support.verify_schedule import Cursor, random_path, random_tree
+from support.verify_schedule import Cursor
 
 from replayssm_jit import (
-    commit_drafts,
     commit_snapshots,
     mamba2_snapshot_verify,
     plan_decode,
     reset_slots,
 )
-from replayssm_jit.families.schema import COMMIT_READ_RING_PARAMS
 from replayssm_jit.families.spec import check_cuda_spec, make_spec
 from replayssm_jit.jit.build import load_module, render
 from replayssm_jit.ops.library import COMMIT_RING_ARGS, plan_handle
 
 I32 = torch.int32
-SEED = 5
-OUT_TOL = 5e-5
 
 pytestmark = pytest.mark.usefixtures("no_launch_env", "single_thread")
 
@@ -59,114 +55,6 @@ CASES = [
 def _id(case):
     fam, state, read = case
     return f"{fam}-{state}" + (f"+{read}" if read else "")
-
-
-def start(fam, state, read, L, T, slots=5, sr=False):
-    gen = torch.Generator().manual_seed(SEED)
-    layout = fam.layout(state, read, L, T)
-    tensors = layout.allocate(slots, "cpu")
-    for name in layout.ring_names:  # a read of a row no record was written to shows NaN
-        tensors[name].fill_(float("nan"))
-    init = 0.5 * torch.randn(slots, *fam.state_shape(), generator=gen)
-    reset_slots(layout, tensors, torch.arange(slots), init)
-    opts = dict(fam.options, stochastic_rounding=sr)
-    return gen, layout, tensors, opts
-
-
-def run_formats_schedule(case, *, trees, fused, sr=False, steps=14, L=4, T=3, via_op=False):
-    """Rows on slots 1 and 3 and a pad row, random draft counts, trees or chains, fused or
-    explicit commits: outputs, cursors and flushed copies against the emulation; slots no row
-    names, and checkpoints no flush wrote, bit for bit."""
-    name, state, read = case
-    fam = FAMS[name]()
-    gen, layout, tensors, opts = start(fam, state, read, L, T, sr=sr)
-    rng = random.Random(SEED)
-    plan = plan_decode(layout, 3, device="cpu", seed=SEED, **opts)
-    params = fam.params(gen)
-    live = [1, 3]
-    models = {s: SlotModel(fam, tensors, s, read is not None) for s in live}
-    cursors = {s: Cursor() for s in live}
-    accepted, flushes = None, 0
-    for step in range(steps):
-        slot_row = [3, -1, 1] if step % 2 else [1, 3, -1]
-        slots = torch.tensor(slot_row, dtype=I32)
-        t_row = [rng.randint(1, T) if s >= 0 else 0 for s in slot_row]
-        trees_now = [random_tree(rng, t, rng.choice(["chain", "star", "random"])) if trees
-                     else list(range(-1, t - 1)) for t in t_row]  # fmt: skip
-        parents = [p + [-1] * (T - len(p)) for p in trees_now]
-        drafts = fam.drafts(gen, 3, T)
-        kw = dict(num_drafts=torch.tensor(t_row, dtype=I32))
-        if trees:
-            kw["parents"] = torch.tensor(parents, dtype=I32)
-        if fused and accepted is not None:
-            kw["num_accepted"] = torch.tensor([accepted.get(s, 0) for s in slot_row], dtype=I32)
-        before = {k: v.clone() for k, v in tensors.items()}
-        want, folded = {}, {}
-        for r, s in enumerate(slot_row):
-            if s < 0:
-                continue
-            a = accepted.get(s, 0) if fused and accepted is not None else None
-            if a is not None:
-                models[s].commit(range(a))
-            flush = cursors[s].verify(t_row[r], a, L, T)
-            toks = [fam.token(drafts, params, r, j) for j in range(t_row[r])]
-            want[r], folded[s] = models[s].verify(toks, parents[r], flush)
-        out = torch.full((3, T, *fam.state_shape()[:2]), float("nan"))
-        fam.verify_op(plan, **tensors, **params, **drafts, slot_indices=slots, out=out, **kw)
-        assert (out[slot_row.index(-1)] == 0).all(), "pad row"
-        for r, ys in want.items():
-            e = rel_err(out[r, : len(ys)], torch.stack(ys))
-            assert e < OUT_TOL, f"step {step} row {r}: output relative error {e:.2e}"
-            assert (out[r, len(ys) :] == 0).all(), "unused drafts"
-        got = tensors["cursors"][live].tolist()
-        assert got == [[cursors[s].held, cursors[s].epoch, 0, cursors[s].pending] for s in live]
-        for s in live:
-            if folded[s] is None:  # no flush: no copy of the checkpoint written
-                for n in layout.checkpoint_names:
-                    assert torch.equal(tensors[n][s].view(torch.uint8),
-                                       before[n][s].view(torch.uint8)), (step, n)  # fmt: skip
-                continue
-            flushes += 1
-            index = torch.tensor([s])
-            assert_within_one_code(decoded(tensors, "state", index)[0], folded[s], state,
-                                   f"carried copy of slot {s} at step {step}",
-                                   stored_block(tensors, "state", s))  # fmt: skip
-            if read is not None:
-                assert_within_one_code(decoded(tensors, "read", index)[0], folded[s], read,
-                                       f"read copy of slot {s} at step {step}",
-                                       stored_block(tensors, "read", s))  # fmt: skip
-            models[s].reload(tensors)  # the emulation continues from what was stored
-        accepted = {}
-        paths = torch.zeros(3, T, dtype=I32)
-        for r, s in enumerate(slot_row):
-            if s < 0:
-                continue
-            t = t_row[r]
-            path = random_path(rng, trees_now[r]) if trees else list(range(rng.randint(0, t)))
-            accepted[s] = len(path)
-            paths[r, : len(path)] = torch.tensor(path, dtype=I32)
-            if not fused or trees:
-                models[s].commit(path)
-        if not fused or trees:
-            counts = torch.tensor([accepted.get(s, 0) for s in slot_row], dtype=I32)
-            args = dict(num_accepted=counts, slot_indices=slots,
-                        accepted_path=paths if trees else None, parents=kw.get("parents"))  # fmt: skip
-            if via_op:  # the registered op: rings by role, a read copy's after the three
-                names = layout.ring_names
-                rings = {**dict(zip(COMMIT_RING_ARGS, (tensors[n] for n in names[:3]))),
-                         **dict(zip(COMMIT_READ_RING_PARAMS, (tensors[n] for n in names[3:])))}  # fmt: skip
-                torch.ops.replayssm.commit_drafts(plan_handle(plan), cursors=tensors["cursors"],
-                                                  **rings, **args)  # fmt: skip
-            else:
-                commit_drafts(plan, **tensors, **args)
-            for s in live:
-                cursors[s].commit(accepted[s])
-            accepted = None
-    for s in (0, 2, 4):  # never named
-        assert all(torch.equal(tensors[n][s].view(torch.uint8), t.view(torch.uint8))
-                   for n, t in start(fam, state, read, L, T, sr=sr)[2].items()
-                   if n in layout.checkpoint_names for t in [t[s]])  # fmt: skip
-    assert flushes >= 2, "the schedule must fold committed records early"
 
 
 @pytest.mark.parametrize("case", CASES, ids=_id)
@@ -277,14 +165,16 @@ def test_verify_then_commit_is_the_decode_steps(case, sr):
 
 
 # ---------------------------------------------------------------------------------------------
-# The CUDA modules refuse these specs (the kernels do not read scaled or two-copy checkpoints
-# in verify yet)
+# The CUDA modules: Mamba-2's verify kernels read every format (templates/mamba2/verify*.cuh;
+# their GPU test: test_verify_formats_gpu.py); GDN's and KDA's refuse these specs
 # ---------------------------------------------------------------------------------------------
 
-CUDA_REFUSAL = "^drafts: expected 1 for a CUDA module .*the torch path.*CUDA kernels do not yet"
+CUDA_REFUSAL = "^drafts: expected 1 for a CUDA (gdn|kda) module .*the torch path.*do not yet"
+REFUSED = [c for c in CASES if c[0] != "mamba2"]
+BUILT = [c for c in CASES if c[0] == "mamba2"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=_id)
+@pytest.mark.parametrize("case", REFUSED, ids=_id)
 def test_cuda_modules_with_drafts_on_these_formats_are_refused(case):
     name, state, read = case
     fam = FAMS[name]()
@@ -299,11 +189,25 @@ def test_cuda_modules_with_drafts_on_these_formats_are_refused(case):
         load_module(spec)
 
 
+@pytest.mark.parametrize("case", BUILT, ids=_id)
+def test_mamba2_cuda_modules_with_drafts_on_these_formats_render(case):
+    """Mamba-2's verify_step binds every copy (scales, blocks, the read copy) and its kernels
+    are instantiated with the read copy's type (nvcc: the SASS tests)."""
+    name, state, read = case
+    fam = FAMS[name]()
+    spec = plan_decode(fam.layout(state, read, 4, 3), 2, device="cpu", **fam.options).spec
+    assert check_cuda_spec(spec) is spec
+    source = render(spec)
+    assert "read_t, kReadSR>;" in source and "verify_step(" in source
+    for arg in ("state_scale", "state_block_scale", "read_state", "read_scale", "read_block_scale"):
+        assert f"{arg}" in source.split("void verify_step(")[1].split(")")[0], arg
+
+
 def test_cuda_plan_is_refused_before_any_build(monkeypatch):
     """plan_decode on a CUDA device checks the spec before the launch policy and the load."""
     import replayssm_jit.ops.plan as plan_mod
 
-    fam = FAMS["mamba2"]()
+    fam = FAMS["gdn"]()
     layout = fam.layout("e4m3", None, 4, 3)
     monkeypatch.setattr(plan_mod, "resolve_device", lambda d: torch.device("cuda", 0))
     with pytest.raises(ValueError, match=CUDA_REFUSAL):
