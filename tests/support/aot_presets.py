@@ -125,12 +125,6 @@ def _preset_paged_tests() -> list[KernelSpec]:
     K = V = 32, L = 4, BF16 activations; FP32 checkpoints with T = 2 drafts, and without drafts
     e4m3 (Mamba-2, KDA), nvfp4 (GDN) and FP32 with a BF16 read copy (GDN); the flags of a plan
     with no options."""
-
-
-def _preset_verify_formats_tests() -> list[KernelSpec]:
-    """What tests/protocol/test_verify_formats_gpu.py loads: support/verify_formats.py's Mamba-2
-    (H = 2, G = 1, P = N = 32, FP32 activations), L = 4, T = 3, e4m3 and NVFP4 checkpoints and
-    FP32 with e4m3, BF16 and NVFP4 read copies, with and without stochastic rounding."""
     import torch
 
     from replayssm_jit.families.layout import family_layout
@@ -173,6 +167,19 @@ def _preset_flush_mask_tests() -> list[KernelSpec]:
             layout = family_layout(family, window=8, drafts=1, state_dtype=state,
                                    act_dtype=torch.float32, **shape)  # fmt: skip
             plan = plan_decode(layout, 6, device=torch.device("cpu"), flush_mask=True)
+            specs.append(plan.spec)
+    return specs
+
+
+def _preset_verify_formats_tests() -> list[KernelSpec]:
+    """What tests/protocol/test_verify_formats_gpu.py loads: support/verify_formats.py's Mamba-2
+    (H = 2, G = 1, P = N = 32, FP32 activations), L = 4, T = 3, e4m3 and NVFP4 checkpoints and
+    FP32 with e4m3, BF16 and NVFP4 read copies, with and without stochastic rounding."""
+    import torch
+
+    from replayssm_jit.families.layout import family_layout
+    from replayssm_jit.ops.plan import plan_decode
+
     dims = dict(num_heads=2, headdim=32, dstate=32, ngroups=1)
     options = dict(has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True)
     f8, f4 = torch.float8_e4m3fn, torch.float4_e2m1fn_x2
@@ -190,8 +197,8 @@ def _preset_flush_mask_tests() -> list[KernelSpec]:
 
 
 PRESETS = {
-    "flush-mask-tests": _preset_flush_mask_tests,
     "verify-formats-tests": _preset_verify_formats_tests,
+    "flush-mask-tests": _preset_flush_mask_tests,
     "checkpoint-formats": _preset_checkpoint_formats,
     "kda-tests": _preset_kda_tests,
     "paged-tests": _preset_paged_tests,
