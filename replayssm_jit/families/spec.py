@@ -181,17 +181,20 @@ def check_read_dtype(
 
 def check_cuda_spec(spec: KernelSpec) -> KernelSpec:
     """`spec`, refused where the CUDA templates cannot build it: drafts (the speculative
-    kernels) with an e4m3 or NVFP4 checkpoint, or with any read copy, in a family whose verify
-    kernels take one unscaled copy only (Family.verify_any_checkpoint: GDN and KDA today). The
-    torch path (a plan on device="cpu", or torch_path on any tensors) takes those."""
-    scaled = spec.read_dtype is not None or spec.state_dtype in CHECKPOINT_ONLY_DTYPES
-    if spec.has_verify and scaled and not get_family(spec.family).verify_any_checkpoint:
+    kernels) with an e4m3 or NVFP4 checkpoint, or with a read copy, in a family whose verify
+    kernels do not read them (Family.verify_scaled_checkpoint, verify_read_copy: GDN's and KDA's
+    take no read copy). The torch path (a plan on device="cpu", or torch_path on any tensors)
+    takes those."""
+    fam = get_family(spec.family)
+    scaled = spec.state_dtype in CHECKPOINT_ONLY_DTYPES and not fam.verify_scaled_checkpoint
+    separate = spec.read_dtype is not None and not fam.verify_read_copy
+    if spec.has_verify and (scaled or separate):
+        taken = "f32/bf16/f16 and e4m3/nvfp4" if fam.verify_scaled_checkpoint else "f32/bf16/f16"
         raise ValueError(
             f"drafts: expected 1 for a CUDA {spec.family} module with state_dtype="
             f"{spec.state_dtype!r} and read_dtype={spec.read_dtype!r} (the torch path, a plan "
             f"on device='cpu', verifies drafts on these checkpoints; this family's CUDA kernels "
-            f"do not yet: they take f32/bf16/f16 checkpoints without a read copy), got "
-            f"{spec.drafts}"
+            f"do not yet: they take {taken} checkpoints without a read copy), got {spec.drafts}"
         )
     return spec
 

@@ -180,6 +180,22 @@ __device__ __forceinline__ void store_flushed(const CopyRows<T, HEAD_ROWS, COLS>
   }
 }
 
+// The CTA's tile s (FP32, laid out as Tile) times a per-column scale col[COLS] in shared memory
+// (KDA's fold: a decay per key channel).
+template <class Tile>
+__device__ __forceinline__ void scale_columns(float (&s)[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec],
+                                              const float* col) {
+  #pragma unroll
+  for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+    float col_c[Tile::kVec];
+    Tile::chunk(col, c, col_c);
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i)
+      #pragma unroll
+      for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= col_c[e];
+  }
+}
+
 // Writes the CTA's tile (rows row0.. of head `head`, HEAD_ROWS rows a head) back, stochastically
 // rounded where SR with the standard steps' key (slot and epoch; the element's index in the slot).
 template <class Tile, bool SR, int HEAD_ROWS, typename state_t>

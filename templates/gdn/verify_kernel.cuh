@@ -234,8 +234,10 @@ struct Verify {
     const int slot = p.slot_indices[row];
     const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_v_heads + vhead) * V + row0; };
     if (skip_unusable_draft_row<T, ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out_of)) return;
-    typename Tile::Regs s_raw;
-    state_t* rows = load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
+    // The checkpoint (one copy, any format: separate mode's verify is not compiled for GDN / KDA).
+    TileCheckpoint<Tile, state_t, V> ck;
+    ck.load(CheckpointView<state_t>{p.state, p.state_slot_stride, p.state_scale, p.state_blocks}, slot, p.num_v_heads,
+            vhead, row0);
 
     // This step's drafts (all T rows) and raw gates, in flight during the cursor's round trip.
     RowStager<act_t, K, T, kThreads> k_draft, q_draft;
@@ -346,17 +348,13 @@ struct Verify {
 
     // Rows: the early flush's fold (written back), then the drafts in order, u in registers.
     float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    if constexpr (PER_CHANNEL) {
-      if (vr.flush) {
-        fold_tile<Tile, ROWS>(s_raw, s, static_cast<const float*>(sm.ch.committed), true, sm.u, sm.k, m);
-      } else {
-        fold_tile<Tile, ROWS>(s_raw, s, 1.f, false, sm.u, sm.k, m);
-      }
-    } else {
-      fold_tile<Tile, ROWS>(s_raw, s, vr.flush ? expf(sm.fold_total) : 1.f, vr.flush, sm.u, sm.k, m);
+    tile_values(ck, (!PER_CHANNEL && vr.flush) ? expf(sm.fold_total) : 1.f, s);
+    if (vr.flush) {
+      if constexpr (PER_CHANNEL) scale_columns<Tile>(s, static_cast<const float*>(sm.ch.committed));
+      fold_records<Tile, ROWS>(s, sm.u, sm.k, m);
+      store_flushed<Tile, SR, false, SR, V, K>(ck.at, ck.at, s, rounding_seed<SR>(p), slot, uint64_t(SR ? vr.epoch : 0),
+                                                vhead, row0);
     }
-    if (vr.flush)
-      store_tile<Tile, SR, V>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? vr.epoch : 0), vhead, row0);
     const int first = vr.flush ? 0 : m;
     float* u_ring = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * kCap * V + row0;
     float du[T][Tile::kPasses];  // the drafts' u of this lane's rows

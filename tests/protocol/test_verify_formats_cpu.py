@@ -165,13 +165,13 @@ def test_verify_then_commit_is_the_decode_steps(case, sr):
 
 
 # ---------------------------------------------------------------------------------------------
-# The CUDA modules: Mamba-2's verify kernels read every format (templates/mamba2/verify*.cuh;
-# their GPU test: test_verify_formats_gpu.py); GDN's and KDA's refuse these specs
+# The CUDA modules: every family's verify kernels read e4m3 / NVFP4 checkpoints, Mamba-2's read
+# copies too (their GPU test: test_verify_formats_gpu.py); GDN's refuse read copies
 # ---------------------------------------------------------------------------------------------
 
-CUDA_REFUSAL = "^drafts: expected 1 for a CUDA (gdn|kda) module .*the torch path.*do not yet"
-REFUSED = [c for c in CASES if c[0] != "mamba2"]
-BUILT = [c for c in CASES if c[0] == "mamba2"]
+CUDA_REFUSAL = "^drafts: expected 1 for a CUDA gdn module .*the torch path.*do not yet"
+REFUSED = [c for c in CASES if c[0] != "mamba2" and c[2] is not None]
+BUILT = [c for c in CASES if c not in REFUSED]
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=_id)
@@ -190,15 +190,15 @@ def test_cuda_modules_with_drafts_on_these_formats_are_refused(case):
 
 
 @pytest.mark.parametrize("case", BUILT, ids=_id)
-def test_mamba2_cuda_modules_with_drafts_on_these_formats_render(case):
-    """Mamba-2's verify_step binds every copy (scales, blocks, the read copy) and its kernels
-    are instantiated with the read copy's type (nvcc: the SASS tests)."""
+def test_cuda_modules_with_drafts_on_these_formats_render(case):
+    """verify_step binds every copy (scales, blocks, the read copy), and Mamba-2's kernels are
+    instantiated with the read copy's type."""
     name, state, read = case
     fam = FAMS[name]()
     spec = plan_decode(fam.layout(state, read, 4, 3), 2, device="cpu", **fam.options).spec
     assert check_cuda_spec(spec) is spec
     source = render(spec)
-    assert "read_t, kReadSR>;" in source and "verify_step(" in source
+    assert "verify_step(" in source and (name != "mamba2" or "read_t, kReadSR>;" in source)
     for arg in ("state_scale", "state_block_scale", "read_state", "read_scale", "read_block_scale"):
         assert f"{arg}" in source.split("void verify_step(")[1].split(")")[0], arg
 
@@ -208,7 +208,7 @@ def test_cuda_plan_is_refused_before_any_build(monkeypatch):
     import replayssm_jit.ops.plan as plan_mod
 
     fam = FAMS["gdn"]()
-    layout = fam.layout("e4m3", None, 4, 3)
+    layout = fam.layout("f32", "e4m3", 4, 3)
     monkeypatch.setattr(plan_mod, "resolve_device", lambda d: torch.device("cuda", 0))
     with pytest.raises(ValueError, match=CUDA_REFUSAL):
         plan_decode(layout, 2, device="cuda", **fam.options)

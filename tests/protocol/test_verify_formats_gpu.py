@@ -1,9 +1,9 @@
-"""Mamba-2's CUDA verify kernels on e4m3 / NVFP4 checkpoints and separate mode's read copies
-(marked gpu): the schedules of test_verify_formats_cpu.py (chains with fused commits, trees
+"""The CUDA verify kernels on e4m3 / NVFP4 checkpoints (every family) and separate mode's read
+copies (Mamba-2) (marked gpu): the schedules of test_verify_formats_cpu.py (chains with fused commits, trees
 with explicit ones, random draft counts, a pad row, early flushes) run on the per-item and the
-split verify kernel against the same float64 emulation and bounds: outputs to 5e-5 relative,
-flushed copies within one code, cursors exactly, unnamed slots bit for bit. GDN's and KDA's
-CUDA verify kernels refuse these formats (test_verify_formats_cpu.py)."""
+split verify kernel (KDA: per-item only) against the same float64 emulation and bounds: outputs
+to 5e-5 relative, flushed copies within one code, cursors exactly, unnamed slots bit for bit.
+GDN's CUDA verify kernels refuse read copies (test_verify_formats_cpu.py)."""
 
 from __future__ import annotations
 
@@ -15,16 +15,18 @@ from replayssm_jit import LaunchConfig
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_launch_env")]
 
 CASES = [("mamba2", "e4m3", None), ("mamba2", "nvfp4", None), ("mamba2", "f32", "e4m3"),
-         ("mamba2", "f32", "bf16"), ("mamba2", "f32", "nvfp4")]  # fmt: skip
+         ("mamba2", "f32", "bf16"), ("mamba2", "f32", "nvfp4"), ("gdn", "e4m3", None),
+         ("gdn", "nvfp4", None), ("kda", "e4m3", None), ("kda", "nvfp4", None)]  # fmt: skip
+KERNELS = [(case, kernel) for case in CASES for kernel in ("per-item", "split")
+           if case[0] != "kda" or kernel == "per-item"]  # fmt: skip
 
 
 def _id(case):
-    _, state, read = case
-    return state + (f"+{read}" if read else "")
+    fam, state, read = case
+    return f"{fam}-{state}" + (f"+{read}" if read else "")
 
 
-@pytest.mark.parametrize("case", CASES, ids=_id)
-@pytest.mark.parametrize("kernel", ["per-item", "split"])
+@pytest.mark.parametrize("case, kernel", KERNELS, ids=lambda v: v if isinstance(v, str) else _id(v))
 @pytest.mark.parametrize(
     "trees, fused", [(False, True), (True, False)], ids=["chain-fused", "tree"]
 )
@@ -33,7 +35,7 @@ def test_cuda_verify_on_formats_matches_the_emulation(case, kernel, trees, fused
                          config=LaunchConfig(kernel=kernel))  # fmt: skip
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=_id)
+@pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[5], CASES[8]], ids=_id)
 def test_cuda_verify_on_formats_under_stochastic_rounding(case):
     run_formats_schedule(case, trees=False, fused=True, sr=True, device="cuda",
                          config=LaunchConfig(kernel="per-item"))  # fmt: skip

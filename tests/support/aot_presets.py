@@ -172,27 +172,33 @@ def _preset_flush_mask_tests() -> list[KernelSpec]:
 
 
 def _preset_verify_formats_tests() -> list[KernelSpec]:
-    """What tests/protocol/test_verify_formats_gpu.py loads: support/verify_formats.py's Mamba-2
-    (H = 2, G = 1, P = N = 32, FP32 activations), L = 4, T = 3, e4m3 and NVFP4 checkpoints and
-    FP32 with e4m3, BF16 and NVFP4 read copies, with and without stochastic rounding."""
+    """What tests/protocol/test_verify_formats_gpu.py loads (support/verify_formats.py's shapes,
+    FP32 activations, L = 4, T = 3, with and without stochastic rounding): Mamba-2 H = 2, G = 1,
+    P = N = 32 on e4m3 and NVFP4 checkpoints and FP32 with e4m3, BF16 and NVFP4 read copies; GDN
+    and KDA H = 1, HV = 2, K = V = 32 (l2norm, gates formed outside) on e4m3 and NVFP4."""
     import torch
 
     from replayssm_jit.families.layout import family_layout
     from replayssm_jit.ops.plan import plan_decode
 
-    dims = dict(num_heads=2, headdim=32, dstate=32, ngroups=1)
-    options = dict(has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True)
-    f8, f4 = torch.float8_e4m3fn, torch.float4_e2m1fn_x2
-    cases = [(f8, None), (f4, None), (torch.float32, f8), (torch.float32, torch.bfloat16),
-             (torch.float32, f4)]  # fmt: skip
+    f8, f4, f32 = torch.float8_e4m3fn, torch.float4_e2m1fn_x2, torch.float32
+    delta = dict(num_k_heads=1, num_v_heads=2, head_k_dim=32, head_v_dim=32)
+    families = {
+        "mamba2": (dict(num_heads=2, headdim=32, dstate=32, ngroups=1),
+                   dict(has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True),
+                   [(f8, None), (f4, None), (f32, f8), (f32, torch.bfloat16), (f32, f4)]),
+        "gdn": (delta, dict(use_qk_l2norm=True, gates_in_kernel=False), [(f8, None), (f4, None)]),
+        "kda": (delta, dict(use_qk_l2norm=True, gates_in_kernel=False), [(f8, None), (f4, None)]),
+    }  # fmt: skip
     specs = []
-    for state, read in cases:
-        layout = family_layout("mamba2", window=4, drafts=3, state_dtype=state, read_dtype=read,
-                               act_dtype=torch.float32, **dims)  # fmt: skip
-        for sr in (False, True):
-            plan = plan_decode(layout, 3, device=torch.device("cpu"), stochastic_rounding=sr,
-                               **options)  # fmt: skip
-            specs.append(plan.spec)
+    for family, (dims, options, cases) in families.items():
+        for state, read in cases:
+            layout = family_layout(family, window=4, drafts=3, state_dtype=state, read_dtype=read,
+                                   act_dtype=torch.float32, **dims)  # fmt: skip
+            for sr in (False, True):
+                plan = plan_decode(layout, 3, device=torch.device("cpu"), stochastic_rounding=sr,
+                                   **options)  # fmt: skip
+                specs.append(plan.spec)
     return specs
 
 
