@@ -236,7 +236,8 @@ struct Verify {
     if (skip_unusable_draft_row<T, ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out_of)) return;
     // The checkpoint (one copy, any format: separate mode's verify is not compiled for GDN / KDA).
     TileCheckpoint<Tile, state_t, V> ck;
-    ck.load(CheckpointView<state_t>{p.state, p.state_slot_stride, p.state_scale, p.state_blocks}, slot, p.num_v_heads,
+    ck.load(CheckpointView<state_t>{p.state, p.state_slot_stride, p.state_scale, p.state_scale_slot_stride, p.state_blocks,
+                                    p.state_block_slot_stride}, slot, p.num_v_heads,
             vhead, row0);
 
     // This step's drafts (all T rows) and raw gates, in flight during the cursor's round trip.

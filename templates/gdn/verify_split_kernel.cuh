@@ -237,7 +237,8 @@ struct VerifyState {
 
     // Checkpoint rows and the drafts' inputs first: none of them waits for the records kernel.
     TileCheckpoint<Tile, state_t, V> ck;  // (one copy, any format)
-    ck.load(CheckpointView<state_t>{p.state, p.state_slot_stride, p.state_scale, p.state_blocks}, slot, p.num_v_heads,
+    ck.load(CheckpointView<state_t>{p.state, p.state_slot_stride, p.state_scale, p.state_scale_slot_stride, p.state_blocks,
+                                    p.state_block_slot_stride}, slot, p.num_v_heads,
             vhead, row0);
     copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.k + int64_t(row) * p.k_stride_b +
                                         int64_t(khead) * p.k_stride_h, 0, d.k_stride_t, 1, T);
