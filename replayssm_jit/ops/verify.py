@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 
 from replayssm_jit.families import GDN, KDA, MAMBA2, Family
-from replayssm_jit.families.schema import CHECKPOINT_NAMES, bind
+from replayssm_jit.families.schema import CHECKPOINT_NAMES, READ_COPY, bind
 from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.commit import commit_drafts
@@ -242,12 +242,16 @@ def _delta_verify(family: Family, torch_verify: Callable[..., None], doc: str):
     verify.__doc__ = doc
     if not family.read_copy:  # (KDA: no separate mode, so no read copy nor its rings)
         sig = inspect.signature(verify)
-        kept = [p for p in sig.parameters.values() if p.name not in _READ_COPY_ARGS]
+        kept = [p for p in sig.parameters.values() if p.name not in _read_copy_args()]
         verify.__signature__ = sig.replace(parameters=kept)
     return verify
 
 
-_READ_COPY_ARGS = frozenset({"read_state", "read_scale", "read_block_scale", "rec_v", "rec_beta"})
+def _read_copy_args() -> frozenset[str]:
+    """Separate mode's arguments, from the registry: the read copy's tensors and every family's
+    read-copy-only rings (GDN's rec_v, rec_beta)."""
+    rings = {r.name for fam in (MAMBA2, GDN, KDA) for r in fam.rings if r.read_copy_only}
+    return frozenset({p.name for p in READ_COPY} | rings)
 
 
 gdn_verify = _delta_verify(
