@@ -182,9 +182,8 @@ def check_read_dtype(
 def check_cuda_spec(spec: KernelSpec) -> KernelSpec:
     """`spec`, refused where the CUDA templates cannot build it: drafts (the speculative
     kernels) with an e4m3 or NVFP4 checkpoint, or with a read copy, in a family whose verify
-    kernels do not read them (Family.verify_scaled_checkpoint, verify_read_copy: GDN's and KDA's
-    take no read copy). The torch path (a plan on device="cpu", or torch_path on any tensors)
-    takes those."""
+    kernels do not read them (Family.verify_scaled_checkpoint, verify_read_copy). The torch path
+    (a plan on device="cpu", or torch_path on any tensors) takes those."""
     fam = get_family(spec.family)
     scaled = spec.state_dtype in CHECKPOINT_ONLY_DTYPES and not fam.verify_scaled_checkpoint
     separate = spec.read_dtype is not None and not fam.verify_read_copy

@@ -165,17 +165,29 @@ def test_verify_then_commit_is_the_decode_steps(case, sr):
 
 
 # ---------------------------------------------------------------------------------------------
-# The CUDA modules: every family's verify kernels read e4m3 / NVFP4 checkpoints, Mamba-2's read
-# copies too (their GPU test: test_verify_formats_gpu.py); GDN's refuse read copies
+# The CUDA modules: every family's verify kernels read e4m3 / NVFP4 checkpoints and read copies
+# (GDN's per item only; their GPU test: test_verify_formats_gpu.py); a family whose kernels do
+# not (Family.verify_scaled_checkpoint / verify_read_copy unset) refuses such specs
 # ---------------------------------------------------------------------------------------------
 
 CUDA_REFUSAL = "^drafts: expected 1 for a CUDA gdn module .*the torch path.*do not yet"
-REFUSED = [c for c in CASES if c[0] != "mamba2" and c[2] is not None]
-BUILT = [c for c in CASES if c not in REFUSED]
 
 
-@pytest.mark.parametrize("case", REFUSED, ids=_id)
-def test_cuda_modules_with_drafts_on_these_formats_are_refused(case):
+@pytest.fixture
+def gdn_without_format_verify(monkeypatch):
+    """GDN as a family whose CUDA verify takes neither (the rule check_cuda_spec applies)."""
+    import dataclasses
+
+    import replayssm_jit.families.spec as spec_mod
+
+    plain = dataclasses.replace(spec_mod.get_family("gdn"), verify_scaled_checkpoint=False,
+                                verify_read_copy=False)  # fmt: skip
+    real = spec_mod.get_family
+    monkeypatch.setattr(spec_mod, "get_family", lambda n: plain if n == "gdn" else real(n))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] == "gdn"], ids=_id)
+def test_cuda_modules_with_drafts_on_untaken_formats_are_refused(case, gdn_without_format_verify):
     name, state, read = case
     fam = FAMS[name]()
     spec = fam.layout(state, read, 4, 3)  # the layout (and so its spec) is the torch path's
@@ -189,21 +201,35 @@ def test_cuda_modules_with_drafts_on_these_formats_are_refused(case):
         load_module(spec)
 
 
-@pytest.mark.parametrize("case", BUILT, ids=_id)
+@pytest.mark.parametrize("case", CASES, ids=_id)
 def test_cuda_modules_with_drafts_on_these_formats_render(case):
-    """verify_step binds every copy (scales, blocks, the read copy), and Mamba-2's kernels are
-    instantiated with the read copy's type."""
+    """verify_step binds every copy (scales, blocks, the read copy), and the verify kernels are
+    instantiated with the read copy's type (KDA has none)."""
     name, state, read = case
     fam = FAMS[name]()
     spec = plan_decode(fam.layout(state, read, 4, 3), 2, device="cpu", **fam.options).spec
     assert check_cuda_spec(spec) is spec
     source = render(spec)
-    assert "verify_step(" in source and (name != "mamba2" or "read_t, kReadSR>;" in source)
+    assert "verify_step(" in source and (name == "kda" or "read_t, kReadSR>;" in source)
     for arg in ("state_scale", "state_block_scale", "read_state", "read_scale", "read_block_scale"):
         assert f"{arg}" in source.split("void verify_step(")[1].split(")")[0], arg
 
 
-def test_cuda_plan_is_refused_before_any_build(monkeypatch):
+def test_gdn_verifies_a_read_copy_per_item_only():
+    """The launch policy never splits a GDN verify with a read copy (its split kernels take one
+    copy), even where asked to; Mamba-2's splits."""
+    from replayssm_jit.launch.policy import can_split_verify
+
+    for name, want in (("gdn", False), ("mamba2", True)):
+        fam = FAMS[name]()
+        spec = plan_decode(fam.layout("f32", "e4m3", 4, 3), 2, device="cpu", **fam.options).spec
+        assert can_split_verify(spec) is want, name
+    spec = plan_decode(FAMS["gdn"]().layout("e4m3", None, 4, 3), 2, device="cpu",
+                       **FAMS["gdn"]().options).spec  # fmt: skip
+    assert can_split_verify(spec)
+
+
+def test_cuda_plan_is_refused_before_any_build(monkeypatch, gdn_without_format_verify):
     """plan_decode on a CUDA device checks the spec before the launch policy and the load."""
     import replayssm_jit.ops.plan as plan_mod
 

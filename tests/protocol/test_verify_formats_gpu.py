@@ -1,9 +1,9 @@
-"""The CUDA verify kernels on e4m3 / NVFP4 checkpoints (every family) and separate mode's read
-copies (Mamba-2) (marked gpu): the schedules of test_verify_formats_cpu.py (chains with fused commits, trees
+"""The CUDA verify kernels on e4m3 / NVFP4 checkpoints and separate mode's read copies (marked
+gpu): the schedules of test_verify_formats_cpu.py (chains with fused commits, trees
 with explicit ones, random draft counts, a pad row, early flushes) run on the per-item and the
-split verify kernel (KDA: per-item only) against the same float64 emulation and bounds: outputs
-to 5e-5 relative, flushed copies within one code, cursors exactly, unnamed slots bit for bit.
-GDN's CUDA verify kernels refuse read copies (test_verify_formats_cpu.py)."""
+split verify kernel (KDA and GDN with a read copy: per item only) against the same float64
+emulation and bounds: outputs to 5e-5 relative, flushed copies within one code, cursors exactly,
+unnamed slots bit for bit."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_launch_env")]
 
 CASES = [("mamba2", "e4m3", None), ("mamba2", "nvfp4", None), ("mamba2", "f32", "e4m3"),
          ("mamba2", "f32", "bf16"), ("mamba2", "f32", "nvfp4"), ("gdn", "e4m3", None),
-         ("gdn", "nvfp4", None), ("kda", "e4m3", None), ("kda", "nvfp4", None)]  # fmt: skip
+         ("gdn", "nvfp4", None), ("kda", "e4m3", None), ("kda", "nvfp4", None),
+         ("gdn", "f32", "e4m3"), ("gdn", "f32", "bf16"), ("gdn", "f32", "nvfp4")]  # fmt: skip
+# (KDA, and GDN with a read copy, verify per item only: the policy never splits them)
 KERNELS = [(case, kernel) for case in CASES for kernel in ("per-item", "split")
-           if case[0] != "kda" or kernel == "per-item"]  # fmt: skip
+           if kernel == "per-item" or case[0] == "mamba2" or (case[0] == "gdn" and case[2] is None)]  # fmt: skip
 
 
 def _id(case):
