@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from replayssm_jit.families import GDN, KDA, MAMBA2, Family
+from replayssm_jit.families import FAMILIES, GDN, KDA, MAMBA2, Family
 from replayssm_jit.families.schema import CHECKPOINT_NAMES, READ_COPY, bind
 from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops import torch_path
@@ -250,7 +250,7 @@ def _delta_verify(family: Family, torch_verify: Callable[..., None], doc: str):
 def _read_copy_args() -> frozenset[str]:
     """Separate mode's arguments, from the registry: the read copy's tensors and every family's
     read-copy-only rings (GDN's rec_v, rec_beta)."""
-    rings = {r.name for fam in (MAMBA2, GDN, KDA) for r in fam.rings if r.read_copy_only}
+    rings = {r.name for fam in FAMILIES.values() for r in fam.rings if r.read_copy_only}
     return frozenset({p.name for p in READ_COPY} | rings)
 
 

@@ -3,6 +3,7 @@
 # -aot tarballs) once; `suite NAME SECONDS ARGS...` runs GPU tests on the candidate, the whole
 # output in $OUT/NAME.txt; `rerun_on_main SECONDS` reruns every failed id of $OUT/*.txt on
 # main's tree (modules its tarball lacks JIT-compile there) into $OUT/main-rerun.txt.
+# The time limit sends SIGINT, so a stopped pytest still prints its summary.
 set -u
 D=$PWD/.device
 source $D/prelude.sh || exit 1
@@ -20,7 +21,7 @@ suite() {
   local name=$1 t=$2
   shift 2
   (cd /tmp/cand && PYTHONPATH=/tmp/cand:/tmp/site REPLAYSSM_AOT_DIR=/tmp/aot-cand \
-     timeout $t python3 -m pytest -p no:cacheprovider -m gpu -rfE -q "$@" > $OUT/$name.txt 2>&1
+     timeout -s INT -k 20 $t python3 -m pytest -p no:cacheprovider -m gpu -rfE -q "$@" > $OUT/$name.txt 2>&1
    echo "rc=$?" >> $OUT/$name.txt)
   echo "== $name at $(( $(date +%s) - T0 )) s: $(summary $OUT/$name.txt)"
 }
@@ -30,7 +31,7 @@ rerun_on_main() {
     | head -40 > /tmp/failed.txt
   [ -s /tmp/failed.txt ] || { echo "== nothing failed"; return; }
   (cd /tmp/base && PYTHONPATH=/tmp/base:/tmp/site REPLAYSSM_AOT_DIR=/tmp/aot-base \
-     timeout $t python3 -m pytest -p no:cacheprovider -m gpu -rfE -q $(cat /tmp/failed.txt) \
+     timeout -s INT -k 20 $t python3 -m pytest -p no:cacheprovider -m gpu -rfE -q $(cat /tmp/failed.txt) \
        > $OUT/main-rerun.txt 2>&1
    echo "rc=$?" >> $OUT/main-rerun.txt)
   echo "== main rerun at $(( $(date +%s) - T0 )) s: $(summary $OUT/main-rerun.txt)"
