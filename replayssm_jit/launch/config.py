@@ -14,6 +14,7 @@ from replayssm_jit.launch.environment import LAUNCH_ENV, launch_environment
 
 AUTO = "auto"
 REPLAY_KERNELS = ("split", "per-item", "flush-every-step")
+VERIFY_KERNELS = ("split", "per-item")
 
 _BOOL_FIELDS = ("capped_state_registers", "overlap_prior_kernel", "speculative_records")
 
@@ -34,6 +35,9 @@ class LaunchConfig:
     overlap_prior_kernel: launch the step's first kernel as a programmatic dependent of the
         stream's previous kernel (sm_90).
     speculative_records: issue every ring row's loads before the cursor is read.
+    verify_kernel: the verify kernel of a plan with drafts, "split" or "per-item" (else as
+        `kernel` asks, else the policy's).
+    verify_rows_per_cta: the verify kernel's row tile (else `rows_per_cta`, else the policy's).
     """
 
     kernel: str = AUTO
@@ -42,6 +46,8 @@ class LaunchConfig:
     capped_state_registers: bool | str = AUTO
     overlap_prior_kernel: bool | str = AUTO
     speculative_records: bool | str = AUTO
+    verify_kernel: str = AUTO
+    verify_rows_per_cta: int | str = AUTO
 
     def __post_init__(self) -> None:
         # (each value's type first: `value != AUTO` of an array or a tensor is no bool)
@@ -49,7 +55,15 @@ class LaunchConfig:
             raise ValueError(
                 f"config.kernel: expected 'auto' or one of {REPLAY_KERNELS}, got {self.kernel!r}"
             )
-        for name in ("rows_per_cta", "records_warps"):
+        if not isinstance(self.verify_kernel, str) or self.verify_kernel not in (
+            AUTO,
+            *VERIFY_KERNELS,
+        ):
+            raise ValueError(
+                f"config.verify_kernel: expected 'auto' or one of {VERIFY_KERNELS}, "
+                f"got {self.verify_kernel!r}"
+            )
+        for name in ("rows_per_cta", "records_warps", "verify_rows_per_cta"):
             value = getattr(self, name)
             if not _is_auto(value) and (
                 not isinstance(value, int) or isinstance(value, bool) or value <= 0
@@ -92,7 +106,7 @@ def parse_launch(text: str, source: str = LAUNCH_ENV) -> LaunchConfig:
             if lowered not in ("0", "1", "true", "false", AUTO):
                 raise ValueError(f"{source}: {key} expected 0, 1, true, false or auto, got {raw!r}")
             values[key] = AUTO if lowered == AUTO else lowered in ("1", "true")
-        elif key == "kernel":
+        elif key in ("kernel", "verify_kernel"):
             values[key] = raw
         else:
             # (ASCII digits only: str.isdigit() takes '²', which int() rejects)

@@ -126,9 +126,17 @@ def choose_verify_kernel(
 ) -> str:
     """The verify step's kernel: "split" (a records kernel per group, then the state kernel)
     where the spec can, from the family's verify_split_min_pairs_per_sm (batch row, head)
-    pairs per SM, or wherever config.kernel asks for "split"; else "per-item"."""
+    pairs per SM, or wherever config.verify_kernel (else config.kernel) asks for "split"; else
+    "per-item". A config.verify_kernel of "split" where the spec has none is refused."""
     if not can_split_verify(spec):
+        if config.verify_kernel == "split":
+            raise ValueError(
+                f"config.verify_kernel: expected 'per-item' or 'auto' ({spec.uri} has no split "
+                f"verify), got 'split'"
+            )
         return "per-item"
+    if config.verify_kernel != AUTO:
+        return config.verify_kernel
     if config.kernel != AUTO:
         return "split" if config.kernel == "split" else "per-item"
     threshold = get_family(spec.family).launch.verify_split_min_pairs_per_sm * sms
@@ -286,13 +294,22 @@ def plan_launch(spec: KernelSpec, batch: int, heads: int, device: torch.device, 
     `device`; `config`'s overrides are checked on every device (a CPU plan as an H200's)."""
     sms = sm_count(device)
     launch = choose_launch(spec, batch, heads, sms, replay=replay, config=config)
+    verify, verify_rows = "", 0
+    if spec.has_verify:  # (checked on the CPU too, where the torch path ignores them)
+        verify = choose_verify_kernel(spec, batch, heads, sms, config) if replay else "per-item"
+        # The split verify's state kernel takes the split step's tiles; a conventional plan's
+        # snapshot takes the conventional step's.
+        step = verify if replay else "conventional"
+        verify_rows = config.verify_rows_per_cta
+        if verify_rows == AUTO:
+            verify_rows = choose_rows_per_cta(spec, step, batch, heads, sms, config)
+        elif verify_rows not in (options := [r for r, _ in spec_tilings(spec)]):
+            raise ValueError(
+                f"config.verify_rows_per_cta: expected one of {options} (compiled into "
+                f"{spec.uri}), got {verify_rows}"
+            )
     if device.type != "cuda":
         return PlannedLaunch(cpu_kernel(replay, config), 0, 0)
     if not spec.has_verify:
         return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits)
-    verify = choose_verify_kernel(spec, batch, heads, sms, config) if replay else "per-item"
-    # The split verify's state kernel takes the split step's tiles; a conventional plan's
-    # snapshot takes the conventional step's.
-    step = verify if replay else "conventional"
-    verify_rows = choose_rows_per_cta(spec, step, batch, heads, sms, config)
     return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits, verify, verify_rows)

@@ -6,7 +6,8 @@ file where one is given (`tuning=FILE`, or the
 REPLAYSSM_TUNING environment variable) and falls back to the built-in policy for anything the
 file does not cover: another device, spec or mode, or a batch above the largest one timed. A
 batch takes the entry of the smallest timed batch at or above it. Fields the caller's
-LaunchConfig fixes always win over the file.
+LaunchConfig fixes always win over the file. A replay plan with drafts also takes the file's
+"verify" entries (`autotune --drafts T`), which set only the verify kernel and its tile.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from replayssm_jit.families.spec import KernelSpec, spec_tilings
 from replayssm_jit.launch.config import AUTO, LaunchConfig
 from replayssm_jit.launch.environment import TUNING_ENV, launch_environment
-from replayssm_jit.launch.policy import can_split
+from replayssm_jit.launch.policy import can_split, can_split_verify
 
 FORMAT_VERSION = 1
 
@@ -124,8 +125,14 @@ def tuned_config(config: LaunchConfig, tuning: object, spec: KernelSpec, mode: s
 
 def candidates(spec: KernelSpec, mode: str) -> list[LaunchConfig]:
     """Every launch a step of `spec` can take: its compiled row tiles, and in replay mode each
-    ReplaySSM kernel it has (flush-every-step only for FP32 checkpoints, whose rounding it keeps)."""
+    ReplaySSM kernel it has (flush-every-step only for FP32 checkpoints, whose rounding it keeps);
+    in "verify" mode (a spec with drafts) each verify kernel it has, with each tile."""
     tiles = [rows for rows, _ in spec_tilings(spec)]
+    if mode == "verify":
+        kernels = ["per-item", "split"] if can_split_verify(spec) else ["per-item"]
+        return [
+            LaunchConfig(verify_kernel=k, verify_rows_per_cta=r) for k in kernels for r in tiles
+        ]
     if mode == "conventional":
         return [LaunchConfig(rows_per_cta=r) for r in tiles]
     kernels = ["per-item"]

@@ -139,6 +139,8 @@ def plan_decode(
     if device.type == "cuda":  # (before the launch policy, whose choices would not matter)
         check_cuda_spec(spec)
     config = tuned_config(resolve_config(config), tuning, spec, mode, batch_size, device)
+    if replay and spec.has_verify:  # (the verify kernel and tile, timed apart)
+        config = tuned_config(config, tuning, spec, "verify", batch_size, device)
     heads = layout.shape.value_heads
     launch = plan_launch(spec, batch_size, heads, device, replay=replay, config=config)
     module, floats = None, 0

@@ -1,38 +1,33 @@
-# Sourced by run_a.sh, run_b.sh and run_c.sh on the device, from the tree's root, with the
-# bundle in .device/ (docs/integrations.md): unpacks the candidate and main (cand-/base-src and
-# -aot tarballs) once; `suite NAME SECONDS ARGS...` runs GPU tests on the candidate, the whole
-# output in $OUT/NAME.txt; `rerun_on_main SECONDS` reruns every failed id of $OUT/*.txt on
-# main's tree (modules its tarball lacks JIT-compile there) into $OUT/main-rerun.txt.
+# Sourced by run_a.sh, run_b.sh and run_c.sh on the device, from the tree's root, with the bundle
+# in .device/ (docs/integrations.md, "what is still to run"): unpacks each tree NAME whose
+# NAME-src.tar.xz (git archive) and NAME-aot.tar.xz (its AOT modules) are there, once per machine;
+# `in_tree TREE CMD...` runs CMD in that tree with its modules; `suite TREE NAME SECONDS ARGS...`
+# runs GPU tests there, the whole output (failures' messages included) in $OUT/TREE-NAME.txt.
 # The time limit sends SIGINT, so a stopped pytest still prints its summary.
 set -u
 D=$PWD/.device
 source $D/prelude.sh || exit 1
-export PYTHONUNBUFFERED=1 REPLAYSSM_MAX_JOBS=16
+export PYTHONUNBUFFERED=1 REPLAYSSM_MAX_JOBS=16 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 T0=$(date +%s)
 unpack() {
+  [ -f $D/$1-src.tar.xz ] || return 0
   mkdir -p /tmp/$1 /tmp/aot-$1
   [ -f /tmp/$1/.ok ] && return
-  tar xJf $D/$1-src.tar.xz -C /tmp/$1 && tar xJf $D/$1-aot.tar.xz -C /tmp/aot-$1 && touch /tmp/$1/.ok
+  tar xJf $D/$1-src.tar.xz -C /tmp/$1 && { [ ! -f $D/$1-aot.tar.xz ] || tar xJf $D/$1-aot.tar.xz -C /tmp/aot-$1; } \
+    && touch /tmp/$1/.ok
 }
-unpack cand
-unpack base
-summary() { grep -E '[0-9]+ (passed|failed)' $1 | tail -1; }
+for tree in main combo old; do unpack $tree; done
+elapsed() { echo "$(( $(date +%s) - T0 )) s"; }
+in_tree() {
+  local tree=$1
+  shift
+  (cd /tmp/$tree && PYTHONPATH=/tmp/$tree:/tmp/site REPLAYSSM_AOT_DIR=/tmp/aot-$tree "$@")
+}
 suite() {
-  local name=$1 t=$2
-  shift 2
-  (cd /tmp/cand && PYTHONPATH=/tmp/cand:/tmp/site REPLAYSSM_AOT_DIR=/tmp/aot-cand \
-     timeout -s INT -k 20 $t python3 -m pytest -p no:cacheprovider -m gpu -rfE -q "$@" > $OUT/$name.txt 2>&1
-   echo "rc=$?" >> $OUT/$name.txt)
-  echo "== $name at $(( $(date +%s) - T0 )) s: $(summary $OUT/$name.txt)"
+  local tree=$1 name=$2 t=$3 f=$OUT/$1-$2.txt
+  shift 3
+  in_tree $tree timeout -s INT -k 20 $t python3 -m pytest -p no:cacheprovider -m gpu -rfE -q "$@" > $f 2>&1
+  echo "rc=$?" >> $f
+  echo "== $tree $name at $(elapsed): $(grep -E '[0-9]+ (passed|failed)' $f | tail -1)"
 }
-rerun_on_main() {
-  local t=$1
-  grep -h "^FAILED " $OUT/*.txt 2>/dev/null | sed 's/^FAILED \([^ ]*\).*/\1/' | sort -u \
-    | head -40 > /tmp/failed.txt
-  [ -s /tmp/failed.txt ] || { echo "== nothing failed"; return; }
-  (cd /tmp/base && PYTHONPATH=/tmp/base:/tmp/site REPLAYSSM_AOT_DIR=/tmp/aot-base \
-     timeout -s INT -k 20 $t python3 -m pytest -p no:cacheprovider -m gpu -rfE -q $(cat /tmp/failed.txt) \
-       > $OUT/main-rerun.txt 2>&1
-   echo "rc=$?" >> $OUT/main-rerun.txt)
-  echo "== main rerun at $(( $(date +%s) - T0 )) s: $(summary $OUT/main-rerun.txt)"
-}
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > $OUT/device.txt

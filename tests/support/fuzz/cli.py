@@ -337,6 +337,10 @@ def build_cli_autotune(draw, device):
     mode = draw(st.sampled_from(["replay", "conventional"] + (["Replay"] if v.spend(draw) else [])))
     argv += ["--mode", mode]
     v.mark(mode in ("replay", "conventional"), f"--mode {mode}")
+    drafts = draw(st.sampled_from(["1", "4"] + (["0", "x"] if v.spend(draw) else [])))
+    argv += ["--drafts", drafts]
+    v.mark(drafts in ("1", "4"), f"--drafts {drafts}")
+    v.mark(drafts != "4" or mode == "replay", f"--drafts 4 with --mode {mode}")
     out = Path(tempfile.gettempdir()) / "replayssm-fuzz-autotune.json"
     if draw(st.integers(0, 5)):
         argv += ["--out", str(out)]
@@ -351,7 +355,9 @@ def build_cli_autotune(draw, device):
         assert len(tune.calls) == 1, tune.calls
         (layout, run_mode, run_batches, *_), _ = tune.calls[0]
         assert layout.window == int(window) and layout.family.name == get_model(model).family
-        assert run_mode == mode and run_batches == sorted({int(b) for b in batches.split(",")})
+        assert layout.drafts == int(drafts)
+        assert run_mode == ("verify" if drafts == "4" else mode)
+        assert run_batches == sorted({int(b) for b in batches.split(",")})
         assert json.loads(out.read_text()) == fake
 
     return _cli_call(argv, v, "autotune", [tune, cuda, device_index], check)

@@ -12,6 +12,7 @@ from replayssm_jit.launch.config import (
     AUTO,
     LAUNCH_ENV,
     REPLAY_KERNELS,
+    VERIFY_KERNELS,
     parse_launch,
     resolve_config,
 )
@@ -19,7 +20,8 @@ from replayssm_jit.launch.config import (
 from .core import Call, EnvPatch, Validity, entry
 from .values import draw_bool, draw_choice, draw_int
 
-INT_FIELDS = ("rows_per_cta", "records_warps")
+INT_FIELDS = ("rows_per_cta", "records_warps", "verify_rows_per_cta")
+KERNEL_FIELDS = {"kernel": REPLAY_KERNELS, "verify_kernel": VERIFY_KERNELS}
 BOOL_FIELDS = ("capped_state_registers", "overlap_prior_kernel", "speculative_records")
 FIELDS = tuple(f.name for f in fields(LaunchConfig))
 NAMES = {f"config.{f}" for f in FIELDS}
@@ -33,8 +35,8 @@ def draw_config_fields(draw, v: Validity) -> dict[str, object]:
         if draw(st.integers(0, 3)) == 0:
             values[name] = AUTO
             continue
-        if name == "kernel":
-            value, ok = draw_choice(draw, (AUTO, *REPLAY_KERNELS), v=v)
+        if name in KERNEL_FIELDS:
+            value, ok = draw_choice(draw, (AUTO, *KERNEL_FIELDS[name]), v=v)
         elif name in INT_FIELDS:
             value, ok = draw_int(draw, 1, None, likely=st.sampled_from([1, 4, 8, 16, 32]), v=v)
         else:
@@ -82,9 +84,10 @@ def draw_launch_text(draw, v: Validity) -> tuple[str, dict[str, object]]:
         if key in values:
             v.mark(False, f"{key} twice")
         odd = kind == "value"
-        if key == "kernel":
-            raw = draw(st.sampled_from(["fast", "", "Split"] if odd else [AUTO, *REPLAY_KERNELS]))
-            ok, parsed = raw in (AUTO, *REPLAY_KERNELS), raw
+        if key in KERNEL_FIELDS:
+            kernels = KERNEL_FIELDS[key]
+            raw = draw(st.sampled_from(["fast", "", "Split"] if odd else [AUTO, *kernels]))
+            ok, parsed = raw in (AUTO, *kernels), raw
         elif key in INT_FIELDS:
             good = ["4", "16", "08", AUTO, "99999999999999999999"]
             raw = draw(st.sampled_from(["0", "-4", "+4", "4.0", "²", ""] if odd else good))
