@@ -79,13 +79,11 @@ struct VerifyCopies {
 
   template <class Params>
   static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
-    return {p.state, p.state_slot_stride, p.state_scale, p.state_scale_slot_stride, p.state_blocks, p.state_block_slot_stride};
+    return carried_view<state_t>(p);
   }
   template <class Params>
   static __device__ __forceinline__ CheckpointView<Read> read_view(const Params& p) {
-    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, p.read_scale_slot_stride,
-                                     p.read_blocks, p.read_block_slot_stride};
-    else return state_view(p);
+    return read_copy_view<state_t, read_t>(p);
   }
   // Calls finish(ck) with the copy the rows come from: the read one loaded first (`read`), or at a
   // separate-mode flush the carried copy, loaded now.
