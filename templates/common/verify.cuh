@@ -283,11 +283,17 @@ struct RingRows {
   int64_t heads, row_bytes, slot_bytes;
 };
 
+// Every ring a commit moves: the three each layout has, then a read copy's (base nullptr: none).
+struct CommitRings {
+  static constexpr int kMax = 5;
+  RingRows ring[kMax];
+};
+
 // Commit of accepted drafts, one CTA per batch row: a = clamp(num_accepted, 0, pending). For a
 // tree (path given) every ring's row n + path[i] moves to n + i, for i = 0..a-1 in order: a root
 // path increases, so no row is overwritten before it is read. Then n += a and nothing is pending.
 template <int L, int T, int THREADS>
-__global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, int64_t cursor_slot_stride, RingRows r0, RingRows r1, RingRows r2,
+__global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, int64_t cursor_slot_stride, CommitRings rings,
                                                           const int32_t* num_accepted, const int32_t* path,
                                                           const int32_t* slot_indices, int32_t pad_slot_id,
                                                           int32_t num_slots) {
@@ -315,9 +321,8 @@ __global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, int64
     for (int i = 0; i < accepted; ++i) {
       const int from = min(max(path[int64_t(row) * T + i], 0), pending - 1);
       if (from != i) {
-        move_row(r0, from, i);
-        move_row(r1, from, i);
-        move_row(r2, from, i);
+        #pragma unroll
+        for (int k = 0; k < CommitRings::kMax; ++k) move_row(rings.ring[k], from, i);
       }
       __syncthreads();
     }

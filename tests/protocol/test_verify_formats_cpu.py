@@ -36,6 +36,8 @@ from replayssm_jit import (
     plan_decode,
     reset_slots,
 )
+from replayssm_jit.families import FAMILIES
+from replayssm_jit.families.schema import COMMIT_READ_RING_PARAMS, binding_params, commit_ring_roles
 from replayssm_jit.families.spec import check_cuda_spec, make_spec
 from replayssm_jit.jit.build import load_module, render
 from replayssm_jit.ops.library import COMMIT_RING_ARGS, plan_handle
@@ -69,6 +71,34 @@ def test_tree_commits_through_the_registered_op_on_read_copies(case):
     """torch.ops.replayssm.commit_drafts takes a read copy's rings (GDN's v and beta) after the
     three by role, and moves them as the Python commit_drafts does."""
     run_formats_schedule(case, trees=True, fused=False, via_op=True)
+
+
+def test_the_registered_commit_refuses_a_read_copy_ring_the_layout_lacks():
+    fam = FAMS["mamba2"]()
+    _gen, layout, tensors, opts = start(fam, "f32", "e4m3", 4, 3)
+    plan = plan_decode(layout, 1, device="cpu", seed=SEED, **opts)
+    rings = {role: tensors[n] for role, n in commit_ring_roles(layout.ring_names)}
+    before = {k: t.clone() for k, t in tensors.items()}
+    with pytest.raises(ValueError, match="read_value_ring: expected none"):
+        torch.ops.replayssm.commit_drafts(plan_handle(plan), cursors=tensors["cursors"], **rings,
+                                          read_value_ring=tensors["rec_x"],
+                                          num_accepted=torch.tensor([1], dtype=I32),
+                                          slot_indices=torch.tensor([1], dtype=I32))  # fmt: skip
+    assert all(
+        torch.equal(t.view(torch.uint8), before[k].view(torch.uint8)) for k, t in tensors.items()
+    )
+
+
+def test_the_cuda_commit_takes_every_ring_of_a_layout():
+    """The compiled commit moves a tree path's rows in every ring: a read copy's too (GDN's v and
+    beta, which a later flush recomputes u from)."""
+    for name in FAMILIES:
+        params = [p.name for p in binding_params(FAMILIES[name], "commit_step")]
+        assert all(role in params for role in (*COMMIT_RING_ARGS, *COMMIT_READ_RING_PARAMS))
+    gdn = FAMS["gdn"]()
+    _gen, layout, _tensors, _opts = start(gdn, "f32", "e4m3", 4, 3)
+    assert [n for _role, n in commit_ring_roles(layout.ring_names)] == list(layout.ring_names)
+    assert len(layout.ring_names) == 5
 
 
 def test_the_registered_commit_names_a_read_copy_ring_left_out():

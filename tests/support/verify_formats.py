@@ -32,9 +32,9 @@ from replayssm_jit import (
     plan_decode,
     reset_slots,
 )
-from replayssm_jit.families.schema import COMMIT_READ_RING_PARAMS
+from replayssm_jit.families.schema import commit_ring_roles
 from replayssm_jit.ops import torch_path
-from replayssm_jit.ops.library import COMMIT_RING_ARGS, plan_handle
+from replayssm_jit.ops.library import plan_handle
 from replayssm_jit.ops.torch_path.checkpoint import Copy, load_state
 from support.verify_schedule import Cursor, random_path, random_tree
 
@@ -56,10 +56,12 @@ def code_step(got: torch.Tensor, want: torch.Tensor, fmt: str, block=None) -> to
     half a code, a tie possibly decided the other way by the FP32 value; SR: under one code).
     bf16 2^(e - 7); e4m3 the code's step at |value| / (row amax / 448) (subnormal below 2^-6),
     times that scale; NVFP4 the e2m1 gap (0.5 below 2, 1 below 4, else 2) at |value| / S,
-    times S, the stored block multiplier (`block`, e4m3 block code times head scale)."""
+    times S, the stored block multiplier (`block`, e4m3 block code times head scale). FP32 is
+    no code but a fold's rounding: the kernels sum the records in another order than the
+    emulation, so a value near zero may be a few FP32 steps of the row's largest away."""
     mag = torch.maximum(got.abs(), want.abs())
     if fmt == "f32":
-        return 1e-5 * mag + 1e-7
+        return 1e-5 * mag + 1e-6 * want.abs().amax(-1, keepdim=True)
     if fmt == "bf16":
         return torch.exp2(torch.floor(torch.log2(mag.clamp_min(2.0**-126))) - 7)
     if fmt == "e4m3":
@@ -345,9 +347,7 @@ def run_formats_schedule(
             args = dict(num_accepted=counts, slot_indices=slots,
                         accepted_path=paths if trees else None, parents=kw.get("parents"))  # fmt: skip
             if via_op:  # the registered op: rings by role, a read copy's after the three
-                names = layout.ring_names
-                rings = {**dict(zip(COMMIT_RING_ARGS, (tensors[n] for n in names[:3]))),
-                         **dict(zip(COMMIT_READ_RING_PARAMS, (tensors[n] for n in names[3:])))}  # fmt: skip
+                rings = {role: tensors[n] for role, n in commit_ring_roles(layout.ring_names)}
                 torch.ops.replayssm.commit_drafts(plan_handle(plan), cursors=tensors["cursors"],
                                                   **rings, **args)  # fmt: skip
             else:
