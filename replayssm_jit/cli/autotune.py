@@ -117,7 +117,7 @@ def timed_verify(plan, layout, min_pool_bytes: float):
     def step(s):
         op(plan, **tensors, **inputs, **params, slot_indices=s, num_accepted=accepted[id(s)],
            workspace=workspace)  # fmt: skip
-        accepted[id(s)].copy_(later[id(s)])  # (in place: a captured graph reads it too)
+        accepted[id(s)] = later[id(s)]  # (rebound, not copied: a captured graph has no extra node)
 
     return step, slot_sets
 

@@ -155,18 +155,19 @@ def _largest_filling_tile(options: list[int], rows: int, batch: int, heads: int,
 
 
 def choose_rows_per_cta(spec: KernelSpec, step: str, batch: int, heads: int, sms: int,
-                        config: LaunchConfig) -> int:  # fmt: skip
-    """The largest row tile of PREFERRED_WARPS warps, at most MAX_LANE_VALUES state values per
-    lane, that reaches the step's CTAs-per-SM target (the family's tile_targets)."""
+                        config: LaunchConfig, field: str = "rows_per_cta") -> int:  # fmt: skip
+    """config.`field` where set (one of the compiled tiles), else the largest row tile of
+    PREFERRED_WARPS warps, at most MAX_LANE_VALUES state values per lane, that reaches the
+    step's CTAs-per-SM target (the family's tile_targets)."""
     tilings = spec_tilings(spec)
     options = [r for r, _ in tilings]
-    if config.rows_per_cta != AUTO:
-        if config.rows_per_cta not in options:
+    asked = getattr(config, field)
+    if asked != AUTO:
+        if asked not in options:
             raise ValueError(
-                f"config.rows_per_cta: expected one of {options} (compiled into {spec.uri}), "
-                f"got {config.rows_per_cta}"
+                f"config.{field}: expected one of {options} (compiled into {spec.uri}), got {asked}"
             )
-        return config.rows_per_cta
+        return asked
     rows, cols = spec.state_rows_cols
     preferred = [(r, w) for r, w in tilings if w == PREFERRED_WARPS] or list(tilings)
     light = [(r, w) for r, w in preferred if lane_values(r, w, cols) <= MAX_LANE_VALUES]
@@ -300,14 +301,8 @@ def plan_launch(spec: KernelSpec, batch: int, heads: int, device: torch.device, 
         # The split verify's state kernel takes the split step's tiles; a conventional plan's
         # snapshot takes the conventional step's.
         step = verify if replay else "conventional"
-        verify_rows = config.verify_rows_per_cta
-        if verify_rows == AUTO:
-            verify_rows = choose_rows_per_cta(spec, step, batch, heads, sms, config)
-        elif verify_rows not in (options := [r for r, _ in spec_tilings(spec)]):
-            raise ValueError(
-                f"config.verify_rows_per_cta: expected one of {options} (compiled into "
-                f"{spec.uri}), got {verify_rows}"
-            )
+        field = "rows_per_cta" if config.verify_rows_per_cta == AUTO else "verify_rows_per_cta"
+        verify_rows = choose_rows_per_cta(spec, step, batch, heads, sms, config, field)
     if device.type != "cuda":
         return PlannedLaunch(cpu_kernel(replay, config), 0, 0)
     if not spec.has_verify:

@@ -75,7 +75,7 @@ def verify_timer(fastest):
     return lambda plan, c: 1.0 if (c.verify_kernel, c.verify_rows_per_cta) == fastest else 10.0
 
 
-def test_tune_verify_keeps_the_fastest_and_plan_reads_it(tmp_path, monkeypatch):
+def test_tune_verify_keeps_the_fastest_and_plan_reads_it(tmp_path, planned_configs):
     layout = super120b(window=16, drafts=4)
     fastest = ("per-item", 16)
     result = autotune.tune(layout, "verify", [8, 256], torch.device("cpu"), verify_timer(fastest))
@@ -85,15 +85,7 @@ def test_tune_verify_keeps_the_fastest_and_plan_reads_it(tmp_path, monkeypatch):
         assert set(e["default"]) == {"verify_kernel", "verify_rows_per_cta"}
     path = tmp_path / "tuning.json"
     path.write_text(json.dumps(result))
-    seen = []
-    real = tuning.tuned_config
-
-    def spy(config, tuning, spec, mode, batch, device):
-        got = real(config, tuning, spec, mode, batch, device)
-        seen.append(got)
-        return got
-
-    monkeypatch.setattr("replayssm_jit.ops.plan.tuned_config", spy)
+    seen = planned_configs
     plan_decode(layout, 64, device="cpu", tuning=str(path))
     assert (seen[-1].verify_kernel, seen[-1].verify_rows_per_cta) == fastest
     assert (seen[-1].kernel, seen[-1].rows_per_cta) == ("auto", "auto")
