@@ -172,10 +172,11 @@ def _preset_flush_mask_tests() -> list[KernelSpec]:
 
 
 def _preset_verify_formats_tests() -> list[KernelSpec]:
-    """What tests/protocol/test_verify_formats_gpu.py loads (support/verify_formats.py's shapes,
-    FP32 activations, L = 4, T = 3, with and without stochastic rounding): Mamba-2 H = 2, G = 1,
-    P = N = 32 and GDN H = 1, HV = 2, K = V = 32 (l2norm, gates formed outside) on e4m3 and NVFP4
-    checkpoints and FP32 with e4m3, BF16 and NVFP4 read copies; KDA as GDN on e4m3 and NVFP4."""
+    """What tests/protocol/test_verify_formats_gpu.py and test_verify_nan.py load
+    (support/verify_formats.py's shapes, FP32 activations, L = 4, T = 3, with and without
+    stochastic rounding): Mamba-2 H = 2, G = 1, P = N = 32 and GDN H = 1, HV = 2, K = V = 32
+    (l2norm, gates formed outside) on FP32, e4m3 and NVFP4 checkpoints and FP32 with e4m3, BF16
+    and NVFP4 read copies; KDA as GDN on FP32, e4m3 and NVFP4."""
     import torch
 
     from replayssm_jit.families.layout import family_layout
@@ -186,10 +187,11 @@ def _preset_verify_formats_tests() -> list[KernelSpec]:
     families = {
         "mamba2": (dict(num_heads=2, headdim=32, dstate=32, ngroups=1),
                    dict(has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True),
-                   [(f8, None), (f4, None), (f32, f8), (f32, torch.bfloat16), (f32, f4)]),
+                   [(f32, None), (f8, None), (f4, None), (f32, f8), (f32, torch.bfloat16), (f32, f4)]),
         "gdn": (delta, dict(use_qk_l2norm=True, gates_in_kernel=False),
-                [(f8, None), (f4, None), (f32, f8), (f32, torch.bfloat16), (f32, f4)]),
-        "kda": (delta, dict(use_qk_l2norm=True, gates_in_kernel=False), [(f8, None), (f4, None)]),
+                [(f32, None), (f8, None), (f4, None), (f32, f8), (f32, torch.bfloat16), (f32, f4)]),
+        "kda": (delta, dict(use_qk_l2norm=True, gates_in_kernel=False),
+                [(f32, None), (f8, None), (f4, None)]),
     }  # fmt: skip
     specs = []
     for family, (dims, options, cases) in families.items():
