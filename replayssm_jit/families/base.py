@@ -103,6 +103,10 @@ class Family:
         recomputes each held u from the carried copy; KDA has none); separate mode runs per
         item and split.
     nvfp4: the module compiles NVFP4 checkpoints (whole heads per CTA, for the head scale).
+    verify_scaled_checkpoint: the CUDA verify kernels read (and an early flush writes) e4m3 and
+        NVFP4 checkpoints, as the decode kernels do; verify_read_copy: separate mode's read copy
+        too ("per-item": the per-item kernel only, so the launch policy never splits such a
+        verify). Modules with drafts the kernels do not take are refused (check_cuda_spec).
     inputs: the token inputs of the family's ops, in the order its bindings take them
         (families/schema.py derives the checks, the bindings and the custom-op schemas).
     bound_scalars: the per-plan scalars (plan_scalars) the bindings take after the inputs.
@@ -121,6 +125,8 @@ class Family:
     decay_per_channel: bool = False
     read_copy: bool = False
     nvfp4: bool = False
+    verify_scaled_checkpoint: bool = False
+    verify_read_copy: bool | str = False
     inputs: tuple[Input, ...] = ()
     bound_scalars: tuple[str, ...] = ()
     fold_inputs: tuple[str, ...] = ()

@@ -124,6 +124,8 @@ GDN = DeltaFamily(
     ),
     read_copy=True,
     nvfp4=True,
+    verify_scaled_checkpoint=True,
+    verify_read_copy="per-item",
     inputs=delta_inputs(("value_heads",), "any", "value_heads"),
     bound_scalars=("scale",),
 )

@@ -60,6 +60,7 @@ KDA = KimiDeltaFamily(
     ),
     decay_per_channel=True,
     nvfp4=True,
+    verify_scaled_checkpoint=True,
     # A log-decay per key channel: a and g [.., HV, K], dt_bias [HV * K]; lower_bound 0 for none.
     inputs=delta_inputs(("value_heads", "key_dim"), "inner", "value_heads*key_dim"),
     bound_scalars=("scale", "lower_bound"),

@@ -86,6 +86,8 @@ MAMBA2 = Mamba2Family(
     ),
     read_copy=True,
     nvfp4=True,
+    verify_scaled_checkpoint=True,
+    verify_read_copy=True,
     inputs=MAMBA2_INPUTS,
     fold_inputs=("A",),
 )

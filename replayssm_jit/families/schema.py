@@ -112,6 +112,8 @@ FLUSH_MASK = _opt("flush_mask")
 DRAFT_INDEX = (_opt("num_drafts"), _opt("parents"), _opt("num_accepted"))
 # commit_step's rings by role, in every family's ring order (value heads, key heads, decays).
 COMMIT_RING_PARAMS = ("value_ring", "key_ring", "decay_ring")
+# Separate mode's rings (a read copy's layout only: GDN's v and beta), after the three.
+COMMIT_READ_RING_PARAMS = ("read_value_ring", "read_scalar_ring")
 BINDINGS = ("conventional_step", "replay_step", "verify_step", "snapshot_step", "commit_step",
             "materialize_step")  # fmt: skip
 
@@ -149,15 +151,16 @@ def binding_params(family, binding: str) -> tuple[Param, ...]:
         return (*CHECKPOINT, *READ_COPY, *rings, CURSORS, *token, *STEP_TAIL, *LAUNCH,
                 _t("workspace", True), FLUSH_MASK)  # fmt: skip
     if binding == "verify_step":
-        rings = ring_params(family, read_copy=False)
-        return (CHECKPOINT[0], *rings, CURSORS, *token, *STEP_TAIL, *DRAFT_INDEX, *LAUNCH,
-                _opt("workspace", True))  # fmt: skip
+        rings = ring_params(family)
+        return (*CHECKPOINT, *READ_COPY, *rings, CURSORS, *token, *STEP_TAIL, *DRAFT_INDEX,
+                *LAUNCH, _opt("workspace", True))  # fmt: skip
     if binding == "snapshot_step":
         return (CHECKPOINT[0], *token, *STEP_TAIL[:2], _t("snapshot_slots"), STEP_TAIL[2],
                 DRAFT_INDEX[0], LAUNCH[0])  # fmt: skip
     if binding == "commit_step":
         return (CURSORS, *(_t(n, True) for n in COMMIT_RING_PARAMS), _t("num_accepted"),
-                _opt("accepted_path"), _t("slot_indices"), _int("pad_slot_id"))  # fmt: skip
+                _opt("accepted_path"), _t("slot_indices"), _int("pad_slot_id"),
+                *(_opt(n, True) for n in COMMIT_READ_RING_PARAMS))  # fmt: skip
     if binding == "materialize_step":
         # Reads only: the carried copy (never the read copy), every ring, the cursors.
         checkpoint = (_t("state"), _opt("state_scale"), _opt("state_block_scale"))
@@ -165,6 +168,15 @@ def binding_params(family, binding: str) -> tuple[Param, ...]:
         return (*checkpoint, *rings, _t("cursors"), *(_t(n) for n in family.fold_inputs),
                 _t("slot_ids"), _t("out", True))  # fmt: skip
     raise ValueError(f"binding: expected one of {list(BINDINGS)}, got {binding!r}")
+
+
+def commit_ring_roles(ring_names: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """(commit argument, ring name) for each of a layout's rings, in ring order: the three every
+    layout has, then a read copy's (a tree commit moves every ring's rows)."""
+    roles = (*COMMIT_RING_PARAMS, *COMMIT_READ_RING_PARAMS)
+    if not 3 <= len(ring_names) <= len(roles):
+        raise ValueError(f"ring_names: expected 3 to {len(roles)} rings, got {list(ring_names)}")
+    return tuple(zip(roles, ring_names))
 
 
 def bind(family, binding: str, values: Mapping[str, object]) -> list[object]:
@@ -310,8 +322,6 @@ def _required_first(params: Sequence[Param]) -> tuple[Param, ...]:
 
 
 # The family-free ops: commit_drafts (the pool by ring role) and commit_snapshots.
-# Separate mode's rings (a read copy's layout only: GDN's v and beta), after the three.
-COMMIT_READ_RING_PARAMS = ("read_value_ring", "read_scalar_ring")
 COMMIT_DRAFTS_ARGS = (
     CURSORS, *(_t(n, True) for n in COMMIT_RING_PARAMS), _t("num_accepted"), _t("slot_indices"),
     _opt("accepted_path"), _opt("parents"), *(_opt(n, True) for n in COMMIT_READ_RING_PARAMS),

@@ -181,16 +181,19 @@ def check_read_dtype(
 
 def check_cuda_spec(spec: KernelSpec) -> KernelSpec:
     """`spec`, refused where the CUDA templates cannot build it: drafts (the speculative
-    kernels) with an e4m3 or NVFP4 checkpoint, or with any read copy. The torch path (a plan on
-    device="cpu", or torch_path on any tensors) takes those; the CUDA verify kernels read
-    unscaled, one-copy checkpoints only."""
-    if spec.has_verify and (spec.read_dtype is not None
-                            or spec.state_dtype in CHECKPOINT_ONLY_DTYPES):  # fmt: skip
+    kernels) with an e4m3 or NVFP4 checkpoint, or with a read copy, in a family whose verify
+    kernels do not read them (Family.verify_scaled_checkpoint, verify_read_copy). The torch path
+    (a plan on device="cpu", or torch_path on any tensors) takes those."""
+    fam = get_family(spec.family)
+    scaled = spec.state_dtype in CHECKPOINT_ONLY_DTYPES and not fam.verify_scaled_checkpoint
+    separate = spec.read_dtype is not None and not fam.verify_read_copy
+    if spec.has_verify and (scaled or separate):
+        taken = "f32/bf16/f16 and e4m3/nvfp4" if fam.verify_scaled_checkpoint else "f32/bf16/f16"
         raise ValueError(
-            f"drafts: expected 1 for a CUDA module with state_dtype={spec.state_dtype!r} and "
-            f"read_dtype={spec.read_dtype!r} (the torch path, a plan on device='cpu', verifies "
-            f"drafts on these checkpoints; the CUDA kernels do not yet: they take f32/bf16/f16 "
-            f"checkpoints without a read copy), got {spec.drafts}"
+            f"drafts: expected 1 for a CUDA {spec.family} module with state_dtype="
+            f"{spec.state_dtype!r} and read_dtype={spec.read_dtype!r} (the torch path, a plan "
+            f"on device='cpu', verifies drafts on these checkpoints; this family's CUDA kernels "
+            f"do not yet: they take {taken} checkpoints without a read copy), got {spec.drafts}"
         )
     return spec
 

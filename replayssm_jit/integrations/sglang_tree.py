@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replayssm_jit.families.schema import COMMIT_RING_PARAMS
+from replayssm_jit.families.schema import commit_ring_roles
 from replayssm_jit.integrations.vllm.layer import ReplaySSMLayer
 from replayssm_jit.integrations.vllm.rows import LayerRows, reads_device_values
 from replayssm_jit.ops.library import OPS
@@ -111,7 +111,7 @@ class TreeRows:
                    z(batch, 1), z(batch, 1), z(batch, T + 1, dtype=torch.int32),
                    z(batch, T), z(batch, T), z(batch, T), z(batch, T, dtype=torch.int32),
                    z(batch, dtype=torch.int32),
-                   tuple(zip(COMMIT_RING_PARAMS, rows.plan.layout.ring_names)))  # fmt: skip
+                   commit_ring_roles(rows.plan.layout.ring_names))  # fmt: skip
 
     def map_parents(self, retrieve_parent_token: object, slots: torch.Tensor) -> torch.Tensor:
         """[batch, T] int32 parents from SGLang's retrieve_parent_token ([bs, T], None for a

@@ -112,8 +112,12 @@ def choose_replay_kernel(
 
 
 def can_split_verify(spec: KernelSpec) -> bool:
-    """Whether `spec`'s family has a split verify step and its records kernel fits one CTA."""
-    needed = get_family(spec.family).verify_records_shared_bytes(spec)
+    """Whether `spec`'s family has a split verify step for its checkpoint (Family.
+    verify_read_copy "per-item": none with a read copy) and its records kernel fits one CTA."""
+    fam = get_family(spec.family)
+    if spec.read_dtype is not None and fam.verify_read_copy == "per-item":
+        return False
+    needed = fam.verify_records_shared_bytes(spec)
     return needed is not None and needed <= MAX_CTA_SHARED_BYTES
 
 

@@ -17,9 +17,9 @@ from replayssm_jit.families.base import Family
 from replayssm_jit.families.layout import check_pool_layout
 from replayssm_jit.families.schema import (
     CHECKPOINT_NAMES,
-    COMMIT_RING_PARAMS,
     bind,
     check_token_inputs,
+    commit_ring_roles,
 )
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.plan import DecodePlan
@@ -299,7 +299,7 @@ def commit_args(
     slot_indices: torch.Tensor,
 ) -> list[object]:
     """commit_step's arguments, bound by name (the layout's rings by role, in ring order)."""
-    rings = dict(zip(COMMIT_RING_PARAMS, (tensors[name] for name in plan.layout.ring_names)))
+    rings = {role: tensors[name] for role, name in commit_ring_roles(plan.layout.ring_names)}
     values = {**rings, "cursors": tensors["cursors"], "num_accepted": num_accepted,
               "accepted_path": accepted_path, "slot_indices": slot_indices,
               "pad_slot_id": plan.pad_slot_id}  # fmt: skip

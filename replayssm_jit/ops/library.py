@@ -39,6 +39,7 @@ from replayssm_jit.families.schema import (
     COMMIT_SNAPSHOTS_ARGS,
     SEED,
     Param,
+    commit_ring_roles,
     op_args,
 )
 from replayssm_jit.families.schema import OPS as SCHEMA_OPS
@@ -203,11 +204,15 @@ COMMIT_RING_ARGS = COMMIT_RING_PARAMS
 
 
 def _commit_drafts(plan: DecodePlan, handle: int, kw: dict) -> None:
-    rings = [kw.pop(arg) for arg in COMMIT_RING_ARGS]
-    # (a read copy's rings follow in the layout's order; commit_drafts names any missing)
-    rings += [r for r in (kw.pop(arg, None) for arg in COMMIT_READ_RING_PARAMS) if r is not None]
-    tensors = {"cursors": kw.pop("cursors"), **dict(zip(plan.layout.ring_names, rings))}
-    commit_drafts(plan, tensors, **kw)
+    # (rings by role, in the layout's order: families/schema.py; commit_drafts names any missing)
+    rings = {name: kw.pop(role, None) for role, name in commit_ring_roles(plan.layout.ring_names)}
+    extra = [role for role in COMMIT_READ_RING_PARAMS if kw.pop(role, None) is not None]
+    if extra:
+        raise ValueError(
+            f"{extra[0]}: expected none (the layout has no read copy's rings: "
+            f"{list(plan.layout.ring_names)}), got a tensor"
+        )
+    commit_drafts(plan, {"cursors": kw.pop("cursors"), **rings}, **kw)
 
 
 def _call(op: str, fn: Callable) -> Callable[[DecodePlan, int, dict], None]:

@@ -30,6 +30,24 @@ struct CheckpointView {
   int64_t block_slot_stride;
 };
 
+// The two copies in any family's kernel Params: the carried checkpoint (state_* fields) and the
+// copy a non-flush step reads, the read copy (read_* fields) where read_t is not void, else the
+// carried one.
+template <typename state_t, class Params>
+__device__ __forceinline__ CheckpointView<state_t> carried_view(const Params& p) {
+  return {p.state, p.state_slot_stride, p.state_scale, p.state_scale_slot_stride, p.state_blocks, p.state_block_slot_stride};
+}
+template <typename state_t, typename read_t, class Params>
+__device__ __forceinline__ CheckpointView<std::conditional_t<std::is_void_v<read_t>, state_t, read_t>> read_copy_view(
+    const Params& p) {
+  if constexpr (std::is_void_v<read_t>) {
+    return carried_view<state_t>(p);
+  } else {
+    return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, p.read_scale_slot_stride, p.read_blocks,
+            p.read_block_slot_stride};
+  }
+}
+
 // A CTA's rows row0.. of one head's copy: where they live, for loads and stores.
 template <typename T, int HEAD_ROWS, int COLS>
 struct CopyRows {
@@ -56,6 +74,8 @@ struct CopyRows {
 // where they live for the store.
 template <class Tile, typename T, int HEAD_ROWS>
 struct TileCheckpoint {
+  using Tiling = Tile;  // (for code generic over the copy it reads)
+  using Format = T;
   static constexpr bool kScaled = kRowScaled<T>;
   static constexpr bool kBlocks = kBlockScaled<T>;
   static_assert(!kBlocks || Tile::kVec == 2 * kBlockValues, "an NVFP4 chunk holds two blocks");

@@ -4,6 +4,7 @@
 #pragma once
 #include <type_traits>
 
+#include "common/checkpoint.cuh"
 #include "common/step.cuh"
 
 namespace replayssm {
@@ -136,6 +137,65 @@ __device__ __forceinline__ void fold_tile(const typename Tile::Regs& s_raw,
   }
 }
 
+// An early flush's fold of `count` records into the CTA's tile s (FP32, laid out as Tile):
+// s += sum_k w[k][r] v[k], per-row weights w [count][ROWS] and row vectors v [count][COLS] in
+// shared memory (FP32 or as stored), exact FP32 FMAs.
+template <class Tile, int ROWS, typename V>
+__device__ __forceinline__ void fold_records(float (&s)[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec],
+                                             const float (*w)[ROWS], const V (*v)[Tile::kCols], int count) {
+  for (int k = 0; k < count; ++k) {
+    float wk[Tile::kPasses];
+    Tile::row_values(&w[k][0], wk);
+    #pragma unroll
+    for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+      float v_c[Tile::kVec];
+      Tile::chunk(&v[k][0], c, v_c);
+      #pragma unroll
+      for (int i = 0; i < Tile::kPasses; ++i)
+        #pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(wk[i], v_c[e], s[i][c][e]);
+    }
+  }
+}
+
+// An early flush's store of the CTA's new state s (laid out as Tile) into the copy it read, `at`
+// (any format: row or block scales reduced and written), and, where SEPARATE, into the read copy
+// `read_at` too, with the keys a step's flush rounds by (slot, epoch; the element's index).
+// Called by every thread of the CTA (an NVFP4 copy reduces its head scale over the CTA).
+template <class Tile, bool SR, bool SEPARATE, bool READ_SR, int HEAD_ROWS, int COLS, typename T, typename R>
+__device__ __forceinline__ void store_flushed(const CopyRows<T, HEAD_ROWS, COLS>& at, const CopyRows<R, HEAD_ROWS, COLS>& read_at,
+                                              const float (&s)[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec],
+                                              uint64_t seed, int slot, uint64_t epoch, int head, int row0) {
+  const uint64_t sr_key = checkpoint_rounding_key<SR>(seed, slot, epoch);
+  const uint64_t read_key = SEPARATE ? read_copy_rounding_key<READ_SR>(seed, slot, epoch) : 0;
+  const float head_scale = prepare_store<Tile>(at, s);
+  float read_head_scale = 0.f;
+  if constexpr (SEPARATE) read_head_scale = prepare_store<Tile>(read_at, s);
+  #pragma unroll
+  for (int i = 0; i < Tile::kPasses; ++i) {
+    const int r = Tile::row(i);
+    const uint64_t element = (uint64_t(head) * HEAD_ROWS + row0 + r) * COLS;
+    store_row<Tile, T, SR>(at, r, s[i], sr_key, element, head_scale);
+    if constexpr (SEPARATE) store_row<Tile, R, READ_SR>(read_at, r, s[i], read_key, element, read_head_scale);
+  }
+}
+
+// The CTA's tile s (FP32, laid out as Tile) times a per-column scale col[COLS] in shared memory
+// (KDA's fold: a decay per key channel).
+template <class Tile>
+__device__ __forceinline__ void scale_columns(float (&s)[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec],
+                                              const float* col) {
+  #pragma unroll
+  for (int c = 0; c < Tile::kChunksPerLane; ++c) {
+    float col_c[Tile::kVec];
+    Tile::chunk(col, c, col_c);
+    #pragma unroll
+    for (int i = 0; i < Tile::kPasses; ++i)
+      #pragma unroll
+      for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] *= col_c[e];
+  }
+}
+
 // Writes the CTA's tile (rows row0.. of head `head`, HEAD_ROWS rows a head) back, stochastically
 // rounded where SR with the standard steps' key (slot and epoch; the element's index in the slot).
 template <class Tile, bool SR, int HEAD_ROWS, typename state_t>
@@ -223,11 +283,17 @@ struct RingRows {
   int64_t heads, row_bytes, slot_bytes;
 };
 
+// Every ring a commit moves: the three each layout has, then a read copy's (base nullptr: none).
+struct CommitRings {
+  static constexpr int kMax = 5;
+  RingRows ring[kMax];
+};
+
 // Commit of accepted drafts, one CTA per batch row: a = clamp(num_accepted, 0, pending). For a
 // tree (path given) every ring's row n + path[i] moves to n + i, for i = 0..a-1 in order: a root
 // path increases, so no row is overwritten before it is read. Then n += a and nothing is pending.
 template <int L, int T, int THREADS>
-__global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, int64_t cursor_slot_stride, RingRows r0, RingRows r1, RingRows r2,
+__global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, int64_t cursor_slot_stride, CommitRings rings,
                                                           const int32_t* num_accepted, const int32_t* path,
                                                           const int32_t* slot_indices, int32_t pad_slot_id,
                                                           int32_t num_slots) {
@@ -255,9 +321,8 @@ __global__ void __launch_bounds__(THREADS) commit_kernel(int32_t* cursors, int64
     for (int i = 0; i < accepted; ++i) {
       const int from = min(max(path[int64_t(row) * T + i], 0), pending - 1);
       if (from != i) {
-        move_row(r0, from, i);
-        move_row(r1, from, i);
-        move_row(r2, from, i);
+        #pragma unroll
+        for (int k = 0; k < CommitRings::kMax; ++k) move_row(rings.ring[k], from, i);
       }
       __syncthreads();
     }

@@ -108,6 +108,8 @@ __device__ __forceinline__ void append_shared_drafts(const VerifyParams<act_t, s
       float g, beta;
       draft_gates<GATES_IN_KERNEL>(p, d, row, j, h, g, beta);
       p.rec_g[int64_t(slot) * p.rec_g_slot_stride + int64_t(h) * CAP + first + j] = g;
+      // Separate mode's beta ring (every CTA of the row has read the committed ones by now).
+      if (p.rec_beta != nullptr) p.rec_beta[int64_t(slot) * p.rec_beta_slot_stride + int64_t(h) * CAP + first + j] = beta;
     }
   }
   copy_rows<act_t, K, THREADS>(
@@ -135,12 +137,23 @@ struct VerifyChannels<true, RECORDS, T, K> {
   alignas(16) float k_decayed[T][K];
 };
 
+// Separate mode (read_t not void; GDN, per item): a verify that does not flush reads the read
+// copy; an early flush loads the carried copy, recomputes each committed u from it (the decode
+// kernel's recompute_held_u, over the rings' v and beta) before folding, and writes both copies;
+// the drafts' v and beta go to the rings beside their u.
 template <int K, int V, int VPH, int L, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
-          bool GATES_IN_KERNEL, bool SR, bool PER_CHANNEL = false>
+          bool GATES_IN_KERNEL, bool SR, bool PER_CHANNEL = false, typename read_t = void, bool READ_SR = SR>
 struct Verify {
   static constexpr int kCap = L + T;
+  static constexpr bool kSeparate = !std::is_void_v<read_t>;
+  static_assert(!(kSeparate && PER_CHANNEL), "KDA has no read copy");
   using Params = VerifyParams<act_t, state_t>;
   using Tile = RowTiling<state_t, K, ROWS, WARPS, false>;
+  using Read = std::conditional_t<kSeparate, read_t, state_t>;
+  template <class C> using Copy = TileCheckpoint<RowTiling<C, K, ROWS, WARPS, false>, C, V>;
+  // The decode kernel whose separate-mode flush this one's repeats (the same tile and capacity).
+  using Step = Kernel<K, V, VPH, L, kCap, ROWS, WARPS, act_t, state_t, true, L2NORM, GATES_IN_KERNEL, SR, false,
+                      read_t, READ_SR>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = V / ROWS;
   static constexpr int kRecords = kCap - 1 + T;
@@ -160,6 +173,7 @@ struct Verify {
     float fold_total;
     int last;
     VerifyChannels<PER_CHANNEL, kRecords, T, K> ch;
+    RecomputeSmem<kSeparate, kCap, ROWS> held;  // separate mode's early flush
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
@@ -234,8 +248,9 @@ struct Verify {
     const int slot = p.slot_indices[row];
     const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_v_heads + vhead) * V + row0; };
     if (skip_unusable_draft_row<T, ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out_of)) return;
-    typename Tile::Regs s_raw;
-    state_t* rows = load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
+    // The copy a non-flush verify reads (any format; the read copy in separate mode), first.
+    Copy<Read> read;
+    read.load(Step::read_view(p), slot, p.num_v_heads, vhead, row0);
 
     // This step's drafts (all T rows) and raw gates, in flight during the cursor's round trip.
     RowStager<act_t, K, T, kThreads> k_draft, q_draft;
@@ -333,69 +348,93 @@ struct Verify {
       sm.pred[j][r] = pr;
       sm.osum[j][r] = os;
     }
-    if (vr.flush) {
-      for (int e = threadIdx.x; e < m * ROWS; e += kThreads) {
-        const int i = e / ROWS, r = e % ROWS;
-        sm.u[i][r] *= (PER_CHANNEL ? 1.f : expf(sm.log_after[i])) * inv_norm(sm.k2[i]);
-      }
-      if constexpr (PER_CHANNEL) {  // the fold's decayed k rows and column scale, in place
-        for (int e = threadIdx.x; e < m * K; e += kThreads) sm.k[e / K][e % K] *= sm.ch.g[e / K][e % K];
-      }
-    }
-    __syncthreads();
-
-    // Rows: the early flush's fold (written back), then the drafts in order, u in registers.
-    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    if constexpr (PER_CHANNEL) {
+    // The fold's weights of the committed u (recomputed from the carried copy first in separate
+    // mode: they were formed from the read copy), in place.
+    const auto fold_weights = [&] {
       if (vr.flush) {
-        fold_tile<Tile, ROWS>(s_raw, s, static_cast<const float*>(sm.ch.committed), true, sm.u, sm.k, m);
-      } else {
-        fold_tile<Tile, ROWS>(s_raw, s, 1.f, false, sm.u, sm.k, m);
-      }
-    } else {
-      fold_tile<Tile, ROWS>(s_raw, s, vr.flush ? expf(sm.fold_total) : 1.f, vr.flush, sm.u, sm.k, m);
-    }
-    if (vr.flush)
-      store_tile<Tile, SR, V>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? vr.epoch : 0), vhead, row0);
-    const int first = vr.flush ? 0 : m;
-    float* u_ring = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * kCap * V + row0;
-    float du[T][Tile::kPasses];  // the drafts' u of this lane's rows
-    #pragma unroll
-    for (int j = 0; j < T; ++j) {
-      act_t* out = out_of(j);
-      if (j >= t) {  // no such draft: a zero output and no u
-        #pragma unroll
-        for (int i = 0; i < Tile::kPasses; ++i) du[j][i] = 0.f;
-        Tile::fill_rows(out, 0.f);
-        continue;
-      }
-      const float rk_j = inv_norm(sm.k2[m + j]), rq_j = inv_norm(sm.q2[j]) * p.scale;
-      float k_reg[Tile::kChunksPerLane][Tile::kVec], q_reg[Tile::kChunksPerLane][Tile::kVec];
-      if constexpr (PER_CHANNEL) {
-        Tile::slice(&sm.ch.k_decayed[j][0], k_reg);
-        Tile::slice(&sm.ch.q_decayed[j][0], q_reg);
-      } else {
-        Tile::slice(&sm.k[m + j][0], k_reg);
-        Tile::slice(&sm.q[j][0], q_reg);
-      }
-      #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i) {
-        const int r = Tile::row(i);
-        float sk, sq;
-        Tile::dot2(s[i], k_reg, q_reg, sk, sq);
-        float pred = sm.total[j] * group_sum<Tile::kLanesPerRow>(sk) * rk_j + sm.pred[j][r];
-        float o = sm.total[j] * group_sum<Tile::kLanesPerRow>(sq) * rq_j + sm.osum[j][r];
-        #pragma unroll
-        for (int a = 0; a < j; ++a) pred = fmaf(sm.kk[j][m + a], du[a][i], pred);
-        const float u = sm.beta[j] * (sm.v[j][r] - pred);
-        du[j][i] = u;
-        #pragma unroll
-        for (int a = 0; a <= j; ++a) o = fmaf(sm.kq[j][m + a], du[a][i], o);
-        if (Tile::row_leader()) {
-          out[r] = from_float<act_t>(o);
-          u_ring[int64_t(first + j) * V + r] = u;
+        for (int e = threadIdx.x; e < m * ROWS; e += kThreads) {
+          const int i = e / ROWS, r = e % ROWS;
+          sm.u[i][r] *= (PER_CHANNEL ? 1.f : expf(sm.log_after[i])) * inv_norm(sm.k2[i]);
+        }
+        if constexpr (PER_CHANNEL) {  // the fold's decayed k rows and column scale, in place
+          for (int e = threadIdx.x; e < m * K; e += kThreads) sm.k[e / K][e % K] *= sm.ch.g[e / K][e % K];
         }
       }
+      __syncthreads();
+    };
+    const int first = vr.flush ? 0 : m;
+    float* u_ring = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * kCap * V + row0;
+
+    // Rows: the early flush's fold (written back), then the drafts in order, u in registers.
+    const auto finish = [&](const auto& ck) {
+      using RT = typename std::decay_t<decltype(ck)>::Tiling;
+      float s[RT::kPasses][RT::kChunksPerLane][RT::kVec];
+      tile_values(ck, (!PER_CHANNEL && vr.flush) ? expf(sm.fold_total) : 1.f, s);
+      if (vr.flush) {
+        if constexpr (PER_CHANNEL) scale_columns<RT>(s, static_cast<const float*>(sm.ch.committed));
+        fold_records<RT, ROWS>(s, sm.u, sm.k, m);
+        const auto read_at = CopyRows<Read, V, K>::of(Step::read_view(p), slot, p.num_v_heads, vhead, row0);
+        store_flushed<RT, SR, kSeparate, READ_SR, V, K>(ck.at, read_at, s, rounding_seed<SR>(p), slot,
+                                                        uint64_t(SR ? vr.epoch : 0), vhead, row0);
+      }
+      float du[T][RT::kPasses];  // the drafts' u of this lane's rows
+      #pragma unroll
+      for (int j = 0; j < T; ++j) {
+        act_t* out = out_of(j);
+        if (j >= t) {  // no such draft: a zero output and no u
+          #pragma unroll
+          for (int i = 0; i < RT::kPasses; ++i) du[j][i] = 0.f;
+          RT::fill_rows(out, 0.f);
+          continue;
+        }
+        const float rk_j = inv_norm(sm.k2[m + j]), rq_j = inv_norm(sm.q2[j]) * p.scale;
+        float k_reg[RT::kChunksPerLane][RT::kVec], q_reg[RT::kChunksPerLane][RT::kVec];
+        if constexpr (PER_CHANNEL) {
+          RT::slice(&sm.ch.k_decayed[j][0], k_reg);
+          RT::slice(&sm.ch.q_decayed[j][0], q_reg);
+        } else {
+          RT::slice(&sm.k[m + j][0], k_reg);
+          RT::slice(&sm.q[j][0], q_reg);
+        }
+        #pragma unroll
+        for (int i = 0; i < RT::kPasses; ++i) {
+          const int r = RT::row(i);
+          float sk, sq;
+          RT::dot2(s[i], k_reg, q_reg, sk, sq);
+          float pred = sm.total[j] * group_sum<RT::kLanesPerRow>(sk) * rk_j + sm.pred[j][r];
+          float o = sm.total[j] * group_sum<RT::kLanesPerRow>(sq) * rq_j + sm.osum[j][r];
+          #pragma unroll
+          for (int a = 0; a < j; ++a) pred = fmaf(sm.kk[j][m + a], du[a][i], pred);
+          const float u = sm.beta[j] * (sm.v[j][r] - pred);
+          du[j][i] = u;
+          #pragma unroll
+          for (int a = 0; a <= j; ++a) o = fmaf(sm.kq[j][m + a], du[a][i], o);
+          if (RT::row_leader()) {
+            out[r] = from_float<act_t>(o);
+            u_ring[int64_t(first + j) * V + r] = u;
+          }
+        }
+      }
+    };
+    if constexpr (kSeparate) {
+      if (vr.flush) {
+        Copy<state_t> carried;
+        carried.load(Step::state_view(p), slot, p.num_v_heads, vhead, row0);
+        Step::recompute_held_u(p, carried, &sm.k[0][0], sm.g, &sm.u[0][0], sm.held, slot, vhead, row0, m);
+        fold_weights();
+        finish(carried);
+      } else {
+        fold_weights();
+        finish(read);
+      }
+      // The drafts' v rows of this CTA at ring rows first.. (its own recompute read rows 0..m
+      // before the barrier that ended it); their beta goes with the rows the heads share.
+      act_t* v_ring = p.rec_v + int64_t(slot) * p.rec_v_slot_stride + (int64_t(vhead) * kCap + first) * V + row0;
+      for (int e = threadIdx.x; e < t * ROWS; e += kThreads)
+        v_ring[int64_t(e / ROWS) * V + e % ROWS] = from_float<act_t>(sm.v[e / ROWS][e % ROWS]);
+    } else {
+      fold_weights();
+      finish(read);
     }
 
     const float* own_g = nullptr;

@@ -236,8 +236,10 @@ struct VerifyState {
     if (skip_unusable_draft_row<T, ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out_of)) return;
 
     // Checkpoint rows and the drafts' inputs first: none of them waits for the records kernel.
-    typename Tile::Regs s_raw;
-    state_t* rows = load_state_rows<Tile, V>(p.state, p.state_slot_stride, slot, vhead, row0, s_raw);
+    TileCheckpoint<Tile, state_t, V> ck;  // (one copy, any format)
+    ck.load(CheckpointView<state_t>{p.state, p.state_slot_stride, p.state_scale, p.state_scale_slot_stride, p.state_blocks,
+                                    p.state_block_slot_stride}, slot, p.num_v_heads,
+            vhead, row0);
     copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.k + int64_t(row) * p.k_stride_b +
                                         int64_t(khead) * p.k_stride_h, 0, d.k_stride_t, 1, T);
     copy_rows_async<act_t, K, kThreads>(&sm.q[0][0], 0, K, p.q + int64_t(row) * p.q_stride_b +
@@ -273,9 +275,12 @@ struct VerifyState {
 
     // Rows: the early flush's fold (written back), then the drafts in order, u in registers.
     float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    fold_tile<Tile, ROWS>(s_raw, s, vr.flush ? sm.scalars[Scalars::kFold] : 1.f, vr.flush, sm.held_u, sm.held_k, m);
-    if (vr.flush)
-      store_tile<Tile, SR, V>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? vr.epoch : 0), vhead, row0);
+    tile_values(ck, vr.flush ? sm.scalars[Scalars::kFold] : 1.f, s);
+    if (vr.flush) {
+      fold_records<Tile, ROWS>(s, sm.held_u, sm.held_k, m);
+      store_flushed<Tile, SR, false, SR, V, K>(ck.at, ck.at, s, rounding_seed<SR>(p), slot, uint64_t(SR ? vr.epoch : 0),
+                                                vhead, row0);
+    }
     const int first = vr.flush ? 0 : m;
     float* u_ring = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * kCap * V + row0;
     float du[T][Tile::kPasses];  // the drafts' u of this lane's rows

@@ -104,13 +104,9 @@ struct Kernel {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
-  static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
-    return {p.state, p.state_slot_stride, p.state_scale, p.state_scale_slot_stride, p.state_blocks, p.state_block_slot_stride};
-  }
+  static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) { return carried_view<state_t>(p); }
   static __device__ __forceinline__ CheckpointView<Read> read_view(const Params& p) {
-    if constexpr (kSeparate) return {static_cast<read_t*>(p.read_state), p.read_slot_stride, p.read_scale, p.read_scale_slot_stride, p.read_blocks,
-                                     p.read_block_slot_stride};
-    else return state_view(p);
+    return read_copy_view<state_t, read_t>(p);
   }
 
   // Rows: y = total (S_c . q) + extra, or the fold S <- total S + sum_k x[k][r] B_k (x already

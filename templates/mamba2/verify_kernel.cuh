@@ -69,12 +69,54 @@ __device__ __forceinline__ void append_drafts(const VerifyParams<act_t, state_t>
   finish_verify_cursor(cursor, v);
 }
 
+// The checkpoint copies a verify CTA reads (any format; in separate mode, read_t not void, the
+// read copy, and at an early flush the carried copy, both written back as a step's flush does).
+template <int P, int N, int ROWS, int WARPS, typename state_t, typename read_t>
+struct VerifyCopies {
+  static constexpr bool kSeparate = !std::is_void_v<read_t>;
+  using Read = std::conditional_t<kSeparate, read_t, state_t>;
+  template <class T> using Copy = TileCheckpoint<RowTiling<T, N, ROWS, WARPS, false>, T, P>;
+
+  template <class Params>
+  static __device__ __forceinline__ CheckpointView<state_t> state_view(const Params& p) {
+    return carried_view<state_t>(p);
+  }
+  template <class Params>
+  static __device__ __forceinline__ CheckpointView<Read> read_view(const Params& p) {
+    return read_copy_view<state_t, read_t>(p);
+  }
+  // Calls finish(ck) with the copy the rows come from: the read one loaded first (`read`), or at a
+  // separate-mode flush the carried copy, loaded now.
+  template <class Params, class Finish>
+  static __device__ __forceinline__ void rows_from(const Params& p, const Copy<Read>& read, bool flush, int slot,
+                                                   int head, int row0, const Finish& finish) {
+    if (kSeparate && flush) {
+      Copy<state_t> carried;
+      carried.load(state_view(p), slot, p.num_heads, head, row0);
+      finish(carried);
+    } else {
+      finish(read);
+    }
+  }
+  // An early flush's store of the new state s (laid out as the tile of the copy `ck` read) into
+  // that copy and, in separate mode, the read copy.
+  template <bool SR, bool READ_SR, class Params, class CK>
+  static __device__ __forceinline__ void store(const Params& p, const CK& ck,
+                                               const float (&s)[CK::Tiling::kPasses][CK::Tiling::kChunksPerLane][CK::Tiling::kVec],
+                                               int slot, uint64_t epoch, int head, int row0) {
+    const auto read_at = CopyRows<Read, P, N>::of(read_view(p), slot, p.num_heads, head, row0);
+    store_flushed<typename CK::Tiling, SR, kSeparate, READ_SR, P, N>(ck.at, read_at, s, rounding_seed<SR>(p), slot,
+                                                                      epoch, head, row0);
+  }
+};
+
 template <int P, int N, int HPG, int L, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool HAS_D,
-          bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR>
+          bool HAS_Z, bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, typename read_t = void, bool READ_SR = SR>
 struct Verify {
   static constexpr int kCap = L + T;
   using Params = VerifyParams<act_t, state_t>;
   using Tile = RowTiling<state_t, N, ROWS, WARPS, false>;
+  using Copies = VerifyCopies<P, N, ROWS, WARPS, state_t, read_t>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = P / ROWS;
   static constexpr int kRecords = kCap - 1 + T;  // committed (at most CAP - 1) then this step's drafts
@@ -107,8 +149,8 @@ struct Verify {
     // out [batch, T, H, P]: draft j's rows of this CTA.
     const auto out_of = [&](int j) { return p.out + ((int64_t(row) * T + j) * p.num_heads + head) * P + row0; };
     if (skip_unusable_draft_row<T, ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out_of)) return;
-    typename Tile::Regs s_raw;
-    state_t* rows = load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
+    typename Copies::template Copy<typename Copies::Read> read;
+    read.load(Copies::read_view(p), slot, p.num_heads, head, row0);
 
     // This step's drafts (all T rows exist whatever t is) and per-head values: their loads are in
     // flight during the cursor's round trip.
@@ -194,30 +236,35 @@ struct Verify {
     __syncthreads();
 
     // Rows: the early flush's fold (written back), then every draft's output from the state.
-    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    fold_tile<Tile, ROWS>(s_raw, s, v.flush ? expf(sm.fold_total) : 1.f, v.flush, sm.x, sm.b, m);
-    if (v.flush)
-      store_tile<Tile, SR, P>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? v.epoch : 0), head, row0);
-    #pragma unroll
-    for (int j = 0; j < T; ++j) {
-      act_t* out = out_of(j);
-      if (j >= t) {  // no such draft: a zero output
-        Tile::fill_rows(out, 0.f);
-        continue;
+    Copies::rows_from(p, read, v.flush, slot, head, row0, [&](const auto& ck) {
+      using RT = typename std::decay_t<decltype(ck)>::Tiling;
+      float s[RT::kPasses][RT::kChunksPerLane][RT::kVec];
+      tile_values(ck, v.flush ? expf(sm.fold_total) : 1.f, s);
+      if (v.flush) {
+        fold_records<RT, ROWS>(s, sm.x, sm.b, m);
+        Copies::template store<SR, READ_SR>(p, ck, s, slot, uint64_t(SR ? v.epoch : 0), head, row0);
       }
-      float q_reg[Tile::kChunksPerLane][Tile::kVec];
-      Tile::slice(&sm.q[j][0], q_reg);
       #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i) {
-        const int r = Tile::row(i);
-        const float acc = Tile::dot(s[i], q_reg);
-        float y = group_sum<Tile::kLanesPerRow>(acc) * sm.total[j] + sm.extra[j][r];
-        if (Tile::row_leader()) {
-          if constexpr (HAS_Z) y *= sm.z[j][r] / (1.f + expf(-sm.z[j][r]));
-          out[r] = from_float<act_t>(y);
+      for (int j = 0; j < T; ++j) {
+        act_t* out = out_of(j);
+        if (j >= t) {  // no such draft: a zero output
+          RT::fill_rows(out, 0.f);
+          continue;
+        }
+        float q_reg[RT::kChunksPerLane][RT::kVec];
+        RT::slice(&sm.q[j][0], q_reg);
+        #pragma unroll
+        for (int i = 0; i < RT::kPasses; ++i) {
+          const int r = RT::row(i);
+          const float acc = RT::dot(s[i], q_reg);
+          float y = group_sum<RT::kLanesPerRow>(acc) * sm.total[j] + sm.extra[j][r];
+          if (RT::row_leader()) {
+            if constexpr (HAS_Z) y *= sm.z[j][r] / (1.f + expf(-sm.z[j][r]));
+            out[r] = from_float<act_t>(y);
+          }
         }
       }
-    }
+    });
 
     append_drafts<P, N, kCap, ROWS, kThreads, HAS_DT_BIAS, DT_SOFTPLUS>(
         vp, v, row, slot, head, row0, num_groups, kSplits, &sm.last,

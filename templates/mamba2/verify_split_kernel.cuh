@@ -166,12 +166,13 @@ struct VerifyRecords {
 };
 
 template <int P, int N, int HPG, int L, int T, int ROWS, int WARPS, typename act_t, typename state_t, bool HAS_Z,
-          bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR>
+          bool HAS_DT_BIAS, bool DT_SOFTPLUS, bool SR, typename read_t = void, bool READ_SR = SR>
 struct VerifyState {
   static constexpr int kCap = L + T;
   using Params = VerifyParams<act_t, state_t>;
   using Workspace = VerifyWorkspace<P, T, kCap>;
   using Tile = RowTiling<state_t, N, ROWS, WARPS, false>;
+  using Copies = VerifyCopies<P, N, ROWS, WARPS, state_t, read_t>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kSplits = P / ROWS;
 
@@ -202,8 +203,8 @@ struct VerifyState {
     if (skip_unusable_draft_row<T, ROWS, kThreads>(slot, p.pad_slot_id, p.num_slots, out_of)) return;
 
     // Checkpoint rows and the drafts' inputs first: none of them waits for the records kernel.
-    typename Tile::Regs s_raw;
-    state_t* rows = load_state_rows<Tile, P>(p.state, p.state_slot_stride, slot, head, row0, s_raw);
+    typename Copies::template Copy<typename Copies::Read> read;
+    read.load(Copies::read_view(p), slot, p.num_heads, head, row0);
     copy_rows_async<act_t, N, kThreads>(&sm.q[0][0], 0, N, p.C + int64_t(row) * p.c_stride_b +
                                         int64_t(group) * p.c_stride_g, 0, d.c_stride_t, 1, T);
     copy_rows_async<act_t, ROWS, kThreads>(&sm.x[0][0], 0, ROWS, p.x + int64_t(row) * p.x_stride_b +
@@ -240,43 +241,48 @@ struct VerifyState {
     }
 
     // Rows: the early flush's fold (written back), then every draft's output from the state.
-    float s[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec];
-    fold_tile<Tile, ROWS>(s_raw, s, v.flush ? sm.total[T] : 1.f, v.flush, sm.weighted_x, sm.held_b, m);
-    if (v.flush)
-      store_tile<Tile, SR, P>(rows, s, rounding_seed<SR>(p), slot, uint64_t(SR ? v.epoch : 0), head, row0);
-    // Per draft: every pass's dot and row sum first, then the row leaders' stores. With a store
-    // under row_leader() between two passes, ptxas branched around it (a divergent region it does
-    // not move shuffles across) and ran each pass's FMA chain and shuffles one after the other in
-    // every compiled (T, tile) but super120b's T = 4 (docs/tuning.md, "The T = 8 step at batch
-    // 256"; not yet timed on a GPU). Same FMAs in the same order as before.
-    act_t* out = out_of(0);
-    const int64_t draft_stride = int64_t(p.num_heads) * P;
-    #pragma unroll 1
-    for (int j = 0; j < T; ++j, out += draft_stride) {
-      if (j >= t) {  // no such draft: a zero output
-        Tile::fill_rows(out, 0.f);
-        continue;
+    Copies::rows_from(p, read, v.flush, slot, head, row0, [&](const auto& ck) {
+      using RT = typename std::decay_t<decltype(ck)>::Tiling;
+      float s[RT::kPasses][RT::kChunksPerLane][RT::kVec];
+      tile_values(ck, v.flush ? sm.total[T] : 1.f, s);
+      if (v.flush) {
+        fold_records<RT, ROWS>(s, sm.weighted_x, sm.held_b, m);
+        Copies::template store<SR, READ_SR>(p, ck, s, slot, uint64_t(SR ? v.epoch : 0), head, row0);
       }
-      float q_reg[Tile::kChunksPerLane][Tile::kVec];
-      Tile::slice(&sm.q[j][0], q_reg);
-      float y[Tile::kPasses];
-      #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i) y[i] = Tile::dot(s[i], q_reg);
-      #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i)
-        y[i] = group_sum<Tile::kLanesPerRow>(y[i]) * sm.total[j] + sm.extra[j][Tile::row(i)];
-      if (Tile::row_leader()) {
+      // Per draft: every pass's dot and row sum first, then the row leaders' stores. With a store
+      // under row_leader() between two passes, ptxas branched around it (a divergent region it
+      // does not move shuffles across) and ran each pass's FMA chain and shuffles one after the
+      // other in every compiled (T, tile) but super120b's T = 4 (docs/tuning.md, "The T = 8 step
+      // at batch 256"; not yet timed on a GPU). Same FMAs in the same order as before.
+      act_t* out = out_of(0);
+      const int64_t draft_stride = int64_t(p.num_heads) * P;
+      #pragma unroll 1
+      for (int j = 0; j < T; ++j, out += draft_stride) {
+        if (j >= t) {  // no such draft: a zero output
+          RT::fill_rows(out, 0.f);
+          continue;
+        }
+        float q_reg[RT::kChunksPerLane][RT::kVec];
+        RT::slice(&sm.q[j][0], q_reg);
+        float y[RT::kPasses];
         #pragma unroll
-        for (int i = 0; i < Tile::kPasses; ++i) {
-          const int r = Tile::row(i);
-          if constexpr (HAS_Z) {
-            const float z = to_float(sm.z[j][r]);
-            y[i] *= z / (1.f + expf(-z));
+        for (int i = 0; i < RT::kPasses; ++i) y[i] = RT::dot(s[i], q_reg);
+        #pragma unroll
+        for (int i = 0; i < RT::kPasses; ++i)
+          y[i] = group_sum<RT::kLanesPerRow>(y[i]) * sm.total[j] + sm.extra[j][RT::row(i)];
+        if (RT::row_leader()) {
+          #pragma unroll
+          for (int i = 0; i < RT::kPasses; ++i) {
+            const int r = RT::row(i);
+            if constexpr (HAS_Z) {
+              const float z = to_float(sm.z[j][r]);
+              y[i] *= z / (1.f + expf(-z));
+            }
+            out[r] = from_float<act_t>(y[i]);
           }
-          out[r] = from_float<act_t>(y[i]);
         }
       }
-    }
+    });
     append_drafts<P, N, kCap, ROWS, kThreads, HAS_DT_BIAS, DT_SOFTPLUS>(
         vp, v, row, slot, head, row0, num_groups, kSplits, &sm.last, [&](int j, int r) { return sm.x[j][r]; });
   }

@@ -838,7 +838,8 @@ def expected_refusal(family, state, read, window, drafts, key_dim) -> str | None
             return "read_dtype"
         if family not in ("mamba2", "gdn") or window < 2:
             return "read_dtype"
-    # (drafts with e4m3 or a read copy: the torch path's; check_cuda_spec refuses CUDA modules)
+    # (drafts with e4m3 or a read copy: the torch path's and Mamba-2's kernels; check_cuda_spec
+    # refuses GDN and KDA CUDA modules)
     narrowest = min(CHECKPOINT_FORMS[state], CHECKPOINT_FORMS[read] if r else 4)
     vec = 16 // narrowest
     if key_dim % max(vec, 8) or key_dim > 32 * vec * 8:

@@ -22,29 +22,27 @@ import torch
 from support.verify_formats import (
     DTYPES,
     FAMS,
-    SlotModel,
-    assert_within_one_code,
+    SEED,
     decoded,
     rel_err,
-    stored_block,
+    run_formats_schedule,
+    start,
 )
-from support.verify_schedule import Cursor, random_path, random_tree
+from support.verify_schedule import Cursor
 
 from replayssm_jit import (
-    commit_drafts,
     commit_snapshots,
     mamba2_snapshot_verify,
     plan_decode,
     reset_slots,
 )
-from replayssm_jit.families.schema import COMMIT_READ_RING_PARAMS
+from replayssm_jit.families import FAMILIES
+from replayssm_jit.families.schema import COMMIT_READ_RING_PARAMS, binding_params, commit_ring_roles
 from replayssm_jit.families.spec import check_cuda_spec, make_spec
 from replayssm_jit.jit.build import load_module, render
 from replayssm_jit.ops.library import COMMIT_RING_ARGS, plan_handle
 
 I32 = torch.int32
-SEED = 5
-OUT_TOL = 5e-5
 
 pytestmark = pytest.mark.usefixtures("no_launch_env", "single_thread")
 
@@ -61,114 +59,6 @@ def _id(case):
     return f"{fam}-{state}" + (f"+{read}" if read else "")
 
 
-def start(fam, state, read, L, T, slots=5, sr=False):
-    gen = torch.Generator().manual_seed(SEED)
-    layout = fam.layout(state, read, L, T)
-    tensors = layout.allocate(slots, "cpu")
-    for name in layout.ring_names:  # a read of a row no record was written to shows NaN
-        tensors[name].fill_(float("nan"))
-    init = 0.5 * torch.randn(slots, *fam.state_shape(), generator=gen)
-    reset_slots(layout, tensors, torch.arange(slots), init)
-    opts = dict(fam.options, stochastic_rounding=sr)
-    return gen, layout, tensors, opts
-
-
-def run_formats_schedule(case, *, trees, fused, sr=False, steps=14, L=4, T=3, via_op=False):
-    """Rows on slots 1 and 3 and a pad row, random draft counts, trees or chains, fused or
-    explicit commits: outputs, cursors and flushed copies against the emulation; slots no row
-    names, and checkpoints no flush wrote, bit for bit."""
-    name, state, read = case
-    fam = FAMS[name]()
-    gen, layout, tensors, opts = start(fam, state, read, L, T, sr=sr)
-    rng = random.Random(SEED)
-    plan = plan_decode(layout, 3, device="cpu", seed=SEED, **opts)
-    params = fam.params(gen)
-    live = [1, 3]
-    models = {s: SlotModel(fam, tensors, s, read is not None) for s in live}
-    cursors = {s: Cursor() for s in live}
-    accepted, flushes = None, 0
-    for step in range(steps):
-        slot_row = [3, -1, 1] if step % 2 else [1, 3, -1]
-        slots = torch.tensor(slot_row, dtype=I32)
-        t_row = [rng.randint(1, T) if s >= 0 else 0 for s in slot_row]
-        trees_now = [random_tree(rng, t, rng.choice(["chain", "star", "random"])) if trees
-                     else list(range(-1, t - 1)) for t in t_row]  # fmt: skip
-        parents = [p + [-1] * (T - len(p)) for p in trees_now]
-        drafts = fam.drafts(gen, 3, T)
-        kw = dict(num_drafts=torch.tensor(t_row, dtype=I32))
-        if trees:
-            kw["parents"] = torch.tensor(parents, dtype=I32)
-        if fused and accepted is not None:
-            kw["num_accepted"] = torch.tensor([accepted.get(s, 0) for s in slot_row], dtype=I32)
-        before = {k: v.clone() for k, v in tensors.items()}
-        want, folded = {}, {}
-        for r, s in enumerate(slot_row):
-            if s < 0:
-                continue
-            a = accepted.get(s, 0) if fused and accepted is not None else None
-            if a is not None:
-                models[s].commit(range(a))
-            flush = cursors[s].verify(t_row[r], a, L, T)
-            toks = [fam.token(drafts, params, r, j) for j in range(t_row[r])]
-            want[r], folded[s] = models[s].verify(toks, parents[r], flush)
-        out = torch.full((3, T, *fam.state_shape()[:2]), float("nan"))
-        fam.verify_op(plan, **tensors, **params, **drafts, slot_indices=slots, out=out, **kw)
-        assert (out[slot_row.index(-1)] == 0).all(), "pad row"
-        for r, ys in want.items():
-            e = rel_err(out[r, : len(ys)], torch.stack(ys))
-            assert e < OUT_TOL, f"step {step} row {r}: output relative error {e:.2e}"
-            assert (out[r, len(ys) :] == 0).all(), "unused drafts"
-        got = tensors["cursors"][live].tolist()
-        assert got == [[cursors[s].held, cursors[s].epoch, 0, cursors[s].pending] for s in live]
-        for s in live:
-            if folded[s] is None:  # no flush: no copy of the checkpoint written
-                for n in layout.checkpoint_names:
-                    assert torch.equal(tensors[n][s].view(torch.uint8),
-                                       before[n][s].view(torch.uint8)), (step, n)  # fmt: skip
-                continue
-            flushes += 1
-            index = torch.tensor([s])
-            assert_within_one_code(decoded(tensors, "state", index)[0], folded[s], state,
-                                   f"carried copy of slot {s} at step {step}",
-                                   stored_block(tensors, "state", s))  # fmt: skip
-            if read is not None:
-                assert_within_one_code(decoded(tensors, "read", index)[0], folded[s], read,
-                                       f"read copy of slot {s} at step {step}",
-                                       stored_block(tensors, "read", s))  # fmt: skip
-            models[s].reload(tensors)  # the emulation continues from what was stored
-        accepted = {}
-        paths = torch.zeros(3, T, dtype=I32)
-        for r, s in enumerate(slot_row):
-            if s < 0:
-                continue
-            t = t_row[r]
-            path = random_path(rng, trees_now[r]) if trees else list(range(rng.randint(0, t)))
-            accepted[s] = len(path)
-            paths[r, : len(path)] = torch.tensor(path, dtype=I32)
-            if not fused or trees:
-                models[s].commit(path)
-        if not fused or trees:
-            counts = torch.tensor([accepted.get(s, 0) for s in slot_row], dtype=I32)
-            args = dict(num_accepted=counts, slot_indices=slots,
-                        accepted_path=paths if trees else None, parents=kw.get("parents"))  # fmt: skip
-            if via_op:  # the registered op: rings by role, a read copy's after the three
-                names = layout.ring_names
-                rings = {**dict(zip(COMMIT_RING_ARGS, (tensors[n] for n in names[:3]))),
-                         **dict(zip(COMMIT_READ_RING_PARAMS, (tensors[n] for n in names[3:])))}  # fmt: skip
-                torch.ops.replayssm.commit_drafts(plan_handle(plan), cursors=tensors["cursors"],
-                                                  **rings, **args)  # fmt: skip
-            else:
-                commit_drafts(plan, **tensors, **args)
-            for s in live:
-                cursors[s].commit(accepted[s])
-            accepted = None
-    for s in (0, 2, 4):  # never named
-        assert all(torch.equal(tensors[n][s].view(torch.uint8), t.view(torch.uint8))
-                   for n, t in start(fam, state, read, L, T, sr=sr)[2].items()
-                   if n in layout.checkpoint_names for t in [t[s]])  # fmt: skip
-    assert flushes >= 2, "the schedule must fold committed records early"
-
-
 @pytest.mark.parametrize("case", CASES, ids=_id)
 @pytest.mark.parametrize("trees, fused", [(False, True), (False, False), (True, False)],
                          ids=["chain-fused", "chain-explicit", "tree"])  # fmt: skip
@@ -181,6 +71,34 @@ def test_tree_commits_through_the_registered_op_on_read_copies(case):
     """torch.ops.replayssm.commit_drafts takes a read copy's rings (GDN's v and beta) after the
     three by role, and moves them as the Python commit_drafts does."""
     run_formats_schedule(case, trees=True, fused=False, via_op=True)
+
+
+def test_the_registered_commit_refuses_a_read_copy_ring_the_layout_lacks():
+    fam = FAMS["mamba2"]()
+    _gen, layout, tensors, opts = start(fam, "f32", "e4m3", 4, 3)
+    plan = plan_decode(layout, 1, device="cpu", seed=SEED, **opts)
+    rings = {role: tensors[n] for role, n in commit_ring_roles(layout.ring_names)}
+    before = {k: t.clone() for k, t in tensors.items()}
+    with pytest.raises(ValueError, match="read_value_ring: expected none"):
+        torch.ops.replayssm.commit_drafts(plan_handle(plan), cursors=tensors["cursors"], **rings,
+                                          read_value_ring=tensors["rec_x"],
+                                          num_accepted=torch.tensor([1], dtype=I32),
+                                          slot_indices=torch.tensor([1], dtype=I32))  # fmt: skip
+    assert all(
+        torch.equal(t.view(torch.uint8), before[k].view(torch.uint8)) for k, t in tensors.items()
+    )
+
+
+def test_the_cuda_commit_takes_every_ring_of_a_layout():
+    """The compiled commit moves a tree path's rows in every ring: a read copy's too (GDN's v and
+    beta, which a later flush recomputes u from)."""
+    for name in FAMILIES:
+        params = [p.name for p in binding_params(FAMILIES[name], "commit_step")]
+        assert all(role in params for role in (*COMMIT_RING_ARGS, *COMMIT_READ_RING_PARAMS))
+    gdn = FAMS["gdn"]()
+    _gen, layout, _tensors, _opts = start(gdn, "f32", "e4m3", 4, 3)
+    assert [n for _role, n in commit_ring_roles(layout.ring_names)] == list(layout.ring_names)
+    assert len(layout.ring_names) == 5
 
 
 def test_the_registered_commit_names_a_read_copy_ring_left_out():
@@ -277,15 +195,29 @@ def test_verify_then_commit_is_the_decode_steps(case, sr):
 
 
 # ---------------------------------------------------------------------------------------------
-# The CUDA modules refuse these specs (the kernels do not read scaled or two-copy checkpoints
-# in verify yet)
+# The CUDA modules: every family's verify kernels read e4m3 / NVFP4 checkpoints and read copies
+# (GDN's per item only; their GPU test: test_verify_formats_gpu.py); a family whose kernels do
+# not (Family.verify_scaled_checkpoint / verify_read_copy unset) refuses such specs
 # ---------------------------------------------------------------------------------------------
 
-CUDA_REFUSAL = "^drafts: expected 1 for a CUDA module .*the torch path.*CUDA kernels do not yet"
+CUDA_REFUSAL = "^drafts: expected 1 for a CUDA gdn module .*the torch path.*do not yet"
 
 
-@pytest.mark.parametrize("case", CASES, ids=_id)
-def test_cuda_modules_with_drafts_on_these_formats_are_refused(case):
+@pytest.fixture
+def gdn_without_format_verify(monkeypatch):
+    """GDN as a family whose CUDA verify takes neither (the rule check_cuda_spec applies)."""
+    import dataclasses
+
+    import replayssm_jit.families.spec as spec_mod
+
+    plain = dataclasses.replace(spec_mod.get_family("gdn"), verify_scaled_checkpoint=False,
+                                verify_read_copy=False)  # fmt: skip
+    real = spec_mod.get_family
+    monkeypatch.setattr(spec_mod, "get_family", lambda n: plain if n == "gdn" else real(n))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] == "gdn"], ids=_id)
+def test_cuda_modules_with_drafts_on_untaken_formats_are_refused(case, gdn_without_format_verify):
     name, state, read = case
     fam = FAMS[name]()
     spec = fam.layout(state, read, 4, 3)  # the layout (and so its spec) is the torch path's
@@ -299,12 +231,40 @@ def test_cuda_modules_with_drafts_on_these_formats_are_refused(case):
         load_module(spec)
 
 
-def test_cuda_plan_is_refused_before_any_build(monkeypatch):
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_cuda_modules_with_drafts_on_these_formats_render(case):
+    """verify_step binds every copy (scales, blocks, the read copy), and the verify kernels are
+    instantiated with the read copy's type (KDA has none)."""
+    name, state, read = case
+    fam = FAMS[name]()
+    spec = plan_decode(fam.layout(state, read, 4, 3), 2, device="cpu", **fam.options).spec
+    assert check_cuda_spec(spec) is spec
+    source = render(spec)
+    assert "verify_step(" in source and (name == "kda" or "read_t, kReadSR>;" in source)
+    for arg in ("state_scale", "state_block_scale", "read_state", "read_scale", "read_block_scale"):
+        assert f"{arg}" in source.split("void verify_step(")[1].split(")")[0], arg
+
+
+def test_gdn_verifies_a_read_copy_per_item_only():
+    """The launch policy never splits a GDN verify with a read copy (its split kernels take one
+    copy), even where asked to; Mamba-2's splits."""
+    from replayssm_jit.launch.policy import can_split_verify
+
+    for name, want in (("gdn", False), ("mamba2", True)):
+        fam = FAMS[name]()
+        spec = plan_decode(fam.layout("f32", "e4m3", 4, 3), 2, device="cpu", **fam.options).spec
+        assert can_split_verify(spec) is want, name
+    spec = plan_decode(FAMS["gdn"]().layout("e4m3", None, 4, 3), 2, device="cpu",
+                       **FAMS["gdn"]().options).spec  # fmt: skip
+    assert can_split_verify(spec)
+
+
+def test_cuda_plan_is_refused_before_any_build(monkeypatch, gdn_without_format_verify):
     """plan_decode on a CUDA device checks the spec before the launch policy and the load."""
     import replayssm_jit.ops.plan as plan_mod
 
-    fam = FAMS["mamba2"]()
-    layout = fam.layout("e4m3", None, 4, 3)
+    fam = FAMS["gdn"]()
+    layout = fam.layout("f32", "e4m3", 4, 3)
     monkeypatch.setattr(plan_mod, "resolve_device", lambda d: torch.device("cuda", 0))
     with pytest.raises(ValueError, match=CUDA_REFUSAL):
         plan_decode(layout, 2, device="cuda", **fam.options)

@@ -171,7 +171,42 @@ def _preset_flush_mask_tests() -> list[KernelSpec]:
     return specs
 
 
+def _preset_verify_formats_tests() -> list[KernelSpec]:
+    """What tests/protocol/test_verify_formats_gpu.py and test_verify_nan.py load
+    (support/verify_formats.py's shapes, FP32 activations, L = 4, T = 3, with and without
+    stochastic rounding where something is rounded): Mamba-2 H = 2, G = 1, P = N = 32 and GDN H = 1, HV = 2, K = V = 32
+    (l2norm, gates formed outside) on FP32, e4m3 and NVFP4 checkpoints and FP32 with e4m3, BF16
+    and NVFP4 read copies; KDA as GDN on FP32, e4m3 and NVFP4."""
+    import torch
+
+    from replayssm_jit.families.layout import family_layout
+    from replayssm_jit.ops.plan import plan_decode
+
+    f8, f4, f32 = torch.float8_e4m3fn, torch.float4_e2m1fn_x2, torch.float32
+    delta = dict(num_k_heads=1, num_v_heads=2, head_k_dim=32, head_v_dim=32)
+    families = {
+        "mamba2": (dict(num_heads=2, headdim=32, dstate=32, ngroups=1),
+                   dict(has_D=True, has_z=False, has_dt_bias=True, dt_softplus=True),
+                   [(f32, None), (f8, None), (f4, None), (f32, f8), (f32, torch.bfloat16), (f32, f4)]),
+        "gdn": (delta, dict(use_qk_l2norm=True, gates_in_kernel=False),
+                [(f32, None), (f8, None), (f4, None), (f32, f8), (f32, torch.bfloat16), (f32, f4)]),
+        "kda": (delta, dict(use_qk_l2norm=True, gates_in_kernel=False),
+                [(f32, None), (f8, None), (f4, None)]),
+    }  # fmt: skip
+    specs = []
+    for family, (dims, options, cases) in families.items():
+        for state, read in cases:
+            layout = family_layout(family, window=4, drafts=3, state_dtype=state, read_dtype=read,
+                                   act_dtype=torch.float32, **dims)  # fmt: skip
+            for sr in (False, True) if state != f32 or read is not None else (False,):
+                plan = plan_decode(layout, 3, device=torch.device("cpu"), stochastic_rounding=sr,
+                                   **options)  # fmt: skip
+                specs.append(plan.spec)
+    return specs
+
+
 PRESETS = {
+    "verify-formats-tests": _preset_verify_formats_tests,
     "flush-mask-tests": _preset_flush_mask_tests,
     "checkpoint-formats": _preset_checkpoint_formats,
     "kda-tests": _preset_kda_tests,
