@@ -60,14 +60,16 @@ def table(path: Path) -> str:
              "|---" * (len(COLUMNS) + 3) + "|"]  # fmt: skip
     for i, k in enumerate(found):
         cells = []
-        for heading, metric in COLUMNS:
+        for _heading, metric in COLUMNS:
             v = k.get(metric, "")
             if metric == "Duration" and v:
                 v = f"{number(v) / 1000:.1f}"
             elif metric == "Achieved Occupancy" and v:
                 v = f"{number(v):.1f} ({number(k.get('Theoretical Occupancy', 'nan')):.1f})"
             cells.append(v)
-        lines.append(f"| {i} | `{short_name(k['kernel'])}` | {k['grid']} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {i} | `{short_name(k['kernel'])}` | {k['grid']} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
