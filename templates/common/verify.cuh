@@ -84,6 +84,10 @@ __device__ __forceinline__ float window_decay(const DraftTree<T>& tree, const fl
   return window_decay(tree, tree.path_log, log_decay, log_after, m, mc, j, i);
 }
 
+// A record's weight in a draft: exactly zero off the draft's window (decay 0), even where the
+// dot it scales is NaN or inf (another draft's poisoned inputs must not reach this one).
+__device__ __forceinline__ float window_weight(float decay, float value) { return decay == 0.f ? 0.f : decay * value; }
+
 // A verify or snapshot row this CTA must not run: its T drafts' outputs zero (a pad row) or NaN
 // (a slot id out of range), nothing else touched. True where the CTA is then done.
 template <int T, int ROWS, int THREADS, class OutOf>

@@ -332,8 +332,8 @@ struct Verify {
       const float dec = PER_CHANNEL ? 1.f : window_decay(sm.tree, sm.g, sm.log_after, m, mc, j, i);
       const float rk_i = inv_norm(sm.k2[i]), rk_j = inv_norm(sm.k2[m + j]);
       const float rq_j = inv_norm(sm.q2[j]) * p.scale;
-      sm.kk[j][i] = i == m + j ? 0.f : dec * sm.kk[j][i] * rk_i * rk_j;
-      sm.kq[j][i] = dec * sm.kq[j][i] * rk_i * rq_j;
+      sm.kk[j][i] = i == m + j ? 0.f : window_weight(dec, sm.kk[j][i] * rk_i * rk_j);
+      sm.kq[j][i] = window_weight(dec, sm.kq[j][i] * rk_i * rq_j);
     }
     if (threadIdx.x < t) sm.total[threadIdx.x] = PER_CHANNEL ? 1.f : expf(committed_log + sm.tree.path_log[threadIdx.x]);
     __syncthreads();
@@ -404,11 +404,13 @@ struct Verify {
           float pred = sm.total[j] * group_sum<RT::kLanesPerRow>(sk) * rk_j + sm.pred[j][r];
           float o = sm.total[j] * group_sum<RT::kLanesPerRow>(sq) * rq_j + sm.osum[j][r];
           #pragma unroll
-          for (int a = 0; a < j; ++a) pred = fmaf(sm.kk[j][m + a], du[a][i], pred);
+          for (int a = 0; a < j; ++a)  // (a non-ancestor has weight 0 and is skipped: its u may be NaN)
+            if (sm.kk[j][m + a] != 0.f) pred = fmaf(sm.kk[j][m + a], du[a][i], pred);
           const float u = sm.beta[j] * (sm.v[j][r] - pred);
           du[j][i] = u;
           #pragma unroll
-          for (int a = 0; a <= j; ++a) o = fmaf(sm.kq[j][m + a], du[a][i], o);
+          for (int a = 0; a <= j; ++a)
+            if (sm.kq[j][m + a] != 0.f) o = fmaf(sm.kq[j][m + a], du[a][i], o);
           if (RT::row_leader()) {
             out[r] = from_float<act_t>(o);
             u_ring[int64_t(first + j) * V + r] = u;

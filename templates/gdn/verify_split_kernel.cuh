@@ -126,8 +126,8 @@ struct VerifyRecords {
       const float dec = window_decay(sm.tree, sm.path_log[h], sm.g[h], sm.log_after[h], m, mc, j, i);
       const float rk_i = inv_norm(sm.k2[i]), rk_j = inv_norm(sm.k2[m + j]);
       const float rq_j = inv_norm(sm.q2[j]) * p.scale;
-      sm.wkk[h][j][i] = i == m + j || dec == 0.f ? 0.f : dec * sm.kk[j][i] * rk_i * rk_j;
-      sm.wkq[h][j][i] = dec == 0.f ? 0.f : dec * sm.kq[j][i] * rk_i * rq_j;
+      sm.wkk[h][j][i] = i == m + j ? 0.f : window_weight(dec, sm.kk[j][i] * rk_i * rk_j);
+      sm.wkq[h][j][i] = window_weight(dec, sm.kq[j][i] * rk_i * rq_j);
     }
     __syncthreads();
     // Every scalar of every value head (zeros for drafts past t, so the state kernel reads only
@@ -306,11 +306,13 @@ struct VerifyState {
         float pred = sm.scalars[Scalars::kA + j] * group_sum<Tile::kLanesPerRow>(sk) + sm.pred[j][r];
         float o = sm.scalars[Scalars::kB + j] * group_sum<Tile::kLanesPerRow>(sq) + sm.osum[j][r];
         #pragma unroll
-        for (int a = 0; a < j; ++a) pred = fmaf(wkk[a], du[a][i], pred);
+        for (int a = 0; a < j; ++a)  // (a non-ancestor has weight 0 and is skipped: its u may be NaN)
+          if (wkk[a] != 0.f) pred = fmaf(wkk[a], du[a][i], pred);
         const float u = sm.scalars[Scalars::kBeta + j] * (to_float(sm.v[j][r]) - pred);
         du[j][i] = u;
         #pragma unroll
-        for (int a = 0; a <= j; ++a) o = fmaf(wkq[a], du[a][i], o);
+        for (int a = 0; a <= j; ++a)
+          if (wkq[a] != 0.f) o = fmaf(wkq[a], du[a][i], o);
         if (Tile::row_leader()) {
           out[r] = from_float<act_t>(o);
           u_ring[int64_t(first + j) * V + r] = u;

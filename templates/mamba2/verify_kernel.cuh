@@ -215,7 +215,7 @@ struct Verify {
     for (int pair = threadIdx.x; pair < t * count; pair += kThreads) {
       const int j = pair / count, i = pair % count;
       const float w = window_decay(sm.tree, sm.log_decay, sm.log_after, m, mc, j, i);
-      sm.coef[j][i] = w * sm.dt[i] * sm.dot[j][i];
+      sm.coef[j][i] = window_weight(w, sm.dt[i] * sm.dot[j][i]);
     }
     if (threadIdx.x < t) sm.total[threadIdx.x] = expf(committed_log + sm.tree.path_log[threadIdx.x]);
     __syncthreads();
@@ -225,7 +225,9 @@ struct Verify {
       const int j = e / ROWS, r = e % ROWS;
       float acc = HAS_D ? D * sm.x[m + j][r] : 0.f;
       for (int i = 0; i < mc; ++i) acc = fmaf(sm.coef[j][i], sm.x[i][r], acc);
-      for (int i = m; i < count; ++i) acc = fmaf(sm.coef[j][i], sm.x[i][r], acc);
+      // (a draft off j's path has weight 0 and is skipped: its x may be NaN)
+      for (int i = m; i < count; ++i)
+        if (sm.coef[j][i] != 0.f) acc = fmaf(sm.coef[j][i], sm.x[i][r], acc);
       sm.extra[j][r] = acc;
     }
     if (v.flush)

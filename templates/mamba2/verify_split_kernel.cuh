@@ -105,7 +105,7 @@ struct VerifyRecords {
       const int h = e / (t * replayed), j = e / replayed % t, ir = e % replayed;
       const int i = ir < mc ? ir : m + ir - mc;
       const float w = window_decay(sm.tree, sm.path_log[h], sm.log_decay[h], sm.log_after[h], m, mc, j, i);
-      sm.coef[h][j][i] = w != 0.f ? w * sm.dt[h][i] * sm.dot[j][i] : 0.f;
+      sm.coef[h][j][i] = window_weight(w, sm.dt[h][i] * sm.dot[j][i]);
     }
     if (draft_lane && draft_j < t) {
       const float committed = v.flush ? 0.f : sm.committed_log[draft_h];
@@ -153,6 +153,7 @@ struct VerifyRecords {
             if (j >= t) break;
             float w = sm.coef[h][j][i];
             if (HAS_D && i == m + j) w += D;  // the skip term D x_j
+            if (w == 0.f) continue;  // off j's window: that x may be another draft's NaN
             #pragma unroll
             for (int k = 0; k < kVec; ++k) acc[j][k] = fmaf(w, x[b][k], acc[j][k]);
           }

@@ -103,23 +103,11 @@ KERNELS = [(case, kernel) for case in CASES for kernel in ("per-item", "split")
            if kernel == "per-item" or case[0] == "mamba2" or (case[0] == "gdn" and case[2] is None)]  # fmt: skip
 
 
-def leaks(case, trees: bool) -> bool:
-    """Where the kernels let a poisoned draft through (measured on an H100, 38 of 52 cases:
-    benchmarks/results/2026-12-05-h100-verify-formats): a zero weight times the poisoned value is
-    NaN. Mamba-2 sums every replayed x row into every draft (later drafts' at weight 0); GDN and
-    KDA add each earlier draft's correction (a tree's non-ancestors at weight 0)."""
-    return case[0] == "mamba2" or trees
-
-
 @pytest.mark.gpu
 @pytest.mark.usefixtures("no_launch_env")
 @pytest.mark.parametrize("trees", [False, True], ids=["chain", "tree"])
 @pytest.mark.parametrize("poison", [math.nan, math.inf], ids=["nan", "inf"])
 @pytest.mark.parametrize("case, kernel", KERNELS,
                          ids=lambda v: v if isinstance(v, str) else "-".join(x for x in v if x))  # fmt: skip
-def test_kernels_contain_a_poisoned_draft(request, case, kernel, poison, trees):
-    if leaks(case, trees):  # strict: the fix's first GPU run turns these into failures to remove
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="0 x NaN in the kernels (issue 39)")
-        )
+def test_kernels_contain_a_poisoned_draft(case, kernel, poison, trees):
     assert_contained(case, poison, trees, "cuda", LaunchConfig(kernel=kernel))
