@@ -2,6 +2,7 @@
 # issue slots. ncu's per-SASS-instruction stall samples (source page, SASS view) of VerifyRecords at
 # super120b, batch 256, T = 4 and 8, and of the e4m3 / NVFP4 non-flush state kernels (issue 40).
 # Compressed CSVs under $OUT (the raw pages are large).
+# RECORDS_ONLY=1 (as run_f.sh calls it): the records kernel only.
 source scripts/device/suites.sh
 for t in 4 8; do
   in_tree main timeout 150 ncu --clock-control none --kernel-name-base demangled -k regex:VerifyRecords -c 1 \
@@ -11,6 +12,7 @@ for t in 4 8; do
     2> $OUT/records-T$t.err | xz -6 > $OUT/records-T$t-sass.csv.xz
   echo "== records T=$t at $(elapsed)"
 done
+[ -n "${RECORDS_ONLY:-}" ] && exit 0
 for states in f32+e4m3 f32+nvfp4; do
   in_tree main timeout 120 ncu --clock-control none --kernel-name-base demangled -k regex:State -c 1 \
     --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
