@@ -20,3 +20,10 @@ for states in f32+e4m3 f32+nvfp4; do
     --min-pool-bytes 6e8 --out /tmp/profile-$states 2> $OUT/state-$states.err | xz -6 > $OUT/state-${states/+/-}-sass.csv.xz
   echo "== state $states at $(elapsed)"
 done
+# GDN's separate flush (qwen122b FP32 + e4m3: 2.4 ms, compute-bound in the recompute of held u):
+# the second State launch of profile_steps --single is the flush step's.
+in_tree main timeout 150 ncu --clock-control none --kernel-name-base demangled -k regex:State --launch-skip 1 -c 1 \
+  --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
+  python3 benchmarks/profile_steps.py --family gdn --shapes qwen122b --states f32+e4m3 --single \
+  --min-pool-bytes 6e8 --out /tmp/profile-gdn-flush 2> $OUT/gdn-flush.err | xz -6 > $OUT/gdn-flush-sass.csv.xz
+echo "== gdn separate flush at $(elapsed)"
