@@ -103,44 +103,6 @@ __device__ __forceinline__ void fault_draft_row(const OutOf& out_of) {
   for (int j = 0; j < T; ++j) fill_outputs<ROWS, THREADS>(out_of(j), fault_output());
 }
 
-// The CTA's state tile in FP32, scaled by `scale` (a float, or a pointer to one per column in
-// shared memory), plus (where `fold`) sum_k w[k][r] v[k] over `count` records: per-row weights
-// w [count][ROWS] and row vectors v [count][COLS] in shared memory (FP32 or as stored), exact
-// FP32 FMAs (an early flush's fold).
-template <class Tile, int ROWS, typename V, typename SCALE>
-__device__ __forceinline__ void fold_tile(const typename Tile::Regs& s_raw,
-                                          float (&s)[Tile::kPasses][Tile::kChunksPerLane][Tile::kVec], SCALE scale,
-                                          bool fold, const float (*w)[ROWS], const V (*v)[Tile::kCols], int count) {
-  #pragma unroll
-  for (int i = 0; i < Tile::kPasses; ++i)
-    #pragma unroll
-    for (int c = 0; c < Tile::kChunksPerLane; ++c) {
-      float scale_c[Tile::kVec];
-      if constexpr (std::is_pointer_v<SCALE>) {
-        Tile::chunk(scale, c, scale_c);
-      } else {
-        #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) scale_c[e] = scale;
-      }
-      #pragma unroll
-      for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = s_raw[i][c].get(e) * scale_c[e];
-    }
-  if (!fold) return;
-  for (int k = 0; k < count; ++k) {
-    float wk[Tile::kPasses];
-    Tile::row_values(&w[k][0], wk);
-    #pragma unroll
-    for (int c = 0; c < Tile::kChunksPerLane; ++c) {
-      float v_c[Tile::kVec];
-      Tile::chunk(&v[k][0], c, v_c);
-      #pragma unroll
-      for (int i = 0; i < Tile::kPasses; ++i)
-        #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) s[i][c][e] = fmaf(wk[i], v_c[e], s[i][c][e]);
-    }
-  }
-}
-
 // An early flush's fold of `count` records into the CTA's tile s (FP32, laid out as Tile):
 // s += sum_k w[k][r] v[k], per-row weights w [count][ROWS] and row vectors v [count][COLS] in
 // shared memory (FP32 or as stored), exact FP32 FMAs.

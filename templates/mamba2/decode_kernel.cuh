@@ -266,7 +266,7 @@ struct Kernel {
       finish_rows(p, ck, out, flush, records, sm.total_decay, slot, epoch, head, row0, sm.q[0], sm.z[0],
                   sm.extra, &sm.x[0][0], &sm.b[0][0]);
     };
-    if (kSeparate && flush) {
+    if (kSeparate && flush) {  // (inline: through a helper such as rows_from the SASS of this flush moved)
       Copy<state_t> carried;
       carried.load(state_view(p), slot, p.num_heads, head, row0);
       finish(carried);

@@ -265,7 +265,7 @@ struct State {
       Base::finish_rows(p, ck, out, flush, records, total, slot, epoch, head, row0, sm.q, sm.z, sm.extra,
                         &sm.weighted_x[0][0], &sm.b[0][0]);
     };
-    if (Base::kSeparate && flush) {
+    if (Base::kSeparate && flush) {  // (inline: through a helper such as rows_from the SASS of this flush moved)
       typename Base::template Copy<state_t> carried;
       carried.load(Base::state_view(p), slot, p.num_heads, head, row0);
       finish(carried);

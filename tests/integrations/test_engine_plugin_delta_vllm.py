@@ -19,10 +19,10 @@ from fake_vllm import (
     M2,
     EngineKernelReached,
     ForwardContext,
-    GDNAttentionMetadata,
     Mamba2AttentionMetadata,
 )
 from fake_vllm import install as install_fake_vllm
+from vllm_page_runs import gdn_metadata
 
 from replayssm_jit.core.cursor_words import CURSOR_HELD
 from replayssm_jit.integrations.vllm import hooks, plugin
@@ -55,25 +55,6 @@ def vllm(monkeypatch):
     monkeypatch.setattr(hooks, "_DRAFTS", {})
     monkeypatch.setattr(hooks, "_RESETS", {})
     return install_fake_vllm(monkeypatch, lower_bound=-5.0)
-
-
-def metadata(decodes, prefills, lens, has_initial_state=None):
-    """vLLM's non-spec metadata of a batch: decode rows (one token) first, then prefills."""
-    seqlens = [1] * len(decodes) + list(lens)
-    loc = torch.tensor([0, *torch.tensor(seqlens).cumsum(0).tolist()], dtype=I32)
-    init = torch.tensor(has_initial_state or [False] * len(prefills))
-    p_loc = torch.tensor([0, *torch.tensor(list(lens) or [0]).cumsum(0).tolist()][: len(lens) + 1],
-                         dtype=I32)  # fmt: skip
-    return GDNAttentionMetadata(
-        num_prefills=len(prefills), num_decodes=len(decodes), num_decode_tokens=len(decodes),
-        num_actual_tokens=sum(seqlens),
-        has_initial_state=torch.cat([torch.ones(len(decodes), dtype=torch.bool), init]),
-        non_spec_query_start_loc=loc,
-        non_spec_state_indices_tensor=torch.tensor(list(decodes) + list(prefills), dtype=I32),
-        prefill_state_indices=torch.tensor(prefills, dtype=I32) if prefills else None,
-        prefill_has_initial_state=init if prefills else None,
-        prefill_query_start_loc=p_loc if prefills else None,
-    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,7 +223,7 @@ class GDNRun:
         self.ref: dict[int, torch.Tensor] = {}
 
     def step(self, decodes, prefills=(), lens=()):
-        md = metadata(decodes, prefills, lens)
+        md = gdn_metadata(decodes, prefills, lens)
         n = md.num_actual_tokens
         mixed = torch.randn(n, 2 * KH * K + HV * V, generator=self.gen)
         a, b = torch.randn(n, HV, generator=self.gen), torch.randn(n, HV, generator=self.gen)
@@ -302,7 +283,7 @@ def test_gdn_packed_decode_routes_to_replayssm(vllm):
     run.step([], [1, 4], [2, 2])
     gen = run.gen
     for _ in range(2):
-        md = metadata([1, 4, 0], [], [])
+        md = gdn_metadata([1, 4, 0], [], [])
         mixed = torch.randn(3, 2 * KH * K + HV * V, generator=gen)
         a, b = torch.randn(3, HV, generator=gen), torch.randn(3, HV, generator=gen)
         out = torch.zeros(3, HV, V)
@@ -334,7 +315,7 @@ class KDARun:
         self.ref: dict[int, torch.Tensor] = {}
 
     def step(self, decodes, prefills=(), lens=()):
-        md = metadata(decodes, prefills, lens)
+        md = gdn_metadata(decodes, prefills, lens)
         n, gen = md.num_actual_tokens, self.gen
         q, k, v = (torch.randn(n, HV * KD, generator=gen) for _ in range(3))
         g1 = torch.randn(1, n, HV, KD, generator=gen)
