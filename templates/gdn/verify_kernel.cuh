@@ -329,7 +329,9 @@ struct Verify {
     const float committed_log = vr.flush || PER_CHANNEL ? 0.f : sm.fold_total;
     for (int pair = threadIdx.x; pair < t * count; pair += kThreads) {
       const int j = pair / count, i = pair % count;
-      const float dec = PER_CHANNEL ? 1.f : window_decay(sm.tree, sm.g, sm.log_after, m, mc, j, i);
+      // (per channel the decays are inside the dots; 0 off the window still masks a NaN norm)
+      const float dec = PER_CHANNEL ? float(i < mc || (i >= m && sm.tree.on_path(j, i - m)))
+                                    : window_decay(sm.tree, sm.g, sm.log_after, m, mc, j, i);
       const float rk_i = inv_norm(sm.k2[i]), rk_j = inv_norm(sm.k2[m + j]);
       const float rq_j = inv_norm(sm.q2[j]) * p.scale;
       sm.kk[j][i] = i == m + j ? 0.f : window_weight(dec, sm.kk[j][i] * rk_i * rk_j);
