@@ -205,6 +205,18 @@ def launch_flags(kernel: str, records_ctas: int, sms: int, config: LaunchConfig)
     return flags
 
 
+def verify_launch_flags(kernel: str, records_ctas: int, sms: int, config: LaunchConfig) -> int:
+    """The verify step's flags word for `kernel` ("split" or "per-item"): launch_flags' rules,
+    except that the per-item verify (which runs at every batch where a family cannot split) loads
+    every ring row before the cursor read only under SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM
+    records CTAs per SM, as the split step does."""
+    flags = launch_flags(kernel, records_ctas, sms, config)
+    many = records_ctas >= SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * sms
+    if config.speculative_records == AUTO and many:
+        flags &= ~FLAG_SPECULATIVE_RECORDS
+    return flags
+
+
 def few_records_warps(spec: KernelSpec, records_ctas: int, sms: int, config: LaunchConfig) -> bool:
     """Whether the split records kernel runs 4-warp CTAs: where the family compiles them, its
     key head's value heads fit 4 warps' threads, from FEW_RECORDS_WARPS_MIN_CTAS_PER_SM records
@@ -271,14 +283,16 @@ def choose_launch(spec: KernelSpec, batch: int, heads: int, sms: int, *, replay:
 @dataclass(frozen=True)
 class PlannedLaunch:
     """Every launch choice of a plan: the step's kernel, row tile and flags word, and the
-    verify step's kernel ("split" or "per-item") and row tile ("" and 0 where the spec has no
-    drafts). On the CPU the tiles and flags are 0: the torch path takes only the kernel."""
+    verify step's kernel ("split" or "per-item"), row tile and flags word ("", 0 and 0 where
+    the spec has no drafts). On the CPU the tiles and flags are 0: the torch path takes only
+    the kernel."""
 
     kernel: str
     rows_per_cta: int
     flag_bits: int
     verify_kernel: str = ""
     verify_rows_per_cta: int = 0
+    verify_flag_bits: int = 0
 
 
 def cpu_kernel(replay: bool, config: LaunchConfig) -> str:
@@ -307,4 +321,7 @@ def plan_launch(spec: KernelSpec, batch: int, heads: int, device: torch.device, 
         return PlannedLaunch(cpu_kernel(replay, config), 0, 0)
     if not spec.has_verify:
         return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits)
-    return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits, verify, verify_rows)
+    records_ctas = batch * (heads // spec.heads_per_key)
+    verify_flags = verify_launch_flags(verify, records_ctas, sms, config) if replay else 0
+    return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits, verify, verify_rows,
+                         verify_flags)  # fmt: skip

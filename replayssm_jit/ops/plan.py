@@ -38,7 +38,8 @@ class DecodePlan:
     hand-over between their two launches; 0 otherwise). verify_kernel: "split" or "per-item"
     for the verify step ("" on the CPU or without drafts). verify_rows_per_cta: the row tile of
     the speculative kernels (verify and snapshot steps; 0 on the CPU or without them).
-    flag_bits: the flags word the module's bindings take (launch/policy.py FLAG_*).
+    flag_bits, verify_flag_bits: the flags words the module's step and verify bindings take
+    (launch/policy.py FLAG_*; 0 on the CPU).
     family_options: the family's plan() scalars (GDN: scale; KDA: scale, lower_bound).
     """
 
@@ -57,6 +58,7 @@ class DecodePlan:
     check_slot_values: bool
     verify_rows_per_cta: int = 0
     verify_kernel: str = ""
+    verify_flag_bits: int = 0
     family_options: dict = field(default_factory=dict, compare=False)
     module: object = field(default=None, compare=False, repr=False)
 
@@ -154,7 +156,7 @@ def plan_decode(
             floats = max(floats, int(module.verify_workspace_floats(batch_size, heads)))
     choice = dict(kernel=launch.kernel, rows_per_cta=launch.rows_per_cta, flag_bits=launch.flag_bits,
                   workspace_floats=floats, verify_rows_per_cta=launch.verify_rows_per_cta,
-                  verify_kernel=launch.verify_kernel)  # fmt: skip
+                  verify_kernel=launch.verify_kernel, verify_flag_bits=launch.verify_flag_bits)  # fmt: skip
     return DecodePlan(
         layout, spec, mode, batch_size, device, device.type, **choice, pad_slot_id=pad_slot_id,
         seed=seed & (2**63 - 1), check_slot_values=check_slot_values, family_options=extras,

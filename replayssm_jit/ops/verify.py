@@ -39,7 +39,6 @@ import torch
 
 from replayssm_jit.families import FAMILIES, GDN, KDA, MAMBA2, Family
 from replayssm_jit.families.schema import CHECKPOINT_NAMES, READ_COPY, bind
-from replayssm_jit.launch.policy import FLAG_SPLIT
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.commit import commit_drafts
 from replayssm_jit.ops.decode import (
@@ -140,7 +139,7 @@ def _verify(
         **tensors, **inputs, **index, "out": out, "slot_indices": slot_indices,
         "pad_slot_id": plan.pad_slot_id, "seed": seed_value, "seed_tensor": seed_tensor,
         "rows": plan.verify_rows_per_cta, "workspace": workspace,
-        "flags": FLAG_SPLIT if plan.verify_kernel == "split" else 0,
+        "flags": plan.verify_flag_bits,
     }  # fmt: skip
     plan.module.verify_step(*bind(plan.family, "verify_step", values))
     return out

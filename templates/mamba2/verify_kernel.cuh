@@ -168,6 +168,20 @@ struct Verify {
     const int parent_given = draft_lane ? DraftTree<T>::given_parent(d.parents, row, threadIdx.x) : 0;
     const float A = p.A[head], D = HAS_D ? p.D[head] : 0.f, dt_bias = HAS_DT_BIAS ? p.dt_bias[head] : 0.f;
 
+    // Committed records from the rings: every ring row now, beside the cursor read, where
+    // p.speculative (small batches: a round trip saved for the bytes), else the m held after it.
+    const act_t* rec_x = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head) * kCap * P + row0;
+    const act_t* rec_b = p.rec_b + int64_t(slot) * p.rec_b_slot_stride + int64_t(group) * kCap * N;
+    const float* rec_dt = p.rec_dt + int64_t(slot) * p.rec_dt_slot_stride + int64_t(head) * kCap;
+    RowStager<act_t, ROWS, kCap - 1, kThreads> x_held;
+    RowStager<act_t, N, kCap - 1, kThreads> b_held;
+    const bool early = p.speculative;
+    if (early) {
+      x_held.load(rec_x, P, kCap - 1);
+      b_held.load(rec_b, N, kCap - 1);
+    }
+    const float dt_early = early && threadIdx.x < kCap - 1 ? rec_dt[threadIdx.x] : 0.f;
+
     int32_t* cursor = slot_cursor(p.cursors, p.cursor_slot_stride, slot);
     const VerifyRow v = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
     if (!v.valid) {  // a corrupted cursor: the row touches nothing
@@ -177,16 +191,13 @@ struct Verify {
     const int m = v.committed, t = v.drafts, count = m + t;
     const int mc = v.flush ? 0 : m;  // committed records the drafts replay (none after the fold)
 
-    // Records: committed ones from the rings at [0, m) (one more round trip), drafts at [m, m + t).
-    const act_t* rec_x = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head) * kCap * P + row0;
-    const act_t* rec_b = p.rec_b + int64_t(slot) * p.rec_b_slot_stride + int64_t(group) * kCap * N;
-    const float* rec_dt = p.rec_dt + int64_t(slot) * p.rec_dt_slot_stride + int64_t(head) * kCap;
-    RowStager<act_t, ROWS, kCap - 1, kThreads> x_held;
-    RowStager<act_t, N, kCap - 1, kThreads> b_held;
-    x_held.load(rec_x, P, m);
-    b_held.load(rec_b, N, m);
+    // Records: committed ones at [0, m), drafts at [m, m + t).
+    if (!early) {
+      x_held.load(rec_x, P, m);
+      b_held.load(rec_b, N, m);
+    }
     for (int i = threadIdx.x; i < m; i += kThreads) {
-      const float dt = rec_dt[i];
+      const float dt = early && i == threadIdx.x ? dt_early : rec_dt[i];
       sm.dt[i] = dt;
       sm.log_decay[i] = dt * A;
     }

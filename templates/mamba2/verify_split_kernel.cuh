@@ -71,6 +71,10 @@ struct VerifyRecords {
     if (!v.valid) return;  // a corrupted cursor: the state kernel faults the row
     const int m = v.committed, t = v.drafts, count = m + t;
     const int mc = v.flush ? 0 : m;  // committed records the drafts replay (none after the fold)
+    // The replayed x rows head for L2 now: the sums at the end load them (measured waiting on
+    // DRAM there, in batches of kLoadBatch) after the dots and weights.
+    const act_t* ring_x = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head0) * kCap * P;
+    stage_held_rows<false, act_t, P, HPG, kCap - 1, kCap, kThreads>(nullptr, ring_x, mc);
 
     // Committed B rows (only where replayed) and every head's committed dt, drafts after them.
     RowStager<act_t, N, kCap - 1, kThreads> b_held;
@@ -123,7 +127,6 @@ struct VerifyRecords {
     // Per-row sums, kVec consecutive rows of one head per thread, every draft at once: each x row
     // (committed ones from the ring, drafts from the inputs) is loaded once.
     constexpr int kVec = elements_per_thread<P, HPG * P, kThreads>();
-    const act_t* ring_x = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head0) * kCap * P;
     const act_t* draft_x = p.x + int64_t(row) * p.x_stride_b + int64_t(head0) * p.x_stride_h;
     for (int e = threadIdx.x * kVec; e < HPG * P; e += kThreads * kVec) {
       const int h = e / P, r = e % P;
