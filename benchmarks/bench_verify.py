@@ -44,6 +44,7 @@ from support.verify_schedule import GDNFamily, KDAFamily, Mamba2Family
 from replayssm_jit import LaunchConfig, commit_drafts, commit_snapshots, plan_decode, reset_slots
 from replayssm_jit.core.models import get_model
 from replayssm_jit.families.spec import spec_tilings
+from replayssm_jit.launch.config import parse_launch
 
 PAPER_ACCEPTANCE = {2: 1.95, 4: 3.43, 6: 4.24, 8: 4.40}
 TREE_8 = [-1, 0, 0, 1, 1, 2, 2, 3]
@@ -135,7 +136,8 @@ def bench_config(name, batch, T, args, rng):
         t = time_graph(calls, **kw)
         mean_acc = sum(sum(a.tolist()) for a in accepted) / (steps * batch)
         row(f"verify_{kind}", t["us"], flush_rate=rate, mean_accepted=mean_acc,
-            rows_per_cta=plan.verify_rows_per_cta, verify_kernel=plan.verify_kernel)  # fmt: skip
+            rows_per_cta=plan.verify_rows_per_cta, verify_kernel=plan.verify_kernel,
+            verify_flag_bits=getattr(plan, "verify_flag_bits", None))  # fmt: skip
 
     def time_mixed(other):
         """us per step of `other` (a plan of another launch) in the mixed acceptance cycle."""
@@ -162,6 +164,14 @@ def bench_config(name, batch, T, args, rng):
             row(f"verify_mixed_{other.verify_kernel}", time_mixed(other),
                 rows_per_cta=other.verify_rows_per_cta, verify_kernel=other.verify_kernel)  # fmt: skip
 
+    # The policy's verify under launch overrides (--verify-launches LABEL=SPEC;...), mixed acceptance.
+    for entry in [e for e in args.verify_launches.split(";") if e]:
+        label, spec = entry.split("=", 1)
+        other = plan_decode(layout, batch, device=dev, check_slot_values=False,
+                            config=parse_launch(spec, "--verify-launches"))  # fmt: skip
+        row(f"verify_mixed_{label}", time_mixed(other), launch=spec,
+            verify_flag_bits=getattr(other, "verify_flag_bits", None))  # fmt: skip
+
     # The other compiled row tiles of the verify kernel (--verify-tiles), mixed acceptance.
     for rows_per_cta in [int(r) for r in args.verify_tiles.split(",") if r]:
         compiled = [r for r, _ in spec_tilings(plan.spec)]
@@ -172,7 +182,7 @@ def bench_config(name, batch, T, args, rng):
         row(f"verify_mixed_rows{rows_per_cta}", time_mixed(tiled), rows_per_cta=rows_per_cta)
 
     # Tree verify at T = 8 (explicit commit of a random root path) beside the chain.
-    if T == 8:
+    if T == 8 and args.baselines:
         tensors = pool(layout, nsets * batch, dev, gen)
         parents = torch.tensor([TREE_8] * batch, dtype=torch.int32, device=dev)
         paths, counts = [], []
@@ -221,6 +231,9 @@ def bench_config(name, batch, T, args, rng):
     row("t1", t["us"], kernel_t1=plan1.kernel)
 
     # The conventional spec baseline: T snapshots per row, then the accepted one copied back.
+    if not args.baselines:
+        torch.cuda.empty_cache()
+        return rows
     per_row = 1 + T
     nsets_c = max(2, math.ceil(args.min_pool_bytes / (model.state_bytes(4) * per_row * batch)))
     state = torch.empty((nsets_c * batch * per_row, *fam.state_shape()), device=dev)
@@ -303,6 +316,10 @@ def main(argv=None) -> int:
     p.add_argument(
         "--verify-tiles", default="", help="other verify row tiles to time (batch >= 64)"
     )
+    p.add_argument("--verify-launches", default="",
+                   help="LABEL=SPEC;...: the policy's verify also timed under LaunchConfig SPEC")  # fmt: skip
+    p.add_argument("--no-baselines", dest="baselines", action="store_false",
+                   help="skip the tree verify, the snapshot baseline and fla (T = 1 stays)")  # fmt: skip
     p.add_argument("--min-pool-bytes", type=float, default=1.0e9)
     p.add_argument("--no-fla", dest="fla", action="store_false", help="skip fla's GDN peers")
     p.add_argument("--out", type=Path, default=SCRATCH_DIR)
