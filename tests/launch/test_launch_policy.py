@@ -27,6 +27,7 @@ from replayssm_jit.launch.policy import (
     choose_replay_kernel,
     choose_rows_per_cta,
     launch_flags,
+    verify_launch_flags,
 )
 
 SMS = 132  # an H200
@@ -422,3 +423,21 @@ def test_verify_kernel_choice():
     # The records kernels' shared memory bounds where they are compiled to run.
     assert get_family("mamba2").verify_records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
     assert get_family("gdn").verify_records_shared_bytes(gdn) <= MAX_CTA_SHARED_BYTES
+
+
+def test_verify_flags_load_rings_early_only_at_small_batches():
+    """The verify's flags: a programmatic launch as the step's rules; ring rows before the
+    cursor read under SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM records CTAs per SM for either
+    kernel (the per-item verify also runs KDA at large batches, where the bytes would cost)."""
+    limit = SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM * SMS
+    early, overlap = FLAG_SPECULATIVE_RECORDS, FLAG_OVERLAP_PRIOR_KERNEL
+    assert verify_launch_flags("per-item", 8, SMS, AUTO) == early | overlap  # super120b, batch 1
+    assert verify_launch_flags("per-item", limit - 1, SMS, AUTO) == early | overlap
+    assert verify_launch_flags("per-item", limit, SMS, AUTO) == overlap
+    assert verify_launch_flags("per-item", 32 * 256, SMS, AUTO) == overlap  # kimi48b, batch 256
+    assert verify_launch_flags("split", 8 * 256, SMS, AUTO) == FLAG_SPLIT | overlap
+    assert verify_launch_flags("split", 16 * 8, SMS, AUTO) == FLAG_SPLIT | early  # qwen4b, batch 8
+    forced = LaunchConfig(speculative_records=True, overlap_prior_kernel=False)
+    assert verify_launch_flags("per-item", 32 * 256, SMS, forced) == early
+    off = LaunchConfig(speculative_records=False, overlap_prior_kernel=False)
+    assert verify_launch_flags("per-item", 8, SMS, off) == 0
