@@ -88,6 +88,19 @@ __device__ __forceinline__ float window_decay(const DraftTree<T>& tree, const fl
 // dot it scales is NaN or inf (another draft's poisoned inputs must not reach this one).
 __device__ __forceinline__ float window_weight(float decay, float value) { return decay == 0.f ? 0.f : decay * value; }
 
+// Without an early flush no CTA of a verify row reads ring rows from its first draft row on (the
+// committed rows come before), so per item the CTAs that hold a row the heads share write it
+// before they arrive, sparing the last arrival a round trip through the inputs: true (in every
+// CTA of the row) where write_own(first) did so. An early flush's rows overwrite committed ones
+// that every CTA reads: the last arrival writes them. (The split kernels pass no_own_rows.)
+template <class WriteOwn>
+__device__ __forceinline__ bool wrote_own_rows(const VerifyRow& v, const WriteOwn& write_own) {
+  return !v.flush && write_own(v.committed);
+}
+struct NoOwnRows {
+  __device__ __forceinline__ bool operator()(int) const { return false; }
+};
+
 // A verify or snapshot row this CTA must not run: its T drafts' outputs zero (a pad row) or NaN
 // (a slot id out of range), nothing else touched. True where the CTA is then done.
 template <int T, int ROWS, int THREADS, class OutOf>

@@ -76,25 +76,24 @@ __device__ __forceinline__ void form_draft_channel_decays(const VerifyParams<act
 }
 
 // Called by every CTA of a verify row once it has read the rings (and written its u rows): the
-// row's last CTA writes the rows value heads and row tiles share (every head's g, every key
-// head's k) at ring rows first.. (0 after an early flush, else after the committed ones), then
-// the cursor. PER_CHANNEL: a g row holds K log-decays; without an early flush no CTA of the
-// row reads rows first.., so each head's first row tile writes its own from `own_g` (its
-// drafts' log-decays in shared memory) and the last CTA only the rest.
-template <int K, int CAP, int THREADS, bool GATES_IN_KERNEL, bool PER_CHANNEL, typename act_t, typename state_t>
+// rows value heads and row tiles share (every head's g, and beta in separate mode; every key
+// head's k) go to ring rows first.. (0 after an early flush, else after the committed ones) by
+// write_own (wrote_own_rows) or else from the inputs by the row's last CTA, which then writes
+// the cursor. PER_CHANNEL: a g row holds K log-decays.
+template <int K, int CAP, int THREADS, bool GATES_IN_KERNEL, bool PER_CHANNEL, typename act_t, typename state_t,
+          class WriteOwn = NoOwnRows>
 __device__ __forceinline__ void append_shared_drafts(const VerifyParams<act_t, state_t>& vp, const VerifyRow& vr,
                                                      int row, int slot, int num_k_heads, int splits, int* flag,
-                                                     int vhead = 0, int split = 0, const float* own_g = nullptr) {
+                                                     const WriteOwn& write_own = {}) {
   const auto& p = vp.base;
   const auto& d = vp.d;
   int32_t* cursor = slot_cursor(p.cursors, p.cursor_slot_stride, slot);
-  if constexpr (PER_CHANNEL) {
-    if (!vr.flush && split == 0) {
-      float* g_rows = p.rec_g + int64_t(slot) * p.rec_g_slot_stride + (int64_t(vhead) * CAP + vr.committed) * K;
-      for (int e = threadIdx.x; e < vr.drafts * K; e += THREADS) g_rows[e] = own_g[e];
-    }
-  }
+  const bool written = wrote_own_rows(vr, write_own);
   if (!last_arrival(cursor, p.num_v_heads * splits, flag)) return;
+  if (written) {
+    finish_verify_cursor(cursor, vr);
+    return;
+  }
   const int t = vr.drafts, first = vr.flush ? 0 : vr.committed;
   if constexpr (PER_CHANNEL) {
     if (vr.flush)
@@ -453,10 +452,30 @@ struct Verify {
       finish(read);
     }
 
-    const float* own_g = nullptr;
-    if constexpr (PER_CHANNEL) own_g = &sm.ch.g[m][0];
+    // Shared rows from this CTA's shared memory: its value head's g (and beta), first row tile;
+    // its key head's k rows, the key head's first value head.
+    const auto write_own = [&](int first) {
+      if (split != 0) return true;
+      const int64_t g_width = PER_CHANNEL ? K : 1;
+      float* g_ring = p.rec_g + int64_t(slot) * p.rec_g_slot_stride + (int64_t(vhead) * kCap + first) * g_width;
+      if constexpr (PER_CHANNEL) {
+        for (int j = 0; j < t; ++j)
+          for (int c = threadIdx.x; c < K; c += kThreads) g_ring[j * K + c] = sm.ch.g[m + j][c];
+      } else {
+        for (int j = threadIdx.x; j < t; j += kThreads) g_ring[j] = sm.g[m + j];
+      }
+      if (p.rec_beta != nullptr)
+        for (int j = threadIdx.x; j < t; j += kThreads)
+          p.rec_beta[int64_t(slot) * p.rec_beta_slot_stride + int64_t(vhead) * kCap + first + j] = sm.beta[j];
+      if (vhead % VPH == 0) {
+        act_t* k_ring = p.rec_k + int64_t(slot) * p.rec_k_slot_stride + (int64_t(khead) * kCap + first) * K;
+        for (int j = 0; j < t; ++j)
+          for (int c = threadIdx.x; c < K; c += kThreads) k_ring[j * K + c] = from_float<act_t>(sm.k[m + j][c]);
+      }
+      return true;
+    };
     append_shared_drafts<K, kCap, kThreads, GATES_IN_KERNEL, PER_CHANNEL>(vp, vr, row, slot, num_k_heads, kSplits,
-                                                                        &sm.last, vhead, split, own_g);
+                                                                        &sm.last, write_own);
   }
 };
 

@@ -40,13 +40,14 @@ __device__ __forceinline__ float draft_dt(const P& p, const DraftParams& d, int 
 
 // The end of a verify row's CTA (rows row0.. of `head`, SPLITS row tiles a head), once it has
 // read the rings: its tile of the drafts' x rows (x_of(j, r)) goes to ring rows first.. (0 after
-// an early flush, else after the committed ones); the row's last CTA then writes every head's dt
-// and every group's B rows there, and the cursor.
+// an early flush, else after the committed ones); every head's dt and every group's B rows go
+// there by write_own (wrote_own_rows) or else from the inputs by the row's last CTA, which then
+// writes the cursor.
 template <int P, int N, int CAP, int ROWS, int THREADS, bool HAS_DT_BIAS, bool DT_SOFTPLUS, typename act_t,
-          typename state_t, class XOf>
+          typename state_t, class XOf, class WriteOwn = NoOwnRows>
 __device__ __forceinline__ void append_drafts(const VerifyParams<act_t, state_t>& vp, const VerifyRow& v, int row,
                                               int slot, int head, int row0, int num_groups, int splits, int* flag,
-                                              XOf x_of) {
+                                              XOf x_of, const WriteOwn& write_own = {}) {
   const auto& p = vp.base;
   const auto& d = vp.d;
   const int t = v.drafts, first = v.flush ? 0 : v.committed;
@@ -56,7 +57,12 @@ __device__ __forceinline__ void append_drafts(const VerifyParams<act_t, state_t>
     x_ring[int64_t(first + j) * P + r] = x_of(j, r);
   }
   int32_t* cursor = slot_cursor(p.cursors, p.cursor_slot_stride, slot);
+  const bool written = wrote_own_rows(v, write_own);
   if (!last_arrival(cursor, p.num_heads * splits, flag)) return;
+  if (written) {
+    finish_verify_cursor(cursor, v);
+    return;
+  }
   for (int e = threadIdx.x; e < t * p.num_heads; e += THREADS) {
     const int j = e / p.num_heads, h = e % p.num_heads;
     p.rec_dt[int64_t(slot) * p.rec_dt_slot_stride + int64_t(h) * CAP + first + j] = draft_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, d, row, j, h);
@@ -279,9 +285,22 @@ struct Verify {
       }
     });
 
+    // Shared rows from this CTA's shared memory: its head's dt (first row tile), its group's B
+    // rows (the group's first head).
+    const auto write_own = [&](int first) {
+      if (split != 0) return true;
+      float* dt_ring = p.rec_dt + int64_t(slot) * p.rec_dt_slot_stride + int64_t(head) * kCap + first;
+      for (int j = threadIdx.x; j < t; j += kThreads) dt_ring[j] = sm.dt[m + j];
+      if (head % HPG == 0) {
+        act_t* b_ring = p.rec_b + int64_t(slot) * p.rec_b_slot_stride + (int64_t(group) * kCap + first) * N;
+        for (int j = 0; j < t; ++j)
+          for (int c = threadIdx.x; c < N; c += kThreads) b_ring[j * N + c] = from_float<act_t>(sm.b[m + j][c]);
+      }
+      return true;
+    };
     append_drafts<P, N, kCap, ROWS, kThreads, HAS_DT_BIAS, DT_SOFTPLUS>(
         vp, v, row, slot, head, row0, num_groups, kSplits, &sm.last,
-        [&](int j, int r) { return from_float<act_t>(sm.x[m + j][r]); });
+        [&](int j, int r) { return from_float<act_t>(sm.x[m + j][r]); }, write_own);
   }
 };
 
