@@ -51,6 +51,10 @@ FEW_RECORDS_THREADS = 4 * 32  # one thread per value head for its scalars
 # grid is many times over the chip (sooner for 16-bit checkpoints).
 CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = {"f32": 64, "bf16": 12, "f16": 12, "e4m3": 12, "nvfp4": 12}
 
+# Under one (batch row, head) pair per SM, the per-item verify runs faster on 32-row tiles than
+# on the smaller ones its CTAs-per-SM target picks: fewer row tiles repeat each head's records.
+VERIFY_FEW_PAIRS_ROWS = 32
+
 # Where no GPU is visible (CPU tests of the policy), plan for an H200.
 DEFAULT_SM_COUNT = 132
 
@@ -174,6 +178,17 @@ def choose_rows_per_cta(spec: KernelSpec, step: str, batch: int, heads: int, sms
     preferred = light or preferred
     targets = get_family(spec.family).launch.tile_targets[step]
     return _largest_filling_tile([r for r, _ in preferred], rows, batch, heads, sms, targets)
+
+
+def few_pairs_verify_rows(spec: KernelSpec, batch: int, heads: int, sms: int) -> int:
+    """VERIFY_FEW_PAIRS_ROWS for the per-item verify under one (batch row, head) pair per SM,
+    where that tile is compiled within MAX_LANE_VALUES state values per lane; else 0."""
+    if batch * heads >= sms:
+        return 0
+    cols = spec.state_rows_cols[1]
+    fits = [r for r, w in spec_tilings(spec)
+            if r == VERIFY_FEW_PAIRS_ROWS and lane_values(r, w, cols) <= MAX_LANE_VALUES]  # fmt: skip
+    return fits[0] if fits else 0
 
 
 def launch_flags(kernel: str, records_ctas: int, sms: int, config: LaunchConfig) -> int:
@@ -317,6 +332,8 @@ def plan_launch(spec: KernelSpec, batch: int, heads: int, device: torch.device, 
         step = verify if replay else "conventional"
         field = "rows_per_cta" if config.verify_rows_per_cta == AUTO else "verify_rows_per_cta"
         verify_rows = choose_rows_per_cta(spec, step, batch, heads, sms, config, field)
+        if replay and verify == "per-item" and getattr(config, field) == AUTO:
+            verify_rows = few_pairs_verify_rows(spec, batch, heads, sms) or verify_rows
     if device.type != "cuda":
         return PlannedLaunch(cpu_kernel(replay, config), 0, 0)
     if not spec.has_verify:

@@ -441,3 +441,31 @@ def test_verify_flags_load_rings_early_only_at_small_batches():
     assert verify_launch_flags("per-item", 32 * 256, SMS, forced) == early
     off = LaunchConfig(speculative_records=False, overlap_prior_kernel=False)
     assert verify_launch_flags("per-item", 8, SMS, off) == 0
+
+
+def test_per_item_verify_takes_32_rows_under_one_pair_per_sm(monkeypatch):
+    """Under one (batch row, head) pair per SM the per-item verify takes the 32-row tile where
+    compiled (measured at batch 1: super120b, qwen122b, kimi48b); an asked-for tile stands."""
+    from replayssm_jit.families.spec import kda_spec
+
+    kimi = kda_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1, window=16, drafts=4)
+    m2, nano = super120b(window=16, drafts=4), nano4b(window=16, drafts=4)
+    assert policy.few_pairs_verify_rows(m2, 1, 128, SMS) == 32
+    assert policy.few_pairs_verify_rows(m2, 2, 128, SMS) == 0  # 256 pairs on 132 SMs
+    assert policy.few_pairs_verify_rows(kimi, 4, 32, SMS) == 32
+    assert policy.few_pairs_verify_rows(nano, 1, 96, SMS) == 0  # no 32-row tile (80-row heads)
+    monkeypatch.setattr(policy, "sm_count", lambda device: SMS)
+    cuda = torch.device("cuda")
+
+    def verify_rows(spec, batch, heads, **config):
+        plan = policy.plan_launch(
+            spec, batch, heads, cuda, replay=True, config=LaunchConfig(**config)
+        )
+        return plan.verify_kernel, plan.verify_rows_per_cta
+
+    assert verify_rows(m2, 1, 128) == ("per-item", 32)
+    assert verify_rows(m2, 8, 128) == ("per-item", 64)  # the CTAs-per-SM target's tile
+    assert verify_rows(kimi, 1, 32) == ("per-item", 32)
+    assert verify_rows(m2, 1, 128, verify_rows_per_cta=16) == ("per-item", 16)
+    assert verify_rows(m2, 1, 128, rows_per_cta=8) == ("per-item", 8)
+    assert verify_rows(m2, 1, 128, kernel="split")[0] == "split"
