@@ -135,6 +135,7 @@ def bench_config(name, batch, T, args, rng):
         rate = flush_rate(tensors, calls, steps * nsets, batch)
         t = time_graph(calls, **kw)
         mean_acc = sum(sum(a.tolist()) for a in accepted) / (steps * batch)
+        # (verify_flag_bits None: a tree from before the verify had its own flags)
         row(f"verify_{kind}", t["us"], flush_rate=rate, mean_accepted=mean_acc,
             rows_per_cta=plan.verify_rows_per_cta, verify_kernel=plan.verify_kernel,
             verify_flag_bits=getattr(plan, "verify_flag_bits", None))  # fmt: skip

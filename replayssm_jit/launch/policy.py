@@ -180,6 +180,11 @@ def choose_rows_per_cta(spec: KernelSpec, step: str, batch: int, heads: int, sms
     return _largest_filling_tile([r for r, _ in preferred], rows, batch, heads, sms, targets)
 
 
+def split_records_ctas(spec: KernelSpec, batch: int, heads: int) -> int:
+    """CTAs of a split records kernel: one per (batch row, group or key head)."""
+    return batch * (heads // spec.heads_per_key)
+
+
 def few_pairs_verify_rows(spec: KernelSpec, batch: int, heads: int, sms: int) -> int:
     """VERIFY_FEW_PAIRS_ROWS for the per-item verify under one (batch row, head) pair per SM,
     where that tile is compiled within MAX_LANE_VALUES state values per lane; else 0."""
@@ -283,10 +288,10 @@ def choose_launch(spec: KernelSpec, batch: int, heads: int, sms: int, *, replay:
     step = kernel
     rows = spec.state_rows_cols[0]
     tile = choose_rows_per_cta(spec, step, batch, heads, sms, config)
-    records_ctas = batch * (heads // spec.heads_per_key)
+    records = split_records_ctas(spec, batch, heads)
     # The conventional step launches the per-item kernel with its flags.
-    flags = launch_flags(kernel if replay else "per-item", records_ctas, sms, config)
-    few = few_records_warps(spec, records_ctas, sms, config)
+    flags = launch_flags(kernel if replay else "per-item", records, sms, config)
+    few = few_records_warps(spec, records, sms, config)
     capped = capped_state_registers(spec, batch * heads * (rows // tile), sms, config)
     if flags & FLAG_SPLIT and few:
         flags |= FLAG_FEW_RECORDS_WARPS
@@ -338,7 +343,7 @@ def plan_launch(spec: KernelSpec, batch: int, heads: int, device: torch.device, 
         return PlannedLaunch(cpu_kernel(replay, config), 0, 0)
     if not spec.has_verify:
         return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits)
-    records_ctas = batch * (heads // spec.heads_per_key)
-    verify_flags = verify_launch_flags(verify, records_ctas, sms, config) if replay else 0
+    records = split_records_ctas(spec, batch, heads)
+    verify_flags = verify_launch_flags(verify, records, sms, config) if replay else 0
     return PlannedLaunch(launch.kernel, launch.rows_per_cta, launch.flag_bits, verify, verify_rows,
                          verify_flags)  # fmt: skip
