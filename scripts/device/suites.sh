@@ -16,7 +16,7 @@ unpack() {
   tar xJf $D/$1-src.tar.xz -C /tmp/$1 && { [ ! -f $D/$1-aot.tar.xz ] || tar xJf $D/$1-aot.tar.xz -C /tmp/aot-$1; } \
     && touch /tmp/$1/.ok
 }
-for tree in main combo old nan vl; do unpack $tree; done
+for tree in main combo old nan vl r64; do unpack $tree; done
 elapsed() { echo "$(( $(date +%s) - T0 )) s"; }
 in_tree() {
   local tree=$1
