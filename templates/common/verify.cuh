@@ -92,7 +92,7 @@ __device__ __forceinline__ float window_weight(float decay, float value) { retur
 // committed rows come before), so per item the CTAs that hold a row the heads share write it
 // before they arrive, sparing the last arrival a round trip through the inputs: true (in every
 // CTA of the row) where write_own(first) did so. An early flush's rows overwrite committed ones
-// that every CTA reads: the last arrival writes them. (The split kernels pass no_own_rows.)
+// that every CTA reads: the last arrival writes them. (The split kernels keep NoOwnRows.)
 template <class WriteOwn>
 __device__ __forceinline__ bool wrote_own_rows(const VerifyRow& v, const WriteOwn& write_own) {
   return !v.flush && write_own(v.committed);
