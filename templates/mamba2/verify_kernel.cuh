@@ -127,6 +127,10 @@ struct Verify {
   static constexpr int kSplits = P / ROWS;
   static constexpr int kRecords = kCap - 1 + T;  // committed (at most CAP - 1) then this step's drafts
   static_assert(T >= 2 && T <= 8, "verify drafts: 2..8");
+  // 64 state values a lane: ask for 4 CTAs of 4 warps per SM (128 registers); unbounded, the
+  // allocator takes 168, 3 CTAs, and batch 8 at super120b runs 2.6 waves instead of 2.
+  static constexpr int kLaneValues = Tile::kPasses * Tile::kChunksPerLane * Tile::kVec;
+  static constexpr int kMinBlocks = kThreads == 128 && kLaneValues >= 64 ? 4 : 0;
 
   struct Smem {
     alignas(16) float x[kRecords][ROWS];  // committed then draft x rows; a flush scales committed ones in place
