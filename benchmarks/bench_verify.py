@@ -13,11 +13,14 @@ For each (shape, batch, T), FP32 checkpoints, L = 16, BF16 activations:
   * tree (T = 8 only): a binary draft tree of depth 3 ([-1, 0, 0, 1, 1, 2, 2, 3]) verified and
     committed along a random root path (explicit commit), against the chain of 8 with fused
     commits;
-  * GDN shapes, where fla-core is installed: fla_per_token_states, fla's
-    fused_recurrent_gated_delta_rule run token by token from an initial state with each draft's
-    state written (what a snapshot engine needs: T reads and T writes of the state; fla 0.6 has no
-    per-token state output), and fla_T_tokens, one call over the T drafts with the final state
-    only (1 read + 1 write; it cannot roll back, a floor for a conventional engine).
+  * GDN and KDA shapes, where fla-core is installed: fla_per_token_states, fla's
+    fused_recurrent_gated_delta_rule (fused_recurrent_kda) run token by token from an initial
+    state with each draft's state written (what a snapshot engine needs: T reads and T writes of
+    the state), and fla_T_tokens, one call over the T drafts with the final state only (1 read +
+    1 write; it cannot roll back, a floor for a conventional engine). KDA also gets
+    fla_spec_decode, vLLM's call: one launch that reads the state of each row's last accepted
+    token (num_accepted_tokens) and writes a state per draft into a (batch, T) slot table
+    (ssm_state_indices); fla 0.6's GDN recurrence has no such form.
 Every call is captured in a CUDA graph over disjoint slot sets (pool >= --min-pool-bytes) and
 timed with CUDA events (harness.time_graph: median of --reps x --rounds replays).
 
@@ -258,32 +261,43 @@ def bench_config(name, batch, T, args, rng):
     row("snapshot", t["us"] * 2)
     t = time_graph(calls[0::2], **kw)
     row("snapshot_kernel_only", t["us"])
-    if model.family == "gdn" and args.fla:
-        for peer, us in fla_rows(fam, batch, T, drafts, params, nsets_c, gen, args):
+    calls = state = None  # the fla peers allocate their own states
+    torch.cuda.empty_cache()
+    if model.family in ("gdn", "kda") and args.fla:
+        for peer, us in fla_rows(
+            model.family, fam, batch, T, drafts, params, nsets_c, gen, args, rng
+        ):
             row(peer, us)
     torch.cuda.empty_cache()
     return rows
 
 
-def fla_rows(fam, batch, T, drafts, params, nsets, gen, args) -> list[tuple[str, float]]:
-    """fla's two spec forms (see the module docstring) over `nsets` rotating FP32 states."""
+def fla_rows(
+    family, fam, batch, T, drafts, params, nsets, gen, args, rng
+) -> list[tuple[str, float]]:
+    """fla's spec forms (see the module docstring) over `nsets` rotating FP32 states."""
     try:
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_fn
+        if family == "kda":
+            from fla.ops.kda import fused_recurrent_kda as fla_fn
+            from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd as spec_fn
+        else:
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_fn
+
+            spec_fn = None
     except ImportError as exc:
         print(f"  fla unavailable: {exc}", flush=True)
         return []
     v_first = "state_v_first" in inspect.signature(fla_fn).parameters
-    shape = (batch, fam.HV, fam.V, fam.K) if v_first else (batch, fam.HV, fam.K, fam.V)
-    states = [torch.randn(shape, generator=gen, device="cuda") for _ in range(nsets)]
-    kw = dict(state_v_first=True) if v_first else {}
+    shape = (fam.HV, fam.V, fam.K) if v_first else (fam.HV, fam.K, fam.V)
+    states = [torch.randn((batch, *shape), generator=gen, device="cuda") for _ in range(nsets)]
     q, k, v, a, b = (drafts[n] for n in ("q", "k", "v", "a", "b"))
+    kw = dict(scale=fam.K**-0.5, use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+              A_log=params["A_log"], dt_bias=params["dt_bias"], use_beta_sigmoid_in_kernel=True,
+              **(dict(state_v_first=True) if v_first else {}))  # fmt: skip
 
     def run(h, lo, hi):
         return fla_fn(q[:, lo:hi], k[:, lo:hi], v[:, lo:hi], g=a[:, lo:hi], beta=b[:, lo:hi],
-                      scale=fam.K**-0.5, initial_state=h, output_final_state=True,
-                      use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                      A_log=params["A_log"], dt_bias=params["dt_bias"],
-                      use_beta_sigmoid_in_kernel=True, **kw)  # fmt: skip
+                      initial_state=h, output_final_state=True, **kw)  # fmt: skip
 
     def per_token(h):
         def call():
@@ -293,20 +307,39 @@ def fla_rows(fam, batch, T, drafts, params, nsets, gen, args) -> list[tuple[str,
 
         return call
 
-    rows = []
-    for name, calls in (
+    peers = [
         ("fla_per_token_states", [per_token(h) for h in states]),
         ("fla_T_tokens", [lambda h=h: run(h, 0, T) for h in states]),
-    ):
-        rows.append((name, time_graph(calls, reps=args.reps, rounds=args.rounds)["us"]))
-    o, _ = run(states[0], 0, T)
-    assert torch.isfinite(o.float()).all(), "fla: non-finite output"
+    ]
+    if spec_fn is not None:
+        pool = torch.randn((nsets * batch * T, *shape), generator=gen, device="cuda")
+        tables = (
+            torch.randperm(nsets * batch * T, device="cuda").to(torch.int32).view(nsets, batch, T)
+        )
+        accepted = torch.tensor(
+            acceptance("mixed", T, batch, rng), dtype=torch.int32, device="cuda"
+        )
+
+        def spec(table):
+            return spec_fn(q, k, v, a, b, initial_state=pool, inplace_final_state=True,
+                           ssm_state_indices=table, num_accepted_tokens=accepted, **kw)  # fmt: skip
+
+        peers.append(("fla_spec_decode", [lambda t=t: spec(t) for t in tables]))
+    rows = []
+    for name, calls in peers:
+        try:  # a peer's failure must not lose this config's other rows
+            rows.append((name, time_graph(calls, reps=args.reps, rounds=args.rounds)["us"]))
+        except Exception:
+            traceback.print_exc()
+            return rows
+    outputs = [run(states[0], 0, T)[0]] + ([spec(tables[0])[0]] if spec_fn is not None else [])
+    assert all(torch.isfinite(o.float()).all() for o in outputs), "fla: non-finite output"
     return rows
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--shapes", default="super120b,nano4b,qwen4b,qwen122b")
+    p.add_argument("--shapes", default="super120b,nano4b,qwen4b,qwen122b,kimi48b")
     p.add_argument("--batches", default="256,64,8,1")
     p.add_argument("--ts", default="2,4,8")
     p.add_argument("--verify-kernels", default="split,per-item",
@@ -322,7 +355,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-baselines", dest="baselines", action="store_false",
                    help="skip the tree verify, the snapshot baseline and fla (T = 1 stays)")  # fmt: skip
     p.add_argument("--min-pool-bytes", type=float, default=1.0e9)
-    p.add_argument("--no-fla", dest="fla", action="store_false", help="skip fla's GDN peers")
+    p.add_argument(
+        "--no-fla", dest="fla", action="store_false", help="skip fla's GDN and KDA peers"
+    )
     p.add_argument("--out", type=Path, default=SCRATCH_DIR)
     args = p.parse_args(argv)
     rng = random.Random(0)

@@ -15,7 +15,8 @@
 #   Script arguments per tool: MEMCHECK_ARGS, RACECHECK_ARGS, INITCHECK_ARGS, SYNCCHECK_ARGS,
 #   PLAIN_ARGS (replace the defaults below). Limits in seconds: MEMCHECK_LIMIT, RACECHECK_LIMIT,
 #   INITCHECK_LIMIT, SYNCCHECK_LIMIT, PLAIN_LIMIT. More compute-sanitizer options for every tool:
-#   SANITIZER_ARGS. INITCHECK_SPACE: global, shared or all (compute-sanitizer 2025.4+; default: the tool's). KERNEL_FILTER: the
+#   SANITIZER_ARGS. SANITIZE_OPS: the steps to check (default: all; e.g. "verify snapshot").
+#   INITCHECK_SPACE: global, shared or all (compute-sanitizer 2025.4+; default: the tool's). KERNEL_FILTER: the
 #   --kernel-name filter (default kns=_kernel, the substring of our two __global__ functions:
 #   per_item_kernel, which every step, verify and snapshot kernel instantiates, and commit_kernel;
 #   empty: check every kernel, the script launches no PyTorch kernel).
@@ -43,8 +44,11 @@ if [ "$tools" != plain ]; then
   "$SAN" --version | tail -1
 fi
 
+# SANITIZE_OPS (e.g. "verify snapshot"): only those steps' configs, in the preflight and every tool.
+ops=()
+[ -n "${SANITIZE_OPS:-}" ] && read -ra ops <<< "--ops $SANITIZE_OPS"
 # Preflight without a sanitizer: every module loads and plans as each config asks (no steps).
-if ! python3 "$SCRIPT" --steps 0 > "$OUT/sanitizer-preflight.log" 2>&1; then
+if ! python3 "$SCRIPT" --steps 0 "${ops[@]}" > "$OUT/sanitizer-preflight.log" 2>&1; then
   tail -20 "$OUT/sanitizer-preflight.log"
   echo "preflight failed (log: $OUT/sanitizer-preflight.log): no tool run"
   exit 2
@@ -84,10 +88,10 @@ for tool in $tools; do
   budget=$(( limit > 60 ? limit - 30 : limit / 2 ))
   # shellcheck disable=SC2086  # the script's arguments split on spaces
   if [ "$tool" = plain ]; then
-    cmd=(python3 "$SCRIPT" --time-budget "$budget" $args)
+    cmd=(python3 "$SCRIPT" --time-budget "$budget" "${ops[@]}" $args)
   else
     cmd=("$SAN" --tool "$tool" --error-exitcode 1 "${opts[@]}" "${filter[@]}" ${SANITIZER_ARGS:-}
-         python3 "$SCRIPT" --time-budget "$budget" $args)
+         python3 "$SCRIPT" --time-budget "$budget" "${ops[@]}" $args)
   fi
   echo "== $tool (limit $limit s): ${cmd[*]}"
   started=$SECONDS

@@ -101,6 +101,45 @@ struct NoOwnRows {
   __device__ __forceinline__ bool operator()(int) const { return false; }
 };
 
+// The per-item verify's committed records: two ring row stagers (A, B) and one scalar ring.
+// Where `early` (small batches) every ring row loads before the cursor read, a round trip saved
+// for the bytes; else only the m rows held, after it. SCALAR false: no scalar ring read early.
+template <typename a_t, int A_LEN, typename b_t, int B_LEN, int HELD, int THREADS, bool SCALAR = true>
+struct HeldRecords {
+  RowStager<a_t, A_LEN, HELD, THREADS> a;
+  RowStager<b_t, B_LEN, HELD, THREADS> b;
+  const a_t* a_src;
+  int64_t a_stride;
+  const b_t* b_src;
+  int64_t b_stride;
+  const float* scalars;
+  bool early;
+  float scalar_early;  // this thread's row of the scalar ring, where early
+
+  __device__ __forceinline__ HeldRecords(bool early_, const a_t* a_src_, int64_t a_stride_, const b_t* b_src_,
+                                         int64_t b_stride_, const float* scalars_)
+      : a_src(a_src_), a_stride(a_stride_), b_src(b_src_), b_stride(b_stride_), scalars(scalars_), early(early_) {
+    if (early) {
+      a.load(a_src, a_stride, HELD);
+      b.load(b_src, b_stride, HELD);
+    }
+    scalar_early = SCALAR && early && threadIdx.x < HELD ? scalars[threadIdx.x] : 0.f;
+  }
+  // After the cursor read: the m rows held, where they were not loaded early.
+  __device__ __forceinline__ void load_held(int m) {
+    if (!early) {
+      a.load(a_src, a_stride, m);
+      b.load(b_src, b_stride, m);
+    }
+  }
+  // Scalar ring row i < m.
+  __device__ __forceinline__ float scalar(int i) const { return early && i == threadIdx.x ? scalar_early : scalars[i]; }
+  __device__ __forceinline__ void store(float (*a_dst)[A_LEN], float (*b_dst)[B_LEN], int m) const {
+    a.store(a_dst, 0, m);
+    b.store(b_dst, 0, m);
+  }
+};
+
 // A verify or snapshot row this CTA must not run: its T drafts' outputs zero (a pad row) or NaN
 // (a slot id out of range), nothing else touched. True where the CTA is then done.
 template <int T, int ROWS, int THREADS, class OutOf>

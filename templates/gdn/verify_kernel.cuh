@@ -270,20 +270,12 @@ struct Verify {
     const float A_log = GATES_IN_KERNEL && !PER_CHANNEL ? p.A_log[vhead] : 0.f;
     const float dt_bias = GATES_IN_KERNEL && !PER_CHANNEL ? p.dt_bias[vhead] : 0.f;
 
-    // Committed records from the rings: every ring row now, beside the cursor read, where
-    // p.speculative (small batches: a round trip saved for the bytes), else the m held after it
-    // (per channel, the g rows always after it).
-    const act_t* rec_k = p.rec_k + int64_t(slot) * p.rec_k_slot_stride + int64_t(khead) * kCap * K;
-    const float* rec_u = p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * kCap * V + row0;
+    // Committed records (k, u rows and g): early where p.speculative (per channel, the g rows
+    // always after the cursor read).
     const float* rec_g = p.rec_g + int64_t(slot) * p.rec_g_slot_stride + int64_t(vhead) * kCap * (PER_CHANNEL ? K : 1);
-    RowStager<act_t, K, kCap - 1, kThreads> k_held;
-    RowStager<float, ROWS, kCap - 1, kThreads> u_held;
-    const bool early = p.speculative;
-    if (early) {
-      k_held.load(rec_k, K, kCap - 1);
-      u_held.load(rec_u, V, kCap - 1);
-    }
-    const float g_early = !PER_CHANNEL && early && threadIdx.x < kCap - 1 ? rec_g[threadIdx.x] : 0.f;
+    HeldRecords<act_t, K, float, ROWS, kCap - 1, kThreads, !PER_CHANNEL> held(
+        p.speculative, p.rec_k + int64_t(slot) * p.rec_k_slot_stride + int64_t(khead) * kCap * K, K,
+        p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * kCap * V + row0, V, rec_g);
 
     int32_t* cursor = slot_cursor(p.cursors, p.cursor_slot_stride, slot);
     const VerifyRow vr = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
@@ -295,17 +287,14 @@ struct Verify {
     const int mc = vr.flush ? 0 : m;
 
     // Records: committed ones at [0, m), drafts at [m, m + t).
-    if (!early) {
-      k_held.load(rec_k, K, m);
-      u_held.load(rec_u, V, m);
-    }
+    held.load_held(m);
     if constexpr (PER_CHANNEL) {
       for (int e = threadIdx.x; e < m * K / 4; e += kThreads)
         reinterpret_cast<float4*>(&sm.ch.g[0][0])[e] = reinterpret_cast<const float4*>(rec_g)[e];
       form_draft_channel_decays<K, kThreads, GATES_IN_KERNEL>(
           vp, row, t * K, 1, vhead, [&](int j, int, int c, float g) { sm.ch.g[m + j][c] = g; });
     } else {
-      for (int i = threadIdx.x; i < m; i += kThreads) sm.g[i] = early && i == threadIdx.x ? g_early : rec_g[i];
+      for (int i = threadIdx.x; i < m; i += kThreads) sm.g[i] = held.scalar(i);
     }
     if (draft_lane && threadIdx.x < t) {
       float g = gate_a, beta = gate_b;
@@ -317,8 +306,7 @@ struct Verify {
       sm.beta[threadIdx.x] = beta;
     }
     if (draft_lane) sm.tree.set_parent(threadIdx.x, parent_given);
-    k_held.store(sm.k, 0, m);
-    u_held.store(sm.u, 0, m);
+    held.store(sm.k, sm.u, m);
     k_draft.store(sm.k, m, t);
     q_draft.store(sm.q, 0, t);
     v_draft.store(sm.v, 0, t);

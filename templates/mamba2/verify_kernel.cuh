@@ -128,9 +128,10 @@ struct Verify {
   static constexpr int kRecords = kCap - 1 + T;  // committed (at most CAP - 1) then this step's drafts
   static_assert(T >= 2 && T <= 8, "verify drafts: 2..8");
   // 64 state values a lane: ask for 4 CTAs of 4 warps per SM (128 registers); unbounded, the
-  // allocator takes 168, 3 CTAs, and batch 8 at super120b runs 2.6 waves instead of 2.
+  // allocator takes 168, 3 CTAs, and batch 8 at super120b runs 2.6 waves instead of 2. (FP32
+  // inputs at T = 8 would spill at 128.)
   static constexpr int kLaneValues = Tile::kPasses * Tile::kChunksPerLane * Tile::kVec;
-  static constexpr int kMinBlocks = kThreads == 128 && kLaneValues >= 64 ? 4 : 0;
+  static constexpr int kMinBlocks = kThreads == 128 && kLaneValues >= 64 && (sizeof(act_t) == 2 || T <= 4) ? 4 : 0;
 
   struct Smem {
     alignas(16) float x[kRecords][ROWS];  // committed then draft x rows; a flush scales committed ones in place
@@ -178,19 +179,11 @@ struct Verify {
     const int parent_given = draft_lane ? DraftTree<T>::given_parent(d.parents, row, threadIdx.x) : 0;
     const float A = p.A[head], D = HAS_D ? p.D[head] : 0.f, dt_bias = HAS_DT_BIAS ? p.dt_bias[head] : 0.f;
 
-    // Committed records from the rings: every ring row now, beside the cursor read, where
-    // p.speculative (small batches: a round trip saved for the bytes), else the m held after it.
-    const act_t* rec_x = p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head) * kCap * P + row0;
-    const act_t* rec_b = p.rec_b + int64_t(slot) * p.rec_b_slot_stride + int64_t(group) * kCap * N;
-    const float* rec_dt = p.rec_dt + int64_t(slot) * p.rec_dt_slot_stride + int64_t(head) * kCap;
-    RowStager<act_t, ROWS, kCap - 1, kThreads> x_held;
-    RowStager<act_t, N, kCap - 1, kThreads> b_held;
-    const bool early = p.speculative;
-    if (early) {
-      x_held.load(rec_x, P, kCap - 1);
-      b_held.load(rec_b, N, kCap - 1);
-    }
-    const float dt_early = early && threadIdx.x < kCap - 1 ? rec_dt[threadIdx.x] : 0.f;
+    // Committed records (x, B rows and dt): early where p.speculative.
+    HeldRecords<act_t, ROWS, act_t, N, kCap - 1, kThreads> held(
+        p.speculative, p.rec_x + int64_t(slot) * p.rec_x_slot_stride + int64_t(head) * kCap * P + row0, P,
+        p.rec_b + int64_t(slot) * p.rec_b_slot_stride + int64_t(group) * kCap * N, N,
+        p.rec_dt + int64_t(slot) * p.rec_dt_slot_stride + int64_t(head) * kCap);
 
     int32_t* cursor = slot_cursor(p.cursors, p.cursor_slot_stride, slot);
     const VerifyRow v = read_verify_row<L, T>(cursor, d.num_drafts, d.num_accepted, row);
@@ -202,12 +195,9 @@ struct Verify {
     const int mc = v.flush ? 0 : m;  // committed records the drafts replay (none after the fold)
 
     // Records: committed ones at [0, m), drafts at [m, m + t).
-    if (!early) {
-      x_held.load(rec_x, P, m);
-      b_held.load(rec_b, N, m);
-    }
+    held.load_held(m);
     for (int i = threadIdx.x; i < m; i += kThreads) {
-      const float dt = early && i == threadIdx.x ? dt_early : rec_dt[i];
+      const float dt = held.scalar(i);
       sm.dt[i] = dt;
       sm.log_decay[i] = dt * A;
     }
@@ -218,8 +208,7 @@ struct Verify {
       sm.log_decay[m + threadIdx.x] = dt * A;
     }
     if (draft_lane) sm.tree.set_parent(threadIdx.x, parent_given);
-    x_held.store(sm.x, 0, m);
-    b_held.store(sm.b, 0, m);
+    held.store(sm.x, sm.b, m);
     x_draft.store(sm.x, m, t);
     b_draft.store(sm.b, m, t);
     c_draft.store(sm.q, 0, t);
