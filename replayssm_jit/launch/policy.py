@@ -54,6 +54,9 @@ CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = {"f32": 64, "bf16": 12, "f16": 12, "e4m
 # Under one (batch row, head) pair per SM, the per-item verify runs faster on 32-row tiles than
 # on the smaller ones its CTAs-per-SM target picks: fewer row tiles repeat each head's records.
 VERIFY_FEW_PAIRS_ROWS = 32
+# The split verify's state CTAs each carry T drafts' work behind the records kernel: where the
+# step's tile gives fewer CTAs per SM than this, half that tile runs faster (GDN at batch 8).
+VERIFY_SPLIT_STATE_MIN_CTAS_PER_SM = 8
 
 # Where no GPU is visible (CPU tests of the policy), plan for an H200.
 DEFAULT_SM_COUNT = 132
@@ -194,6 +197,17 @@ def few_pairs_verify_rows(spec: KernelSpec, batch: int, heads: int, sms: int) ->
     fits = [r for r, w in spec_tilings(spec)
             if r == VERIFY_FEW_PAIRS_ROWS and lane_values(r, w, cols) <= MAX_LANE_VALUES]  # fmt: skip
     return fits[0] if fits else 0
+
+
+def split_verify_state_rows(spec: KernelSpec, rows_per_cta: int, batch: int, heads: int,
+                            sms: int) -> int:  # fmt: skip
+    """The split verify's state tile: `rows_per_cta` (the split step's), or half of it where that
+    gives under VERIFY_SPLIT_STATE_MIN_CTAS_PER_SM CTAs per SM and the half is compiled."""
+    rows = spec.state_rows_cols[0]
+    if batch * heads * (rows // rows_per_cta) >= VERIFY_SPLIT_STATE_MIN_CTAS_PER_SM * sms:
+        return rows_per_cta
+    half = [r for r, w in spec_tilings(spec) if r == rows_per_cta // 2 and w == PREFERRED_WARPS]
+    return half[0] if half else rows_per_cta
 
 
 def launch_flags(kernel: str, records_ctas: int, sms: int, config: LaunchConfig) -> int:
@@ -339,6 +353,8 @@ def plan_launch(spec: KernelSpec, batch: int, heads: int, device: torch.device, 
         verify_rows = choose_rows_per_cta(spec, step, batch, heads, sms, config, field)
         if replay and verify == "per-item" and getattr(config, field) == AUTO:
             verify_rows = few_pairs_verify_rows(spec, batch, heads, sms) or verify_rows
+        elif replay and verify == "split" and getattr(config, field) == AUTO:
+            verify_rows = split_verify_state_rows(spec, verify_rows, batch, heads, sms)
     if device.type != "cuda":
         return PlannedLaunch(cpu_kernel(replay, config), 0, 0)
     if not spec.has_verify:
