@@ -54,9 +54,11 @@ CAPPED_STATE_REGISTERS_MIN_CTAS_PER_SM = {"f32": 64, "bf16": 12, "f16": 12, "e4m
 # Under one (batch row, head) pair per SM, the per-item verify runs faster on 32-row tiles than
 # on the smaller ones its CTAs-per-SM target picks: fewer row tiles repeat each head's records.
 VERIFY_FEW_PAIRS_ROWS = 32
-# The split verify's state CTAs each carry T drafts' work behind the records kernel: where the
-# step's tile gives fewer CTAs per SM than this, half that tile runs faster (GDN at batch 8).
+# The split verify's state CTAs each carry T drafts' work behind the records kernel: from
+# VERIFY_SPLIT_STATE_MIN_DRAFTS drafts, where the step's tile gives fewer CTAs per SM than this,
+# half that tile runs faster (GDN at batches 4-16; at T = 2 it does not pay).
 VERIFY_SPLIT_STATE_MIN_CTAS_PER_SM = 8
+VERIFY_SPLIT_STATE_MIN_DRAFTS = 4
 
 # Where no GPU is visible (CPU tests of the policy), plan for an H200.
 DEFAULT_SM_COUNT = 132
@@ -201,10 +203,15 @@ def few_pairs_verify_rows(spec: KernelSpec, batch: int, heads: int, sms: int) ->
 
 def split_verify_state_rows(spec: KernelSpec, rows_per_cta: int, batch: int, heads: int,
                             sms: int) -> int:  # fmt: skip
-    """The split verify's state tile: `rows_per_cta` (the split step's), or half of it where that
-    gives under VERIFY_SPLIT_STATE_MIN_CTAS_PER_SM CTAs per SM and the half is compiled."""
+    """The split verify's state tile: `rows_per_cta` (the split step's), or half of it from
+    VERIFY_SPLIT_STATE_MIN_DRAFTS drafts where that gives under VERIFY_SPLIT_STATE_MIN_CTAS_PER_SM
+    CTAs per SM and the half is compiled."""
     rows = spec.state_rows_cols[0]
-    if batch * heads * (rows // rows_per_cta) >= VERIFY_SPLIT_STATE_MIN_CTAS_PER_SM * sms:
+    ctas = batch * heads * (rows // rows_per_cta)
+    if (
+        spec.drafts < VERIFY_SPLIT_STATE_MIN_DRAFTS
+        or ctas >= VERIFY_SPLIT_STATE_MIN_CTAS_PER_SM * sms
+    ):
         return rows_per_cta
     half = [r for r, w in spec_tilings(spec) if r == rows_per_cta // 2 and w == PREFERRED_WARPS]
     return half[0] if half else rows_per_cta
