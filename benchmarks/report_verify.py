@@ -89,8 +89,11 @@ def plot(rows: list[dict], path: Path, fi: dict | None = None) -> None:
                 "ours, T = 1": [by[(shape, batch, T)].get("t1") for T in ts],
                 "snapshot": [by[(shape, batch, T)].get("snapshot") for T in ts],
                 "fla spec decode": [by[(shape, batch, T)].get("fla_spec_decode") for T in ts],
+                "fla per-token states": [
+                    by[(shape, batch, T)].get("fla_per_token_states") for T in ts
+                ],
             }
-            for (label, pts), style in zip(series.items(), ("o-", "k:", "s--", "^-.")):
+            for (label, pts), style in zip(series.items(), ("o-", "k:", "s--", "^-.", "v-.")):
                 xy = [(T, r["us"]) for T, r in zip(ts, pts) if r]
                 if xy:
                     ax.plot(*zip(*xy), style, label=label)
@@ -101,6 +104,7 @@ def plot(rows: list[dict], path: Path, fi: dict | None = None) -> None:
             ax.set_xticks(ts)
             ax.set_xlabel("drafts T", fontsize=8)
             ax.set_ylabel("us per step", fontsize=8)
+            ax.set_yscale("log")  # the snapshot baseline is several times the rest
             if ax.lines:
                 ax.legend(fontsize=6)
             else:

@@ -30,6 +30,9 @@ BATCH, STATE, WINDOW = 256, "f32", 16
 ARCHITECTURE = "2026-12-01-h200-architecture"
 SESSION10 = "2026-11-30-h200-session10"
 KDA_SPLIT = "2026-12-02-h200-kda-split"
+# The speculative verify's line: one H100 run of every shape beside FlashInfer (issue 39).
+VERIFY = "2026-12-05-h100-verify-grand"
+VERIFY_T, VERIFY_BATCHES = 4, (256, 1)
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,41 @@ def step_us(folder: str, file: str, shape: str, kernel: str) -> float:
     return _one([r[f"{kernel}_us"] for r in setting if f"{kernel}_us" in r], what)
 
 
+def verify_us(shape: str, batch: int, kernel: str) -> float:
+    """Our verify's (or T = 1 step's) µs at VERIFY_T drafts in the verify run's call-4 files."""
+    rows = _load(VERIFY, f"call4/b{batch}-{shape}-verify.json")["rows"]
+    return _one([r["us"] for r in rows if r.get("T") == VERIFY_T and r.get("kernel") == kernel],
+                f"{VERIFY} {shape} b={batch} {kernel}")  # fmt: skip
+
+
+def flashinfer_verify_us(batch: int) -> float:
+    """FlashInfer checkpointing_ssu's faster of default and monolith, mixed acceptance, super120b."""
+    rows = _load(VERIFY, "call5/fi-lp_spec.json")["results"]
+    return min(r["timing"]["us"] for r in rows if r.get("part") == "spec" and r["batch"] == batch
+               and r["T"] == VERIFY_T and " mixed " in r["kernel"])  # fmt: skip
+
+
+def verify_table() -> list[str]:
+    lines = [
+        f"Verify of T = {VERIFY_T} drafts, one H100, mixed acceptance, commit fused; µs per step "
+        f"(x our T = 1) ({_link(VERIFY)}):",
+        "",
+        "| model | " + " | ".join(f"batch {b} | FlashInfer" for b in VERIFY_BATCHES) + " |",
+        "|---|" + "---|---|" * len(VERIFY_BATCHES),
+    ]
+    for row in ROWS:
+        cells = []
+        for batch in VERIFY_BATCHES:
+            ours = verify_us(row.shape, batch, "verify_mixed")
+            ratio = ours / verify_us(row.shape, batch, "t1")
+            peer = f"{flashinfer_verify_us(batch):.1f}" if row.shape == "super120b" else "-"
+            cells += [f"{ours:.1f} ({ratio:.2f}x)", peer]
+        lines.append(f"| {row.model} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _link(folder: str) -> str:
-    # The label drops the folder's date and device (every row is an H200) to keep the table narrow.
+    # The label drops the folder's date and device (the text above each table names the device).
     return f"[{folder.split('-', 4)[-1]}]({RESULTS}/{folder}/)"
 
 
@@ -124,7 +160,7 @@ def table() -> str:
         links = ", ".join(_link(f) for f in folders)
         lines.append(f"| {row.model} ({row.family}) | {conv:.1f} | {replay:.1f} | "
                      f"{conv / replay:.2f}x | {peer} | {links} |")  # fmt: skip
-    lines += ["", END]
+    lines += ["", *verify_table(), "", END]
     return "\n".join(lines)
 
 
