@@ -1,4 +1,4 @@
-# GPU call R (issue 40; about 120 s): every Mamba-2 launch variant at the small-batch points
+# GPU call R (issue 40; about 120 s; not yet run: session 29 had too little device time left): every Mamba-2 launch variant at the small-batch points
 # issue 40 names, the policy's beside them in one process (bench_mamba2.py --tiling-sweep):
 # super120b BF16 checkpoints at batches 8 and 1 (its batch-8 ratio to the conventional step fell
 # between two H200 runs) and nano4b FP32 at batch 8 (where autotune beat the policy, 16.0 against
