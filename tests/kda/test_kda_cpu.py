@@ -1,6 +1,7 @@
 """Kimi Delta Attention on the CPU: specs and URIs, the layout, plan options, validation messages,
 and the functional op and wrapper (the PyTorch path) against the float64 reference. The step's
-semantics over flush cycles, pad rows and unnamed slots are in tests/protocol/test_cpu_path.py (KDACase)."""
+semantics over flush cycles, pad rows and unnamed slots are in
+tests/protocol/test_cpu_path_schedules.py (KDACase)."""
 
 from __future__ import annotations
 
