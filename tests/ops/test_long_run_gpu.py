@@ -19,9 +19,9 @@ import random
 
 import pytest
 import torch
+from support.lifecycle import GDN, Mamba2, assert_slots_kept, engine_tensors, snapshot
 from support.paths import BENCHMARKS
 from support.verify_schedule import GDNFamily, Mamba2Family
-from test_lifecycle import GDN, Mamba2, assert_slots_kept, engine_tensors, snapshot
 
 from replayssm_jit import LaunchConfig, commit_drafts, plan_decode, reset_slots
 from replayssm_jit.core.models import get_model

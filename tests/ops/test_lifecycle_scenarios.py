@@ -1,4 +1,4 @@
-"""Slot lifecycle on engine-owned tensors (issue 21, section 6: engine fault sequences).
+"""Slot lifecycle scenarios on engine-owned tensors (issue 21, section 6: engine fault sequences).
 
 An engine allocates a layer's slot tensors from the layout and moves sequences through them:
 starts (reset_slots), forks (copy_slots), preemptions, recycled slots and padded batch rows.
@@ -24,26 +24,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from replayssm_jit import (
-    LaunchConfig,
-    Mamba2DecodeCache,
-    SlotCache,
-    copy_slots,
-    gdn_decode,
-    gdn_layout,
-    mamba2_decode,
-    mamba2_layout,
-    plan_decode,
-    reset_slots,
+from support.lifecycle import (
+    FAMILIES,
+    GDN,
+    GPU,
+    Mamba2,
+    assert_slots_kept,
+    engine_tensors,
+    same_bits,
+    snapshot,
 )
-from replayssm_jit.reference import gdn_gates, gdn_step, mamba2_step
+
+from replayssm_jit import LaunchConfig, SlotCache, copy_slots, plan_decode, reset_slots
 
 pytestmark = pytest.mark.usefixtures("no_launch_env", "single_thread")
 
-GPU = pytest.mark.gpu
 # (device, LaunchConfig kernel): the CPU path has one kernel's semantics (per-item).
 DEVICES = [
     pytest.param(("cpu", "auto"), id="cpu"),
@@ -59,134 +54,6 @@ TOL = {"f32": (1e-5, 1e-5), "bf16": (3e-2, 2e-2)}
 def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
     diff = (got.double() - ref.double()).norm()
     return (diff / ref.double().norm().clamp_min(1e-300)).item()
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bit patterns (NaN == NaN here, unlike torch.equal on floats)."""
-    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
-
-
-def snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {name: t.clone() for name, t in tensors.items()}
-
-
-def assert_slots_kept(before: dict, tensors: dict, slots) -> None:
-    """Every tensor's rows of `slots` have the bits they had in `before`."""
-    slots = sorted(slots)
-    if not slots:
-        return
-    for name, t in tensors.items():
-        index = torch.tensor(slots, dtype=torch.long, device=t.device)
-        if not same_bits(t[index], before[name][index]):
-            changed = [s for s in slots if not same_bits(t[s], before[name][s])]
-            raise AssertionError(f"{name} of slots {changed} changed")
-
-
-# ---------------------------------------------------------------------------------------------
-# The two families, engine-style: layout, plan, parameters, tokens, the op, the reference
-# ---------------------------------------------------------------------------------------------
-
-
-class Mamba2:
-    """The odd test shape of tests/mamba2/test_mamba2_gpu.py (H = 6, P = 24, N = 64, G = 3) with z."""
-
-    name = "mamba2"
-    heads, headdim, dstate, groups = 6, 24, 64, 3
-
-    def layout(self, window, state_dtype):
-        return mamba2_layout(num_heads=self.heads, headdim=self.headdim, dstate=self.dstate,
-                             ngroups=self.groups, window=window, state_dtype=state_dtype,
-                             act_dtype=torch.float32)  # fmt: skip
-
-    def plan_options(self):
-        return dict(has_z=True)
-
-    def params(self, gen, dev):
-        H = self.heads
-        return dict(
-            A=-(0.5 + 1.5 * torch.rand(H, generator=gen, device=dev)),
-            D=torch.randn(H, generator=gen, device=dev),
-            dt_bias=0.1 * torch.randn(H, generator=gen, device=dev),
-        )
-
-    def token(self, batch, gen, dev):
-        H, P, N, G = self.heads, self.headdim, self.dstate, self.groups
-        return dict(
-            x=torch.randn(batch, H, P, generator=gen, device=dev),
-            z=torch.randn(batch, H, P, generator=gen, device=dev),
-            dt=torch.randn(batch, H, generator=gen, device=dev) * 0.5 - 1.0,
-            B=torch.randn(batch, G, N, generator=gen, device=dev) / N**0.25,
-            C=torch.randn(batch, G, N, generator=gen, device=dev) / N**0.25,
-        )
-
-    def decode(self, plan, tensors, params, tok, slot_indices, out, workspace):
-        mamba2_decode(plan, **tensors, **params, **tok, slot_indices=slot_indices, out=out,
-                      workspace=workspace)  # fmt: skip
-
-    def reference(self, states, params, tok):
-        return mamba2_step(states, tok["x"], tok["dt"], params["A"], tok["B"], tok["C"],
-                           D=params["D"], z=tok["z"], dt_bias=params["dt_bias"], dt_softplus=True)  # fmt: skip
-
-
-class GDN:
-    """The k64 test shape of tests/gdn/test_gdn_gpu.py (H = 4, HV = 8, K = V = 64), raw gates."""
-
-    name = "gdn"
-    k_heads, v_heads, kdim, vdim = 4, 8, 64, 64
-
-    def layout(self, window, state_dtype):
-        return gdn_layout(num_k_heads=self.k_heads, num_v_heads=self.v_heads, head_k_dim=self.kdim,
-                          head_v_dim=self.vdim, window=window, state_dtype=state_dtype,
-                          act_dtype=torch.float32)  # fmt: skip
-
-    def plan_options(self):
-        return {}
-
-    def params(self, gen, dev):
-        HV = self.v_heads
-        return dict(
-            A_log=torch.log(0.5 + torch.rand(HV, generator=gen, device=dev)),
-            dt_bias=0.5 * torch.rand(HV, generator=gen, device=dev) - 0.25,
-        )
-
-    def token(self, batch, gen, dev):
-        H, HV, K, V = self.k_heads, self.v_heads, self.kdim, self.vdim
-        return dict(
-            q=torch.randn(batch, H, K, generator=gen, device=dev),
-            k=torch.randn(batch, H, K, generator=gen, device=dev),
-            v=torch.randn(batch, HV, V, generator=gen, device=dev),
-            a=-4.0 + 3.0 * torch.rand(batch, HV, generator=gen, device=dev),
-            b=torch.randn(batch, HV, generator=gen, device=dev),
-        )
-
-    def decode(self, plan, tensors, params, tok, slot_indices, out, workspace):
-        gdn_decode(plan, **tensors, **params, **tok, slot_indices=slot_indices, out=out,
-                   workspace=workspace)  # fmt: skip
-
-    def reference(self, states, params, tok):
-        g, beta = gdn_gates(params["A_log"], tok["a"], params["dt_bias"], tok["b"])
-        return gdn_step(states, tok["q"], tok["k"], tok["v"], g, beta)
-
-
-FAMILIES = [pytest.param(Mamba2(), id="mamba2"), pytest.param(GDN(), id="gdn")]
-
-
-def engine_tensors(layout, num_slots, gen, device, window) -> dict[str, torch.Tensor]:
-    """Every slot tensor with random bits, cursors included (word 0 a valid held count)."""
-    tensors = {}
-    for t in layout.tensors():
-        shape = t.shape(num_slots)
-        if t.name == "cursors":
-            words = torch.randint(0, 1000, shape, generator=gen, device=device)
-            words[:, 0] = torch.randint(0, window, (num_slots,), generator=gen, device=device)
-            tensors[t.name] = words.to(torch.int32)
-        else:
-            tensors[t.name] = torch.randn(shape, generator=gen, device=device).to(t.dtype)
-    return tensors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -512,182 +379,3 @@ def test_padded_rows_in_a_cuda_graph(fam, kernel, window, state, pad):
     padded_run(eng, max(4 * window + 7, 40))
     assert eng.graph is not None
     eng.finish()
-
-
-# ---------------------------------------------------------------------------------------------
-# The ops' contract: what they write, and arguments checked before anything changes
-# ---------------------------------------------------------------------------------------------
-
-
-def small_tensors(device, num_slots=6, window=4, family=None):
-    fam = family or Mamba2()
-    layout = fam.layout(window, torch.float32)
-    gen = torch.Generator(device=device).manual_seed(3)
-    return layout, engine_tensors(layout, num_slots, gen, device, window)
-
-
-@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=GPU)])
-@pytest.mark.parametrize("fam", FAMILIES)
-def test_reset_slots_writes_only_the_checkpoints_and_cursors_of_its_slots(fam, dev):
-    layout, tensors = small_tensors(dev, family=fam)
-    before = snapshot(tensors)
-    reset_slots(layout, tensors, torch.tensor([4, 1], device=dev))  # int64 ids are fine
-    init = torch.randn(1, *tensors["state"].shape[1:], dtype=torch.float64)  # on the CPU
-    reset_slots(layout, tensors, [2], init)
-    assert torch.equal(tensors["state"][[4, 1]], torch.zeros_like(tensors["state"][[4, 1]]))
-    assert torch.equal(tensors["state"][2], init[0].to(device=dev, dtype=torch.float32))
-    assert torch.equal(tensors["cursors"][[1, 2, 4]], torch.zeros(3, 4, dtype=torch.int32,
-                                                                  device=dev))  # fmt: skip
-    for name in layout.ring_names:  # stale ring rows stay (the cursor holds none of them)
-        assert same_bits(tensors[name], before[name]), name
-    assert_slots_kept(before, tensors, [0, 3, 5])
-    # The rings may be left out: only the checkpoints and cursors are written.
-    reset_slots(layout, {"state": tensors["state"], "cursors": tensors["cursors"]}, [0])
-    assert tensors["cursors"][0].tolist() == [0, 0, 0, 0]
-
-
-@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=GPU)])
-@pytest.mark.parametrize("fam", FAMILIES)
-def test_copy_slots_copies_every_tensor_of_a_slot(fam, dev):
-    layout, tensors = small_tensors(dev, family=fam)
-    before = snapshot(tensors)
-    copy_slots(layout, tensors, [3, 3, 0], torch.tensor([5, 1, 2], device=dev))
-    for name, t in tensors.items():
-        for src, dst in ((3, 5), (3, 1), (0, 2)):
-            assert same_bits(t[dst], before[name][src]), (name, dst)
-    assert_slots_kept(before, tensors, [0, 3, 4])
-    copy_slots(layout, tensors, [], [])  # nothing to copy
-
-
-def bad_calls(layout, tensors):
-    """(op, args, kwargs, error, message pattern) for reset_slots and copy_slots."""
-    state = tensors["state"]
-    init = torch.zeros(1, *state.shape[1:])
-    return [
-        (reset_slots, ("layout", tensors, [0]), {}, TypeError, "^layout: expected a CacheLayout"),
-        (reset_slots, (layout, [state], [0]), {}, TypeError, "^tensors: expected a mapping"),
-        (reset_slots, (layout, {**tensors, "rec_X": state}, [0]), {}, ValueError,
-         r"^tensors: expected names from \['state', .*got \['rec_X'\]"),
-        (reset_slots, (layout, {**tensors, "cursors": None}, [0]), {}, TypeError,
-         "^cursors: expected a torch.Tensor, got NoneType"),
-        (reset_slots, (layout, {**tensors, "state": state[:5]}, [0]), {}, ValueError,
-         r"^rec_x: expected 5 slots \(as state\), got 6"),
-        (reset_slots, (layout, {**tensors, "state": state.double()}, [0]), {}, TypeError,
-         "^state: expected dtype torch.float32, got torch.float64"),
-        (reset_slots, (layout, tensors, [6]), {}, ValueError,
-         r"^slots: expected slot ids in \[0, 6\), got 6$"),
-        (reset_slots, (layout, tensors, [-1]), {}, ValueError, r"^slots: .* got -1$"),
-        (reset_slots, (layout, tensors, [0]), dict(pad_slot_id=0), ValueError,
-         r"^slots: expected slot ids in \[0, 6\) other than pad_slot_id=0, got 0$"),
-        (reset_slots, (layout, tensors, [2, 2]), {}, ValueError,
-         "^slots: expected distinct slot ids, got 2 twice$"),
-        (reset_slots, (layout, tensors, [1.0]), {}, TypeError, "^slots: expected int slot ids"),
-        (reset_slots, (layout, tensors, [True]), {}, TypeError, "^slots: expected int slot ids"),
-        (reset_slots, (layout, tensors, torch.tensor([0.0])), {}, TypeError,
-         "^slots: expected an integer tensor, got dtype torch.float32$"),
-        (reset_slots, (layout, tensors, torch.tensor([[0]])), {}, ValueError,
-         r"^slots: expected a 1-D tensor, got shape \[1, 1\]$"),
-        (reset_slots, (layout, tensors, 0), {}, TypeError,
-         "^slots: expected an int tensor or a list of ints, got int$"),
-        (reset_slots, (layout, tensors, [0, 1], init), {}, ValueError,
-         r"^initial_state: expected shape \[2, "),
-        (reset_slots, (layout, tensors, [0], init.int()), {}, TypeError,
-         "^initial_state: expected a floating dtype, got torch.int32$"),
-        (reset_slots, (layout, tensors, [0]), dict(pad_slot_id=1.0), TypeError,
-         "^pad_slot_id: expected an int"),
-        (reset_slots, (layout, tensors, [0]), dict(check_slot_values=1), TypeError,
-         "^check_slot_values: expected a bool"),
-        (reset_slots, (layout, tensors, [0]), dict(check_slot_values=False), TypeError,
-         r"^slots: expected an int tensor on cpu \(check_slot_values=False\), got list$"),
-        (copy_slots, (layout, tensors, [0], [1, 2]), {}, ValueError,
-         r"^dst: expected 1 slot ids \(as src\), got 2$"),
-        (copy_slots, (layout, tensors, [0, 1], [2, 2]), {}, ValueError,
-         "^dst: expected distinct slot ids, got 2 twice$"),
-        (copy_slots, (layout, tensors, [0, 1], [2, 0]), {}, ValueError,
-         "^dst: expected slot ids not in src, got 0$"),
-        (copy_slots, (layout, tensors, [7], [1]), {}, ValueError,
-         r"^src: expected slot ids in \[0, 6\), got 7$"),
-        (copy_slots, (layout, tensors, [1], [0]), dict(pad_slot_id=0), ValueError,
-         r"^dst: expected slot ids in \[0, 6\) other than pad_slot_id=0, got 0$"),
-        (copy_slots, (layout, {k: v for k, v in tensors.items() if k != "rec_dt"}, [0], [1]), {},
-         TypeError, "^rec_dt: expected a torch.Tensor, got NoneType"),
-    ]  # fmt: skip
-
-
-def test_bad_arguments_are_named_and_change_nothing():
-    layout, tensors = small_tensors("cpu")
-    before = snapshot(tensors)
-    calls = bad_calls(layout, tensors)
-    for op, args, kwargs, error, match in calls:
-        with pytest.raises(error, match=match):
-            op(*args, **kwargs)
-        assert_slots_kept(before, tensors, range(6))
-
-
-@pytest.mark.parametrize("dev", ["cpu", pytest.param("cuda", marks=GPU)])
-def test_unchecked_slot_ids_are_used_as_given(dev):
-    """check_slot_values=False reads no id on the host (no sync): the ids must be a tensor on
-    the tensors' device, and are then the caller's responsibility."""
-    layout, tensors = small_tensors(dev)
-    before = snapshot(tensors)
-    ids = torch.tensor([3], dtype=torch.int32, device=dev)
-    reset_slots(layout, tensors, ids, check_slot_values=False)
-    copy_slots(layout, tensors, ids, ids + 1, check_slot_values=False)
-    assert tensors["cursors"][3].tolist() == [0, 0, 0, 0]
-    for name, t in tensors.items():
-        assert same_bits(t[4], t[3]), name
-    assert_slots_kept(before, tensors, [0, 1, 2, 5])
-    if dev == "cuda":
-        with pytest.raises(ValueError, match="^slots: expected device cuda"):
-            reset_slots(layout, tensors, ids.cpu(), check_slot_values=False)
-
-
-def test_cache_fork_and_reset():
-    cache = Mamba2DecodeCache(5, num_heads=4, headdim=16, dstate=16, ngroups=2, window=4,
-                              device="cpu", pad_slot_id=0)  # fmt: skip
-    a = cache.allocate(1)
-    cache.state[a.long()] = 1.5
-    cache.cursors[a.long(), 0] = 2
-    with pytest.raises(ValueError, match=r"^dst: expected allocated slot ids, got 2 \(free\)$"):
-        cache.fork(a, [2])
-    with pytest.raises(ValueError, match=r"^src: expected allocated slot ids, got 3 \(free\)$"):
-        cache.fork([3], [2])
-    with pytest.raises(ValueError, match="^dst: .* other than pad_slot_id=0, got 0$"):
-        cache.fork(a, [0])
-    b = cache.allocate(2)
-    with pytest.raises(ValueError, match="^dst: expected slot ids not in src"):
-        cache.fork(torch.cat([a, a]), [int(a), int(b[0])])
-    cache.fork(torch.cat([a, a]), b)
-    for name, t in cache.tensors.items():
-        assert torch.equal(t[b.long()], t[a.long()].expand_as(t[b.long()])), name
-    assert cache.records_held(b).tolist() == [2, 2]
-    with pytest.raises(ValueError, match="^slots: expected distinct slot ids, got 2 twice$"):
-        cache.reset([2, 2])
-    cache.reset(b[:1])
-    assert cache.records_held(b).tolist() == [0, 2]
-
-
-@settings(max_examples=120, deadline=None)
-@given(
-    op=st.sampled_from(["reset", "copy"]),
-    src=st.lists(st.integers(-2, 7), max_size=4),
-    dst=st.lists(st.integers(-2, 7), max_size=4),
-    as_tensor=st.booleans(),
-    pad=st.sampled_from([None, -1, 0]),
-)
-def test_fuzzed_slot_ids_succeed_or_raise_and_change_nothing(op, src, dst, as_tensor, pad):
-    layout, tensors = small_tensors("cpu")
-    before = snapshot(tensors)
-    ids = (lambda v: torch.tensor(v, dtype=torch.int32)) if as_tensor else list
-    try:
-        if op == "reset":
-            reset_slots(layout, tensors, ids(src), pad_slot_id=pad)
-        else:
-            copy_slots(layout, tensors, ids(src), ids(dst), pad_slot_id=pad)
-    except (TypeError, ValueError) as exc:
-        assert str(exc).split(":")[0] in ("slots", "src", "dst"), str(exc)
-        assert_slots_kept(before, tensors, range(6))
-        return
-    targets = set(src) if op == "reset" else set(dst)
-    assert all(0 <= s < 6 and s != pad for s in targets)
-    assert_slots_kept(before, tensors, [s for s in range(6) if s not in targets])
