@@ -55,23 +55,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling modules below
-# (the names marked F401 are not used here: tests/cli/test_sanitize_kernels.py reads them off
-# this module)
 from sanitize_configs import (
     FULL_STEPS,
     PRESET,
-    QUICK_STATES,  # noqa: F401
-    SPEC_DRAFTS,  # noqa: F401
     SPEC_OPS,
-    STATES,  # noqa: F401
-    WINDOW,  # noqa: F401
     Config,
     SpecConfig,
     all_configs,
-    can_split_verify,  # noqa: F401
-    format_supported,  # noqa: F401
     op_of,
-    spec_tilings,  # noqa: F401
 )
 from sanitize_schedules import ConfigFailed, run_config, run_spec_config
 

@@ -23,10 +23,17 @@ def sk():
     sys.modules["sanitize_kernels"] = module  # (dataclasses look their module up by name)
     spec.loader.exec_module(module)
     yield module
-    sys.modules.pop("sanitize_kernels", None)
+    for name in ("sanitize_kernels", "sanitize_configs", "sanitize_schedules"):
+        sys.modules.pop(name, None)
 
 
-def test_list_names_every_speculative_config(sk, capsys):
+@pytest.fixture(scope="module")
+def cfg(sk):
+    """The script's config tables: scripts/sanitize_configs.py, as the script imported it."""
+    return sys.modules["sanitize_configs"]
+
+
+def test_list_names_every_speculative_config(sk, cfg, capsys):
     assert sk.main(["--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     configs = sk.all_configs(list(FAMILIES), quick=False)
@@ -39,33 +46,33 @@ def test_list_names_every_speculative_config(sk, capsys):
     assert {c.family for c in spec} == set(SPECULATIVE) and "kda" in SPECULATIVE
     for family in SPECULATIVE:
         for op in sk.SPEC_OPS:
-            for drafts in sk.SPEC_DRAFTS:
-                for state, sr in sk.STATES:
-                    if not sk.format_supported(family, state, drafts):
+            for drafts in cfg.SPEC_DRAFTS:
+                for state, sr in cfg.STATES:
+                    if not cfg.format_supported(family, state, drafts):
                         continue
                     got = [c for c in spec if (c.family, c.op, c.drafts, c.state, c.sr)
                            == (family, op, drafts, state, sr)]  # fmt: skip
                     kernels = ["per-item"]
-                    if op == "verify" and sk.can_split_verify(got[0].spec):
+                    if op == "verify" and cfg.can_split_verify(got[0].spec):
                         kernels.append("split")
                     assert sorted({c.kernel for c in got}) == sorted(kernels)
-                    tiles = [r for r, _ in sk.spec_tilings(got[0].spec)]
+                    tiles = [r for r, _ in cfg.spec_tilings(got[0].spec)]
                     for kernel in kernels:
                         rows = [c.rows_per_cta for c in got if c.kernel == kernel]
                         assert sorted(rows) == sorted(tiles)
-                    assert all(f"_L{sk.WINDOW}_T{drafts}_" in c.uri for c in got)
+                    assert all(f"_L{cfg.WINDOW}_T{drafts}_" in c.uri for c in got)
     assert any(c.kernel == "split" for c in spec if c.family == "mamba2")
     assert {c.spec.drafts for c in decode} == {1}
     listed = "\n".join(lines)
     assert all(c.name in listed for c in spec)
 
 
-def test_list_selects_ops(sk, capsys):
+def test_list_selects_ops(sk, cfg, capsys):
     assert sk.main(["--list", "--ops", "verify", "--quick"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert all(" verify " in line for line in lines[:-1])
-    states = [s for s, _ in sk.QUICK_STATES if sk.format_supported("mamba2", s, 2)]
-    per_kernel = len(sk.SPEC_DRAFTS) * len(states) * 2  # two tiles each
+    states = [s for s, _ in cfg.QUICK_STATES if cfg.format_supported("mamba2", s, 2)]
+    per_kernel = len(cfg.SPEC_DRAFTS) * len(states) * 2  # two tiles each
     splits = sum(1 for f in SPECULATIVE if any(" verify split " in x and f in x for x in lines))
     # Every speculative family has a split verify but KDA (per item only).
     assert splits == len(SPECULATIVE) - 1 and not any("kda" in x and " split " in x for x in lines)
@@ -73,13 +80,13 @@ def test_list_selects_ops(sk, capsys):
     assert sum(" verify split " in line for line in lines) == per_kernel * splits
 
 
-def test_check_preset_matches_the_configs(sk, capsys):
+def test_check_preset_matches_the_configs(sk, cfg, capsys):
     assert sk.main(["--check-preset"]) == 0
     out = capsys.readouterr().out
     assert out.strip().endswith(": ok")
     preset = aot.PRESETS["sanitizer"]()
     assert len(preset) == len({s.uri for s in preset})  # (no spec listed twice)
-    assert {s.drafts for s in preset} == {1, *sk.SPEC_DRAFTS}
+    assert {s.drafts for s in preset} == {1, *cfg.SPEC_DRAFTS}
     assert sk.main(["--check-preset", "--ops", "snapshot"]) == 0
 
 
