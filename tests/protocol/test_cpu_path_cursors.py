@@ -73,11 +73,11 @@ def test_flush_every_step_folds_held_records(family):
             y = case.seq_step(seqs[s], tok, b)
             if fes:
                 seqs[s].flush()
-            assert_rel(out[b], y, case.tol_out, f"fes={fes}: output of slot {s}")
+            assert_rel(out[b], y, f"fes={fes}: output of slot {s}", case.tol_out)
             assert int(pool.cursors[s, 0]) == seqs[s].n
         if fes:
             for s in (1, 3):
-                assert_rel(pool.state[s], seqs[s].checkpoint, case.tol_state, f"state {s}")
+                assert_rel(pool.state[s], seqs[s].checkpoint, f"state {s}", case.tol_state)
 
 
 @pytest.mark.parametrize("family", list(CASES))

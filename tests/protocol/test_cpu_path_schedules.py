@@ -45,7 +45,7 @@ def check_rows(case, out, y_ref: dict[int, torch.Tensor], slots_list, pad, what)
         if s == pad:
             assert bool((out[b] == 0).all()), f"{what}: pad row {b} not zero"
         else:
-            assert_rel(out[b], y_ref[b], case.tol_out, f"{what}: output row {b} (slot {s})")
+            assert_rel(out[b], y_ref[b], f"{what}: output row {b} (slot {s})", case.tol_out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ def drive_replay(
                 stats["flushes"][s] += 1
                 if case.state_dtype != F32:
                     seq.checkpoint = seq.checkpoint.to(case.state_dtype).to(F64)
-                assert_rel(pool.state[s], seq.checkpoint, case.tol_state, f"{what}: state {s}")
+                assert_rel(pool.state[s], seq.checkpoint, f"{what}: state {s}", case.tol_state)
                 for name, ring in pool.rings.items():
                     assert_same_bits(ring[s], before.rings[name][s], f"{what}: {name} {s}")
             else:
@@ -140,7 +140,7 @@ def drive_conventional(case, *, steps: int = 12, pad: int = -1, seed: int = 0) -
         check_rows(case, out, dict(enumerate(y)), slots_list, pad, what)
         for s in range(NUM_SLOTS):
             if s in slots_list and s != pad:
-                assert_rel(pool.state[s], ref_state[s], case.tol_state, f"{what}: state {s}")
+                assert_rel(pool.state[s], ref_state[s], f"{what}: state {s}", case.tol_state)
             else:
                 check_untouched(pool, before, s, f"{what}: unnamed slot {s}")
 

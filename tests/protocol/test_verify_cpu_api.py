@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from support.checks import same_bits
 from support.verify_cpu import (
     F32,
     FAMILIES,
@@ -16,7 +17,6 @@ from support.verify_cpu import (
     int32_rows,
     new_pool,
     over_families,
-    same_bits,
     start_pool,
     verify_fresh,
 )

@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from support.checks import same_bits
 from support.verify_cpu import (
     F32,
     F64,
@@ -21,7 +22,6 @@ from support.verify_cpu import (
     int32_rows,
     new_pool,
     over_families,
-    same_bits,
     start_pool,
     verify_fresh,
 )

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from support.checks import same_bits
 from support.verify_cpu import (
     FAMILIES,
     I32,
@@ -17,7 +18,6 @@ from support.verify_cpu import (
     int32_rows,
     new_pool,
     over_families,
-    same_bits,
 )
 
 from replayssm_jit import commit_drafts

@@ -29,6 +29,7 @@ from replayssm_jit.reference import (
     kda_step_pool,
     mamba2_step_pool,
 )
+from support.checks import assert_rel, assert_same_bits
 
 F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float64
 SPARE = 4242  # cursor word 3 (pending drafts) before a slot's first step, which zeroes it
@@ -38,30 +39,6 @@ NUM_SLOTS = 6
 # ---------------------------------------------------------------------------------------------
 # Checks
 # ---------------------------------------------------------------------------------------------
-
-
-def assert_rel(actual: torch.Tensor, expected: torch.Tensor, tol: float, what: str) -> None:
-    """norm(actual - expected) / norm(expected) <= tol; fails on NaN / inf and on a zero
-    reference."""
-    a, e = actual.to(F64), expected.to(F64)
-    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != {tuple(e.shape)}"
-    assert bool(torch.isfinite(a).all()), f"{what}: non-finite values"
-    ref = float(torch.linalg.vector_norm(e))
-    assert ref > 0 and math.isfinite(ref), f"{what}: reference norm {ref}"
-    err = float(torch.linalg.vector_norm(a - e)) / ref
-    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e}"
-
-
-def raw(t: torch.Tensor) -> torch.Tensor:
-    """Bit patterns (so that NaN compares equal to itself)."""
-    return t.view(
-        {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    )
-
-
-def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    assert torch.equal(raw(actual), raw(expected)), f"{what}: bits differ"
 
 
 def uniform(gen, *shape, lo, hi):
@@ -192,7 +169,7 @@ class Mamba2Case(Case):
         r = pool.rings
         assert_same_bits(r["rec_x"][slot, :, n], tok["x"][b], "x record")
         assert_same_bits(r["rec_b"][slot, :, n], tok["B"][b], "B record")
-        assert_rel(r["rec_dt"][slot, :, n], seq.records.dt_eff[-1], 1e-6, "dt record")
+        assert_rel(r["rec_dt"][slot, :, n], seq.records.dt_eff[-1], "dt record", 1e-6)
 
     def pool_step(self, ref_state, slots, tok, pad) -> torch.Tensor:
         p = self.params
@@ -283,8 +260,8 @@ class GDNCase(Case):
         """The appended ring row n: raw k exactly, g, and u as the reference computed it."""
         r = pool.rings
         assert_same_bits(r["rec_k"][slot, :, n], tok["k"][b], "k record")
-        assert_rel(r["rec_g"][slot, :, n], self.gates(tok, b)[0], 1e-6, "g record")
-        assert_rel(r["rec_u"][slot, :, n], seq.records.u[-1], self.tol_state, "u record")
+        assert_rel(r["rec_g"][slot, :, n], self.gates(tok, b)[0], "g record", 1e-6)
+        assert_rel(r["rec_u"][slot, :, n], seq.records.u[-1], "u record", self.tol_state)
 
     def pool_step(self, ref_state, slots, tok, pad) -> torch.Tensor:
         g, beta = self.gates(tok)

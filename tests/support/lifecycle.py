@@ -11,17 +11,9 @@ import torch
 
 from replayssm_jit import gdn_decode, gdn_layout, mamba2_decode, mamba2_layout
 from replayssm_jit.reference import gdn_gates, gdn_step, mamba2_step
+from support.checks import same_bits
 
 GPU = pytest.mark.gpu
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """The tensor's bit patterns (NaN == NaN here, unlike torch.equal on floats)."""
-    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
 
 
 def snapshot(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -43,6 +43,8 @@ from replayssm_jit.reference import (
     kda_step,
     mamba2_step,
 )
+from support import checks
+from support.checks import same_bits
 
 F32, F64, I32 = torch.float32, torch.float64, torch.int32
 NUM_SLOTS = 8
@@ -55,24 +57,8 @@ TOL = 1e-5
 
 
 def assert_rel(actual, expected, what, tol=TOL):
-    a, e = actual.to(F64), expected.to(F64)
-    assert a.shape == e.shape, f"{what}: shape {tuple(a.shape)} != {tuple(e.shape)}"
-    assert bool(torch.isfinite(a).all()), f"{what}: non-finite values"
-    ref = float(torch.linalg.vector_norm(e))
-    assert ref > 0 and math.isfinite(ref), f"{what}: reference norm {ref}"
-    err = float(torch.linalg.vector_norm(a - e)) / ref
-    assert err <= tol, f"{what}: relative error {err:.3e} > {tol:.0e}"
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    """Bit patterns, so that NaN compares equal to itself."""
-    return t.view(
-        {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-    )
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and torch.equal(bits(a), bits(b))
+    """checks.assert_rel at the verify tests' tolerance unless told."""
+    checks.assert_rel(actual, expected, what, tol)
 
 
 def clone(tensors: dict) -> dict:
