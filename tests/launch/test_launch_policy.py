@@ -443,29 +443,32 @@ def test_verify_flags_load_rings_early_only_at_small_batches():
     assert verify_launch_flags("per-item", 8, SMS, off) == 0
 
 
+def planned_verify(spec, batch, heads, **config):
+    """(verify kernel, verify row tile) of a CUDA plan (policy.sm_count patched to SMS)."""
+    plan = policy.plan_launch(
+        spec, batch, heads, torch.device("cuda"), replay=True, config=LaunchConfig(**config)
+    )
+    return plan.verify_kernel, plan.verify_rows_per_cta
+
+
 def test_split_verify_halves_its_state_tile_under_8_ctas_per_sm(monkeypatch):
     """From T = 4, the split verify's state kernel takes half the split step's tile where that
     tile gives under 8 CTAs per SM (measured: GDN at batches 4-16, H100); T = 2, larger grids,
     Mamba-2 (split only from 8 pairs per SM) and an asked-for tile keep the step's."""
     monkeypatch.setattr(policy, "sm_count", lambda device: SMS)
-    cuda = torch.device("cuda")
-
-    def verify_rows(spec, batch, heads, **config):
-        plan = policy.plan_launch(
-            spec, batch, heads, cuda, replay=True, config=LaunchConfig(**config)
-        )
-        return plan.verify_kernel, plan.verify_rows_per_cta
-
     for T in (4, 8):
-        assert verify_rows(qwen4b(window=16, drafts=T), 8, 32) == ("split", 32)  # 512 CTAs at 64
-        assert verify_rows(qwen4b(window=16, drafts=T), 16, 32) == ("split", 32)
-        assert verify_rows(qwen4b(window=16, drafts=T), 64, 32) == ("split", 64)
-        assert verify_rows(qwen122b(window=16, drafts=T), 8, 64) == ("split", 32)
-        assert verify_rows(qwen122b(window=16, drafts=T), 16, 64) == ("split", 64)  # 2,048 CTAs
-        assert verify_rows(super120b(window=16, drafts=T), 16, 128) == ("split", 64)
-    assert verify_rows(qwen4b(window=16, drafts=2), 8, 32) == ("split", 64)
-    assert verify_rows(qwen4b(window=16, drafts=4), 8, 32, verify_rows_per_cta=64) == ("split", 64)
-    assert verify_rows(qwen4b(window=16, drafts=4), 8, 32, rows_per_cta=16) == ("split", 16)
+        assert planned_verify(qwen4b(window=16, drafts=T), 8, 32) == ("split", 32)  # 512 CTAs at 64
+        assert planned_verify(qwen4b(window=16, drafts=T), 16, 32) == ("split", 32)
+        assert planned_verify(qwen4b(window=16, drafts=T), 64, 32) == ("split", 64)
+        assert planned_verify(qwen122b(window=16, drafts=T), 8, 64) == ("split", 32)
+        assert planned_verify(qwen122b(window=16, drafts=T), 16, 64) == ("split", 64)  # 2,048 CTAs
+        assert planned_verify(super120b(window=16, drafts=T), 16, 128) == ("split", 64)
+    assert planned_verify(qwen4b(window=16, drafts=2), 8, 32) == ("split", 64)
+    assert planned_verify(qwen4b(window=16, drafts=4), 8, 32, verify_rows_per_cta=64) == (
+        "split",
+        64,
+    )
+    assert planned_verify(qwen4b(window=16, drafts=4), 8, 32, rows_per_cta=16) == ("split", 16)
 
 
 def test_per_item_verify_takes_32_rows_under_one_pair_per_sm(monkeypatch):
@@ -480,17 +483,9 @@ def test_per_item_verify_takes_32_rows_under_one_pair_per_sm(monkeypatch):
     assert policy.few_pairs_verify_rows(kimi, 4, 32, SMS) == 32
     assert policy.few_pairs_verify_rows(nano, 1, 96, SMS) == 0  # no 32-row tile (80-row heads)
     monkeypatch.setattr(policy, "sm_count", lambda device: SMS)
-    cuda = torch.device("cuda")
-
-    def verify_rows(spec, batch, heads, **config):
-        plan = policy.plan_launch(
-            spec, batch, heads, cuda, replay=True, config=LaunchConfig(**config)
-        )
-        return plan.verify_kernel, plan.verify_rows_per_cta
-
-    assert verify_rows(m2, 1, 128) == ("per-item", 32)
-    assert verify_rows(m2, 8, 128) == ("per-item", 64)  # the CTAs-per-SM target's tile
-    assert verify_rows(kimi, 1, 32) == ("per-item", 32)
-    assert verify_rows(m2, 1, 128, verify_rows_per_cta=16) == ("per-item", 16)
-    assert verify_rows(m2, 1, 128, rows_per_cta=8) == ("per-item", 8)
-    assert verify_rows(m2, 1, 128, kernel="split")[0] == "split"
+    assert planned_verify(m2, 1, 128) == ("per-item", 32)
+    assert planned_verify(m2, 8, 128) == ("per-item", 64)  # the CTAs-per-SM target's tile
+    assert planned_verify(kimi, 1, 32) == ("per-item", 32)
+    assert planned_verify(m2, 1, 128, verify_rows_per_cta=16) == ("per-item", 16)
+    assert planned_verify(m2, 1, 128, rows_per_cta=8) == ("per-item", 8)
+    assert planned_verify(m2, 1, 128, kernel="split")[0] == "split"
