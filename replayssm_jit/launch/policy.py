@@ -217,6 +217,22 @@ def split_verify_state_rows(spec: KernelSpec, rows_per_cta: int, batch: int, hea
     return half[0] if half else rows_per_cta
 
 
+def choose_verify_rows(spec: KernelSpec, verify: str, batch: int, heads: int, sms: int,
+                       config: LaunchConfig, *, replay: bool) -> int:  # fmt: skip
+    """The verify's row tile: config.verify_rows_per_cta, else config.rows_per_cta, else the
+    step's tile (the split verify's state kernel takes the split step's tiles; a conventional
+    plan's snapshot the conventional step's), adjusted for the verify where left "auto":
+    few_pairs_verify_rows per item, split_verify_state_rows split."""
+    field = "rows_per_cta" if config.verify_rows_per_cta == AUTO else "verify_rows_per_cta"
+    step = verify if replay else "conventional"
+    rows = choose_rows_per_cta(spec, step, batch, heads, sms, config, field)
+    if not replay or getattr(config, field) != AUTO:
+        return rows
+    if verify == "per-item":
+        return few_pairs_verify_rows(spec, batch, heads, sms) or rows
+    return split_verify_state_rows(spec, rows, batch, heads, sms)
+
+
 def launch_flags(kernel: str, records_ctas: int, sms: int, config: LaunchConfig) -> int:
     """Speculative ring loads: always per item (nothing held under flush-every-step, so never
     there), and for the split step under SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM records CTAs
@@ -353,15 +369,7 @@ def plan_launch(spec: KernelSpec, batch: int, heads: int, device: torch.device, 
     verify, verify_rows = "", 0
     if spec.has_verify:  # (checked on the CPU too, where the torch path ignores them)
         verify = choose_verify_kernel(spec, batch, heads, sms, config) if replay else "per-item"
-        # The split verify's state kernel takes the split step's tiles; a conventional plan's
-        # snapshot takes the conventional step's.
-        step = verify if replay else "conventional"
-        field = "rows_per_cta" if config.verify_rows_per_cta == AUTO else "verify_rows_per_cta"
-        verify_rows = choose_rows_per_cta(spec, step, batch, heads, sms, config, field)
-        if replay and verify == "per-item" and getattr(config, field) == AUTO:
-            verify_rows = few_pairs_verify_rows(spec, batch, heads, sms) or verify_rows
-        elif replay and verify == "split" and getattr(config, field) == AUTO:
-            verify_rows = split_verify_state_rows(spec, verify_rows, batch, heads, sms)
+        verify_rows = choose_verify_rows(spec, verify, batch, heads, sms, config, replay=replay)
     if device.type != "cuda":
         return PlannedLaunch(cpu_kernel(replay, config), 0, 0)
     if not spec.has_verify:
