@@ -370,12 +370,15 @@ def launch_variants(spec) -> list[tuple[str, LaunchConfig, tuple[str, ...]]]:
 
 
 def model_variants(cfg) -> list[tuple[str, LaunchConfig, tuple[str, ...]]]:
-    """launch_variants of a (shape, batch, L, state dtype) config's model spec."""
+    """launch_variants of a (shape, batch, L, checkpoint format) config's model spec."""
     from replayssm_jit.core.models import get_model
     from replayssm_jit.jit.presets import model_spec
 
     shape, _batch, window, state = cfg
-    return launch_variants(model_spec(get_model(shape), window=window, state_dtype=state))
+    fmt = parse_format(state)  # (a read copy or SR changes only the module, not its tilings)
+    return launch_variants(
+        model_spec(get_model(shape), window=window, state_dtype=fmt.state, read_dtype=fmt.read)
+    )
 
 
 def sweep_variants(bench, cfg, args, variants) -> list[dict]:

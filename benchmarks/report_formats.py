@@ -3,7 +3,8 @@ per sequence per layer (what caps an engine's concurrency), as a markdown table 
 
     python benchmarks/report_formats.py RUN_DIR [--out DIR]
 
-RUN_DIR holds bench_mamba2.py / bench_gdn.py JSON (mamba2.json, gdn.json) whose --states are
+RUN_DIR holds bench_mamba2.py / bench_gdn.py JSON (mamba2.json, gdn.json, and kda.json for a
+second bench_gdn.py run at KDA shapes, whose formats differ) whose --states are
 checkpoint formats (f32, bf16sr, e4m3, f32+e4m3, ...; harness.parse_format). Bytes per sequence
 come from the layouts themselves (checkpoint copies, their scales, the record rings, the
 cursor). Writes formats.md and formats.png into --out (default RUN_DIR).
@@ -41,7 +42,7 @@ def sequence_bytes(shape: str, state: str, window: int) -> int:
 def collect(run_dir: Path) -> dict[tuple, dict[str, dict]]:
     """{(shape, batch, window, state): {kernel: row}} over the run's JSON files, in order."""
     out: dict[tuple, dict[str, dict]] = defaultdict(dict)
-    for name in ("mamba2.json", "gdn.json"):
+    for name in ("mamba2.json", "gdn.json", "kda.json"):
         path = run_dir / name
         if path.exists():
             for row in json.loads(path.read_text())["rows"]:
