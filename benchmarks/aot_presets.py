@@ -3,9 +3,23 @@ benchmarks/aot_presets.py --preset NAME --out DIR`."""
 
 from __future__ import annotations
 
-from replayssm_jit.families import FAMILIES
+import sys
+from pathlib import Path
+
+from replayssm_jit.core.models import get_model
+from replayssm_jit.families import FAMILIES, get_family
 from replayssm_jit.families.spec import KernelSpec
-from replayssm_jit.jit.presets import model_specs
+from replayssm_jit.jit.presets import model_spec, model_specs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import parse_format
+
+# Issue 40's formats run (every checkpoint format beside FlashInfer and fla): shape -> formats.
+FORMATS_BENCH = {
+    "super120b": ("f32", "bf16", "bf16sr", "f16", "e4m3", "f32+e4m3", "f32+nvfp4"),
+    "qwen122b": ("f32", "bf16", "e4m3", "f32+e4m3"),
+    "kimi48b": ("f32", "bf16"),
+}
 
 
 def _preset_verify_bench() -> list[KernelSpec]:
@@ -19,4 +33,20 @@ def _preset_verify_bench() -> list[KernelSpec]:
     return specs
 
 
-PRESETS = {"verify-bench": _preset_verify_bench}
+def _preset_formats_bench() -> list[KernelSpec]:
+    """What bench_mamba2.py and bench_gdn.py load for FORMATS_BENCH (BF16 activations, the
+    family's default flags, "sr" where a format asks): each format's L = 16 ReplaySSM spec and,
+    for one checkpoint copy, its conventional step's (L = 1)."""
+    specs = []
+    for shape, formats in FORMATS_BENCH.items():
+        model = get_model(shape)
+        for name in formats:
+            fmt = parse_format(name)
+            flags = (*get_family(model.family).default_flags, *(("sr",) if fmt.sr else ()))
+            for window in (16,) if fmt.read else (16, 1):
+                specs.append(model_spec(model, window=window, state_dtype=fmt.state,
+                                        read_dtype=fmt.read if window > 1 else None, flags=flags))  # fmt: skip
+    return specs
+
+
+PRESETS = {"verify-bench": _preset_verify_bench, "formats-bench": _preset_formats_bench}
