@@ -6,13 +6,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from replayssm_jit.core.models import get_model
-from replayssm_jit.families import FAMILIES, get_family
+from replayssm_jit.families import FAMILIES
 from replayssm_jit.families.spec import KernelSpec
-from replayssm_jit.jit.presets import model_spec, model_specs
+from replayssm_jit.jit.presets import model_specs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import parse_format
+from harness import format_spec, parse_format
 
 # Issue 40's formats run (every checkpoint format beside FlashInfer and fla): shape -> formats.
 FORMATS_BENCH = {
@@ -34,19 +33,14 @@ def _preset_verify_bench() -> list[KernelSpec]:
 
 
 def _preset_formats_bench() -> list[KernelSpec]:
-    """What bench_mamba2.py and bench_gdn.py load for FORMATS_BENCH (BF16 activations, the
-    family's default flags, "sr" where a format asks): each format's L = 16 ReplaySSM spec and,
-    for one checkpoint copy, its conventional step's (L = 1)."""
-    specs = []
-    for shape, formats in FORMATS_BENCH.items():
-        model = get_model(shape)
-        for name in formats:
-            fmt = parse_format(name)
-            flags = (*get_family(model.family).default_flags, *(("sr",) if fmt.sr else ()))
-            for window in (16,) if fmt.read else (16, 1):
-                specs.append(model_spec(model, window=window, state_dtype=fmt.state,
-                                        read_dtype=fmt.read if window > 1 else None, flags=flags))  # fmt: skip
-    return specs
+    """What bench_mamba2.py and bench_gdn.py load for FORMATS_BENCH: each format's L = 16
+    ReplaySSM spec and, for one checkpoint copy, its conventional step's (L = 1)."""
+    return [
+        format_spec(shape, window, name)
+        for shape, formats in FORMATS_BENCH.items()
+        for name in formats
+        for window in ((16,) if parse_format(name).read else (16, 1))
+    ]
 
 
 PRESETS = {"verify-bench": _preset_verify_bench, "formats-bench": _preset_formats_bench}

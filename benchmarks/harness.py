@@ -369,16 +369,25 @@ def launch_variants(spec) -> list[tuple[str, LaunchConfig, tuple[str, ...]]]:
     return out
 
 
-def model_variants(cfg) -> list[tuple[str, LaunchConfig, tuple[str, ...]]]:
-    """launch_variants of a (shape, batch, L, checkpoint format) config's model spec."""
+def format_spec(shape: str, window: int, state: str):
+    """The spec a benchmark's plan of checkpoint format `state` (parse_format) loads at `shape`:
+    BF16 activations, the family's default flags, plus "sr" where the format asks. A window of
+    1 is the conventional step's (one copy: a read copy has none)."""
     from replayssm_jit.core.models import get_model
+    from replayssm_jit.families import get_family
     from replayssm_jit.jit.presets import model_spec
 
+    model, fmt = get_model(shape), parse_format(state)
+    if window == 1 and fmt.read:
+        raise ValueError(f"{state}: a read copy has no conventional (L = 1) step")
+    flags = (*get_family(model.family).default_flags, *(("sr",) if fmt.sr else ()))
+    return model_spec(model, window=window, state_dtype=fmt.state, read_dtype=fmt.read, flags=flags)
+
+
+def model_variants(cfg) -> list[tuple[str, LaunchConfig, tuple[str, ...]]]:
+    """launch_variants of a (shape, batch, L, checkpoint format) config's model spec."""
     shape, _batch, window, state = cfg
-    fmt = parse_format(state)  # (a read copy or SR changes only the module, not its tilings)
-    return launch_variants(
-        model_spec(get_model(shape), window=window, state_dtype=fmt.state, read_dtype=fmt.read)
-    )
+    return launch_variants(format_spec(shape, window, state))
 
 
 def sweep_variants(bench, cfg, args, variants) -> list[dict]:
