@@ -20,8 +20,8 @@ import torch
 
 from replayssm_jit import LaunchConfig
 
-from ..checks import rel_err
 from . import gpu_schedule
+from .checks import rel_err
 
 
 @dataclass(frozen=True)
