@@ -11,7 +11,7 @@ from functools import partial
 import pytest
 import torch
 from support import delta_gpu, gpu_schedule
-from support.gpu_schedule import rel_err
+from support.checks import rel_err
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper, LaunchConfig
 from replayssm_jit.families.spec import gdn_spec, spec_tilings

@@ -11,7 +11,7 @@ import inspect
 import pytest
 import torch
 from support import delta_gpu, hf_gdn
-from support.gpu_schedule import rel_err
+from support.checks import rel_err
 
 from replayssm_jit import GDNDecodeCache, GDNDecodeWrapper
 from replayssm_jit.reference import gdn_gates, gdn_step_pool

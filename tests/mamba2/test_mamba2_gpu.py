@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 import torch
 from support import gpu_schedule
-from support.gpu_schedule import rel_err
+from support.checks import rel_err
 
 from replayssm_jit import LaunchConfig, Mamba2DecodeCache, Mamba2DecodeWrapper
 from replayssm_jit.families.spec import mamba2_spec, spec_tilings

@@ -2,15 +2,12 @@
 
 import pytest
 import torch
+from support.checks import rel_err
 
 from replayssm_jit import Mamba2DecodeCache, Mamba2DecodeWrapper
 from replayssm_jit.reference import mamba2_step_pool
 
 pytestmark = pytest.mark.gpu
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def test_conventional_matches_flashinfer_selective_state_update():

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.checks import rel_err
 from support.lifecycle import (
     FAMILIES,
     GDN,
@@ -49,11 +50,6 @@ CASES = [(1, "f32"), (4, "f32"), (16, "f32"), (4, "bf16")]  # (window L, checkpo
 STATE_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 # (output, checkpoint) relative error bounds; the 16-bit ones as in tests/mamba2/test_mamba2_gpu.py.
 TOL = {"f32": (1e-5, 1e-5), "bf16": (3e-2, 2e-2)}
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = (got.double() - ref.double()).norm()
-    return (diff / ref.double().norm().clamp_min(1e-300)).item()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import random
 
 import pytest
 import torch
+from support.checks import rel_err
 from support.lifecycle import GDN, Mamba2, assert_slots_kept, engine_tensors, snapshot
 from support.paths import BENCHMARKS
 from support.verify_schedule import GDNFamily, Mamba2Family
@@ -42,10 +43,6 @@ def _load_script():
 drift = _load_script()
 SERIES_KEYS = ("state_replay", "state_replay_row_max", "state_conventional", "out_replay_max",
                "out_replay_mean", "out_conventional_max", "out_conventional_mean")  # fmt: skip
-
-
-def rel_err(got, ref):
-    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 # --- CPU: the drift script ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.checks import rel_err
 
 from replayssm_jit import (
     LaunchConfig,
@@ -18,10 +19,6 @@ from replayssm_jit.reference import gdn_gates, gdn_step_pool, mamba2_step_pool
 
 WINDOW = 4
 STEPS = 3 * WINDOW + 2  # at least three flush cycles
-
-
-def rel_err(got, ref):
-    return ((got.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def _engine_tensors(layout, num_slots, gen):

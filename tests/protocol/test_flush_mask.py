@@ -13,7 +13,8 @@ import random
 
 import pytest
 import torch
-from support.verify_schedule import GDNFamily, KDAFamily, Mamba2Family, rel_err
+from support.checks import rel_err
+from support.verify_schedule import GDNFamily, KDAFamily, Mamba2Family
 
 from replayssm_jit import LaunchConfig, plan_decode, reset_slots
 from replayssm_jit.ops import decode as decode_module

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.verify_schedule import GDNFamily, KDAFamily, Mamba2Family, rel_err
+from support.checks import rel_err
+from support.verify_schedule import GDNFamily, KDAFamily, Mamba2Family
 
 from replayssm_jit import LaunchConfig, plan_decode, reset_slots
 

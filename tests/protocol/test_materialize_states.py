@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from support.verify_schedule import rel_err
+from support.checks import rel_err
 
 from replayssm_jit import materialize_slots, materialize_states, plan_decode, reset_slots
 from replayssm_jit.families import get_family

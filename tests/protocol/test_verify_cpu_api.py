@@ -36,11 +36,6 @@ from replayssm_jit import (
 pytestmark = pytest.mark.usefixtures("no_launch_env", "single_thread")  # tiny tensors
 
 
-@pytest.fixture
-def fam(request):
-    return FAMILIES[request.param]()
-
-
 # ---------------------------------------------------------------------------------------------
 # Wrappers
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from support.checks import same_bits
 from support.verify_cpu import (
     F32,
     F64,
-    FAMILIES,
     I32,
     NUM_SLOTS,
     Mamba2,
@@ -32,11 +31,6 @@ from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.torch_path import Pool, Rows
 
 pytestmark = pytest.mark.usefixtures("no_launch_env", "single_thread")  # tiny tensors
-
-
-@pytest.fixture
-def fam(request):
-    return FAMILIES[request.param]()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import pytest
 import torch
 from support.checks import same_bits
 from support.verify_cpu import (
-    FAMILIES,
     I32,
     NUM_SLOTS,
     Plans,
@@ -26,11 +25,6 @@ from replayssm_jit.reference import root_path
 NAMED = (1, 2, 3, 4)  # slots the schedules name; 5..7 never (0 may be the pad slot)
 
 pytestmark = pytest.mark.usefixtures("no_launch_env", "single_thread")  # tiny tensors
-
-
-@pytest.fixture
-def fam(request):
-    return FAMILIES[request.param]()
 
 
 def make_batch(rng: random.Random, pad: int) -> list[int]:

@@ -11,7 +11,8 @@ import random
 
 import pytest
 import torch
-from support.verify_schedule import GDNFamily, KDAFamily, Mamba2Family, rel_err, run_schedule
+from support.checks import rel_err
+from support.verify_schedule import GDNFamily, KDAFamily, Mamba2Family, run_schedule
 
 from replayssm_jit import LaunchConfig, commit_drafts, commit_snapshots, plan_decode, reset_slots
 

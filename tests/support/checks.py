@@ -22,6 +22,12 @@ def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str) ->
     assert same_bits(actual, expected), f"{what}: bits differ"
 
 
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """norm(got - ref) / norm(ref) in float64, on the CPU (NaN stays NaN, so `<= tol` fails)."""
+    diff = (got.double().cpu() - ref.double().cpu()).norm()
+    return (diff / ref.double().cpu().norm().clamp_min(1e-300)).item()
+
+
 def assert_rel(actual: torch.Tensor, expected: torch.Tensor, what: str, tol: float) -> None:
     """norm(actual - expected) / norm(expected) <= tol; fails on NaN / inf and on a zero
     reference."""

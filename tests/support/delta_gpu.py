@@ -21,7 +21,7 @@ import torch
 from replayssm_jit import LaunchConfig
 
 from . import gpu_schedule
-from .gpu_schedule import rel_err
+from .checks import rel_err
 
 
 @dataclass(frozen=True)

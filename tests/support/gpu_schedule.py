@@ -19,12 +19,7 @@ import pytest
 import torch
 
 from replayssm_jit import LaunchConfig
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    """norm(got - ref) / norm(ref), in float64."""
-    diff = (got.double() - ref.double()).norm()
-    return (diff / ref.double().norm().clamp_min(1e-300)).item()
+from support.checks import rel_err
 
 
 class Inputs:

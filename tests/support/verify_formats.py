@@ -36,6 +36,7 @@ from replayssm_jit.families.schema import commit_ring_roles
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.library import plan_handle
 from replayssm_jit.ops.torch_path.checkpoint import Copy, load_state
+from support.checks import rel_err
 from support.verify_schedule import Cursor, random_path, random_tree
 
 F32, F64, I32 = torch.float32, torch.float64, torch.int32
@@ -86,10 +87,6 @@ def assert_within_one_code(got, want, fmt, what, block=None):
     assert bool(torch.isfinite(got).all()), f"{what}: not finite"
     excess = ((got - want).abs() - code_step(got, want, fmt, block)).max().item()
     assert excess <= 0, f"{what}: a value is more than one {fmt} code away ({excess:.3e} over)"
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return ((got.to(F64) - want).norm() / want.norm().clamp_min(1e-300)).item()
 
 
 def softplus(x):

@@ -33,11 +33,7 @@ from replayssm_jit import (
     reset_slots,
 )
 from replayssm_jit.reference import gdn_gates, gdn_step, kda_gates, kda_step, mamba2_step
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = (got.double() - ref.double()).norm()
-    return (diff / ref.double().norm().clamp_min(1e-300)).item()
+from support.checks import rel_err
 
 
 class Mamba2Family:

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from replayssm_jit import LaunchConfig, SlotCache
 from replayssm_jit.families.spec import spec_tilings
 
+from ..checks import rel_err
 from .core import Call, Validity, entry, snapshot, tensors_identical
 from .families import ADAPTERS, Adapter, adapters_on
 from .values import INT32_MAX, slot_tensor_variant, tensor_variant
@@ -24,11 +25,6 @@ OP_ARGS = ("plan", "slot_indices", "out", "workspace", "seed", *SLOT_TENSORS)
 # Python's own argument binding errors name the argument too.
 DEFAULT = object()  # (the scenario's own plan)
 BINDING = re.compile(r"got (an unexpected keyword argument|multiple values for keyword argument) '")
-
-
-def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
-    diff = (got.double().cpu() - ref.double().cpu()).norm()
-    return (diff / ref.double().cpu().norm().clamp_min(1e-300)).item()
 
 
 def tolerance(act: torch.dtype, state: torch.dtype) -> float:

@@ -35,8 +35,9 @@ from replayssm_jit.reference import (
     root_path,
 )
 
+from ..checks import rel_err
 from .core import Call, Validity, entry, tensors_identical
-from .decode import DTYPES, STATE_DTYPES, rel_err, tolerance
+from .decode import DTYPES, STATE_DTYPES, tolerance
 from .families import ADAPTERS, Adapter
 from .values import tensor_variant
 
