@@ -32,7 +32,8 @@ SESSION10 = "2026-11-30-h200-session10"
 KDA_SPLIT = "2026-12-02-h200-kda-split"
 # The checkpoint formats' line: issue 40's one run, ours beside FlashInfer and fla on one machine.
 FORMATS, FORMATS_DEVICE = "2026-12-05-h100-formats", "One H100"
-# (model, shape, checkpoint format, its FlashInfer checkpointing_ssu state or None)
+# (model, shape, checkpoint format, the peer's state where a peer runs it: FlashInfer's
+# checkpointing_ssu state at Mamba-2 shapes, fla's FP32 step at GDN and KDA ones)
 FORMAT_ROWS = (
     ("Nemotron-3-Super-120B", "super120b", "f32", "f32"),
     ("", "super120b", "bf16", "bf16"),
@@ -40,8 +41,9 @@ FORMAT_ROWS = (
     ("", "super120b", "e4m3", "fp8+scale"),
     ("", "super120b", "f32+e4m3", None),
     ("", "super120b", "f32+nvfp4", None),
-    ("Qwen3.5-122B-A10B", "qwen122b", "f32+e4m3", None),
-    ("Kimi-Linear-48B", "kimi48b", "f32", None),
+    ("Qwen3.5-122B-A10B", "qwen122b", "f32", "f32"),
+    ("", "qwen122b", "f32+e4m3", None),
+    ("Kimi-Linear-48B", "kimi48b", "f32", "f32"),
 )
 FORMAT_NAMES = {"f32": "FP32", "bf16": "BF16", "bf16sr": "BF16 + SR", "e4m3": "e4m3",
                 "f32+e4m3": "FP32 + e4m3 read copy", "f32+nvfp4": "FP32 + NVFP4 read copy"}  # fmt: skip
@@ -171,25 +173,30 @@ def nonflush_pct(shape: str, state: str) -> float:
     return 100 * tbps / data["copy"]["tbps"]
 
 
-def flashinfer_format_us(state: str) -> float:
-    """FlashInfer checkpointing_ssu's fastest amortized step (default, monolith or tuned) at BATCH."""
-    rows = _load(FORMATS, "fi/lp_spec.json")["results"]
-    return min(r["timing"]["us"] for r in rows if r.get("api") == "ckpt" and r["state"] == state
-               and r["batch"] == BATCH and r.get("phase") == "amortized")  # fmt: skip
+def peer_format_us(shape: str, peer_state: str) -> tuple[str, float]:
+    """The fastest peer's amortized step at BATCH in the formats run: FlashInfer's
+    checkpointing_ssu (default or monolith launch) with `peer_state` at Mamba-2 shapes, fla's
+    FP32 step at GDN and KDA ones."""
+    if shape == "super120b":
+        rows = _load(FORMATS, "fi/lp_spec.json")["results"]
+        return "FlashInfer", min(r["timing"]["us"] for r in rows if r.get("api") == "ckpt"
+                                 and r["state"] == peer_state and r["batch"] == BATCH
+                                 and r.get("phase") == "amortized")  # fmt: skip
+    return "fla", format_us(shape, peer_state, BATCH, "fla")
 
 
 def formats_table() -> list[str]:
     lines = [
         f"Checkpoint formats: {FORMATS_DEVICE}, L = {WINDOW}, µs per step, amortized ({_link(FORMATS)}); "
-        "x: the format's own conventional step over ours; FlashInfer: `checkpointing_ssu`, "
-        "fastest of default, monolith and tuned.",
+        "x: the format's own conventional step over ours; peers: FlashInfer's `checkpointing_ssu` "
+        "(the faster of its default and monolith launches) and fla's FP32 step.",
         "",
         "| model | checkpoint | batch 256 | non-flush, % of the copy ceiling | "
         + " | ".join(f"batch {b}" for b in FORMAT_BATCHES)
-        + " | FlashInfer, batch 256 |",
+        + " | peer, batch 256 |",
         "|---|---|---|---|" + "---|" * len(FORMAT_BATCHES) + "---|",
     ]
-    for model, shape, state, fi_state in FORMAT_ROWS:
+    for model, shape, state, peer_state in FORMAT_ROWS:
         cells = [
             f"{format_us(shape, state, BATCH, 'amortized'):.1f}",
             f"{nonflush_pct(shape, state):.0f}%",
@@ -198,7 +205,11 @@ def formats_table() -> list[str]:
             ours = format_us(shape, state, batch, "amortized")
             conv = format_us(shape, state, batch, "conventional")
             cells.append(f"{ours:.1f}" + (f" ({conv / ours:.2f}x)" if conv else ""))
-        cells.append(f"{flashinfer_format_us(fi_state):.1f}" if fi_state else "-")
+        if peer_state:
+            name, us = peer_format_us(shape, peer_state)
+            cells.append(f"{name} {us:.1f}")
+        else:
+            cells.append("-")
         lines.append(f"| {model} | {FORMAT_NAMES[state]} | " + " | ".join(cells) + " |")
     return lines
 
