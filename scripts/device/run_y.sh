@@ -23,7 +23,7 @@ export REPLAYSSM_AOT_DIR=/tmp/aot-grand REPLAYSSM_DISABLE_JIT=1
 timeout 120 python3 benchmarks/bench_mamba2.py --shapes super120b --batches 1,8,64,256 --window-sweep 16 \
   --min-pool-bytes 3e8 --states f32+e4m3,e4m3,f32+nvfp4,bf16,bf16sr,f32 --out $R/ours > $R/mamba2.txt 2>&1
 echo "== ours rc=$? at $(elapsed)"; pack
-FLASHINFER_DISABLE_JIT=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1 timeout 100 python3 .device/anchors/anchor_lp_spec.py \
+FLASHINFER_DISABLE_JIT=1 TVM_FFI_DISABLE_TORCH_C_DLPACK=1 timeout 70 python3 .device/anchors/anchor_lp_spec.py \
   --aot-dir /tmp/fi/fi-f32 --aot-dir /tmp/fi/fi-lp --skip spec,tune --batches 256,64,8,1 \
   --min-pool-bytes 1e9 --out $R/fi > $R/fi.txt 2>&1
 echo "== FlashInfer rc=$? at $(elapsed)"; pack
