@@ -30,6 +30,25 @@ BATCH, STATE, WINDOW = 256, "f32", 16
 ARCHITECTURE = "2026-12-01-h200-architecture"
 SESSION10 = "2026-11-30-h200-session10"
 KDA_SPLIT = "2026-12-02-h200-kda-split"
+# The checkpoint formats' line: issue 40's one run, ours beside FlashInfer and fla on one machine.
+FORMATS, FORMATS_DEVICE = "2026-12-05-h100-formats", "One H100"
+# (model, shape, checkpoint format, the peer's state where a peer runs it: FlashInfer's
+# checkpointing_ssu state at Mamba-2 shapes, fla's FP32 step at GDN and KDA ones)
+FORMAT_ROWS = (
+    ("Nemotron-3-Super-120B", "super120b", "f32", "f32"),
+    ("", "super120b", "bf16", "bf16"),
+    ("", "super120b", "bf16sr", None),
+    ("", "super120b", "e4m3", "fp8+scale"),
+    ("", "super120b", "f32+e4m3", None),
+    ("", "super120b", "f32+nvfp4", None),
+    ("Qwen3.5-122B-A10B", "qwen122b", "f32", "f32"),
+    ("", "qwen122b", "f32+e4m3", None),
+    ("Kimi-Linear-48B", "kimi48b", "f32", "f32"),
+)
+FORMAT_NAMES = {"f32": "FP32", "bf16": "BF16", "bf16sr": "BF16 + SR", "e4m3": "e4m3",
+                "f32+e4m3": "FP32 + e4m3 read copy", "f32+nvfp4": "FP32 + NVFP4 read copy"}  # fmt: skip
+FORMAT_BATCHES = (8, 1)  # beside batch 256, each against its own conventional step
+
 # The speculative verify's line: one H100 run of every shape beside FlashInfer (issue 39).
 VERIFY = "2026-12-05-h100-verify-grand"
 VERIFY_T, VERIFY_BATCHES = 4, (256, 1)
@@ -131,6 +150,70 @@ def verify_table() -> list[str]:
     return lines
 
 
+def format_us(shape: str, state: str, batch: int, kernel: str) -> float | None:
+    """Our step's µs in the formats run (None where the format has no such step: a read copy
+    has no conventional step)."""
+    family_file = {"super120b": "mamba2.json", "qwen122b": "gdn.json", "kimi48b": "kda.json"}
+    rows = _load(FORMATS, family_file[shape])["rows"]
+    found = [r for r in rows if r["shape"] == shape and r["state"] == state and r["batch"] == batch
+             and r["window"] == WINDOW and r["kernel"] == kernel]  # fmt: skip
+    return (
+        _one([r["us"] for r in found], f"{FORMATS} {shape} {state} b={batch} {kernel}")
+        if found
+        else None
+    )
+
+
+def nonflush_pct(shape: str, state: str) -> float:
+    """The non-flush step's bytes per second at BATCH against the copy ceiling its run measured."""
+    family_file = {"super120b": "mamba2.json", "qwen122b": "gdn.json", "kimi48b": "kda.json"}
+    data = _load(FORMATS, family_file[shape])
+    tbps = _one([r["tbps"] for r in data["rows"] if r["shape"] == shape and r["state"] == state
+                 and r["batch"] == BATCH and r["kernel"] == "nonflush"], f"{shape} {state} nonflush")  # fmt: skip
+    return 100 * tbps / data["copy"]["tbps"]
+
+
+def peer_format_us(shape: str, peer_state: str) -> tuple[str, float]:
+    """The fastest peer's amortized step at BATCH in the formats run: FlashInfer's
+    checkpointing_ssu (default or monolith launch) with `peer_state` at Mamba-2 shapes, fla's
+    FP32 step at GDN and KDA ones."""
+    if shape == "super120b":
+        rows = _load(FORMATS, "fi/lp_spec.json")["results"]
+        return "FlashInfer", min(r["timing"]["us"] for r in rows if r.get("api") == "ckpt"
+                                 and r["state"] == peer_state and r["batch"] == BATCH
+                                 and r.get("phase") == "amortized")  # fmt: skip
+    return "fla", format_us(shape, peer_state, BATCH, "fla")
+
+
+def formats_table() -> list[str]:
+    lines = [
+        f"Checkpoint formats: {FORMATS_DEVICE}, L = {WINDOW}, µs per step, amortized ({_link(FORMATS)}); "
+        "x: the format's own conventional step over ours; peers: FlashInfer's `checkpointing_ssu` "
+        "(the faster of its default and monolith launches) and fla's FP32 step.",
+        "",
+        "| model | checkpoint | batch 256 | non-flush, % of the copy ceiling | "
+        + " | ".join(f"batch {b}" for b in FORMAT_BATCHES)
+        + " | peer, batch 256 |",
+        "|---|---|---|---|" + "---|" * len(FORMAT_BATCHES) + "---|",
+    ]
+    for model, shape, state, peer_state in FORMAT_ROWS:
+        cells = [
+            f"{format_us(shape, state, BATCH, 'amortized'):.1f}",
+            f"{nonflush_pct(shape, state):.0f}%",
+        ]
+        for batch in FORMAT_BATCHES:
+            ours = format_us(shape, state, batch, "amortized")
+            conv = format_us(shape, state, batch, "conventional")
+            cells.append(f"{ours:.1f}" + (f" ({conv / ours:.2f}x)" if conv else ""))
+        if peer_state:
+            name, us = peer_format_us(shape, peer_state)
+            cells.append(f"{name} {us:.1f}")
+        else:
+            cells.append("-")
+        lines.append(f"| {model} | {FORMAT_NAMES[state]} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _link(folder: str) -> str:
     # The label drops the folder's date and device (the text above each table names the device).
     return f"[{folder.split('-', 4)[-1]}]({RESULTS}/{folder}/)"
@@ -160,6 +243,7 @@ def table() -> str:
         links = ", ".join(_link(f) for f in folders)
         lines.append(f"| {row.model} ({row.family}) | {conv:.1f} | {replay:.1f} | "
                      f"{conv / replay:.2f}x | {peer} | {links} |")  # fmt: skip
+    # (formats_table() joins the block once the FORMATS run is committed: scripts/device/run_t.sh)
     lines += ["", *verify_table(), "", END]
     return "\n".join(lines)
 

@@ -37,6 +37,10 @@ PREFERRED_WARPS = 4
 MAX_LANE_VALUES = 96
 # From one (batch row, head) pair per SM the split step's cycle beats the per-item kernel.
 SPLIT_MIN_PAIRS_PER_SM = 1
+# Below it, one checkpoint copy of these dtypes flushes every token (the conventional step's
+# reads, writes and rounding, plus a cursor read), which beats replaying a window there; e4m3
+# and NVFP4 keep their window, as rounding them every token is what the window avoids.
+EVERY_STEP_STATE_DTYPES = ("f32", "bf16", "f16")
 # Past a couple of records CTAs per SM, loading unheld ring rows costs more bandwidth than the
 # round trip it saves.
 SPLIT_SPECULATIVE_MAX_RECORDS_CTAS_PER_SM = 2
@@ -96,14 +100,20 @@ def can_split(spec: KernelSpec) -> bool:
     return heads <= SPLIT_RECORDS_THREADS and fam.records_shared_bytes(spec) <= MAX_CTA_SHARED_BYTES
 
 
+def flushes_every_step_when_small(spec: KernelSpec) -> bool:
+    """Whether `spec`'s replay step flushes every token below SPLIT_MIN_PAIRS_PER_SM: one
+    checkpoint copy (no read copy) of an EVERY_STEP_STATE_DTYPES dtype."""
+    return spec.state_dtype in EVERY_STEP_STATE_DTYPES and spec.read_dtype is None
+
+
 def choose_replay_kernel(
     spec: KernelSpec, batch: int, heads: int, sms: int, config: LaunchConfig
 ) -> str:
     """Split from SPLIT_MIN_PAIRS_PER_SM pairs per SM where the spec can split; below it (or
-    where it cannot) the per-item kernel, flushing every token for FP32 checkpoints (with
-    nothing held, the step is the conventional one plus a cursor read; narrower checkpoints
-    keep the window so that they are rounded once per L tokens, and so does a read copy, which
-    only non-flush steps read)."""
+    where it cannot) the per-item kernel, flushing every token for one checkpoint copy of an
+    EVERY_STEP_STATE_DTYPES dtype (with nothing held, the step is the conventional one plus a
+    cursor read). e4m3 and NVFP4 checkpoints keep the window so that they are rounded once per
+    L tokens, and so does a read copy, which only non-flush steps read."""
     if config.kernel == "split" and not can_split(spec):
         fam = get_family(spec.family)
         raise ValueError(
@@ -116,8 +126,7 @@ def choose_replay_kernel(
         return config.kernel
     if batch * heads >= SPLIT_MIN_PAIRS_PER_SM * sms and can_split(spec):
         return "split"
-    wide = spec.state_dtype == "f32" and spec.read_dtype is None
-    return "flush-every-step" if wide else "per-item"
+    return "flush-every-step" if flushes_every_step_when_small(spec) else "per-item"
 
 
 def can_split_verify(spec: KernelSpec) -> bool:

@@ -23,7 +23,7 @@ import torch
 from replayssm_jit.families.spec import KernelSpec, spec_tilings
 from replayssm_jit.launch.config import AUTO, LaunchConfig
 from replayssm_jit.launch.environment import TUNING_ENV, launch_environment
-from replayssm_jit.launch.policy import can_split, can_split_verify
+from replayssm_jit.launch.policy import can_split, can_split_verify, flushes_every_step_when_small
 
 FORMAT_VERSION = 1
 
@@ -125,7 +125,8 @@ def tuned_config(config: LaunchConfig, tuning: object, spec: KernelSpec, mode: s
 
 def candidates(spec: KernelSpec, mode: str) -> list[LaunchConfig]:
     """Every launch a step of `spec` can take: its compiled row tiles, and in replay mode each
-    ReplaySSM kernel it has (flush-every-step only for FP32 checkpoints, whose rounding it keeps);
+    ReplaySSM kernel it has (flush-every-step where the policy may choose it:
+    flushes_every_step_when_small);
     in "verify" mode (a spec with drafts) each verify kernel it has, with each tile."""
     tiles = [rows for rows, _ in spec_tilings(spec)]
     if mode == "verify":
@@ -136,7 +137,7 @@ def candidates(spec: KernelSpec, mode: str) -> list[LaunchConfig]:
     if mode == "conventional":
         return [LaunchConfig(rows_per_cta=r) for r in tiles]
     kernels = ["per-item"]
-    if spec.state_dtype == "f32" and spec.read_dtype is None:
+    if flushes_every_step_when_small(spec):
         kernels.append("flush-every-step")
     if can_split(spec):
         kernels.append("split")

@@ -20,10 +20,11 @@ class DecodeWrapper:
     """plan() once per batch shape (choose and load the kernel), run() once per decode step.
 
     mode="replay": ReplaySSM (non-flush steps read the checkpoint and append a record; every
-    L-th step of a slot flushes). Where a batch is too small to fill the GPU, steps with FP32
-    checkpoints flush every token instead (kernel "flush-every-step": no record stays held);
-    outputs differ only in FP32 rounding order. mode="conventional": read, update and write
-    the state.
+    L-th step of a slot flushes). Where a batch is too small to fill the GPU, steps with one
+    FP32, BF16 or FP16 checkpoint flush every token instead (kernel "flush-every-step": no
+    record stays held), so a 16-bit checkpoint is then rounded every token, as the conventional
+    step rounds it; plan(config=LaunchConfig(kernel="per-item")) keeps the window.
+    mode="conventional": read, update and write the state.
     use_cuda_graph=True: run() writes into a buffer fixed at plan() and never reads slot values
     on the host (that would sync), so a step can be captured in a CUDA graph; verify() likewise,
     into a [batch, T, ...] buffer of its own, where the cache has drafts T >= 2.

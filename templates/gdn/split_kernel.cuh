@@ -116,17 +116,9 @@ struct Records {
     if (p.speculative) copy_ring(p, sm, slot, khead, kRing);
 
     const auto opened = open_step<true, L, CAP>(slot_cursor(p.cursors, p.cursor_slot_stride, slot));
-    if (!opened.valid()) {  // a corrupted cursor: the state kernel faults the row
-      if (khead == 0 && threadIdx.x == 0) store_step(Workspace{p.workspace, p.batch, p.num_v_heads}.info(row), opened.faulted());
-      pipe::wait_copies();
-      return;
-    }
-    const StepDecision d = opened.decide([&] { return kFlushMask && flush_masked(p, row); });
-    const int held = d.held, records = d.records;
-    const bool flush = d.flush;
-    if (!p.speculative) copy_ring(p, sm, slot, khead, held);
-    // This token's gates once the ring copies are under way (their loads then add no round trip),
-    // apart from sm.s.g, which the ring copies may still be filling.
+    // This token's gates while the cursor load is in flight: read past the held-count check, their
+    // loads waited for the cursor, a round trip more on every step. Not into sm.s.g, which the ring
+    // copies may still be filling.
     if constexpr (PER_CHANNEL) {
       for (int e = threadIdx.x; e < VPH * K; e += kThreads)
         sm.channel_g_cur[e / K][e % K] = token_channel_log_decay<GATES_IN_KERNEL, K>(p, row, vhead0 + e / K, e % K);
@@ -137,6 +129,15 @@ struct Records {
       sm.s.g_cur[threadIdx.x] = g;
       sm.s.beta[threadIdx.x] = beta;
     }
+    if (!opened.valid()) {  // a corrupted cursor: the state kernel faults the row
+      if (khead == 0 && threadIdx.x == 0) store_step(Workspace{p.workspace, p.batch, p.num_v_heads}.info(row), opened.faulted());
+      pipe::wait_copies();
+      return;
+    }
+    const StepDecision d = opened.decide([&] { return kFlushMask && flush_masked(p, row); });
+    const int held = d.held, records = d.records;
+    const bool flush = d.flush;
+    if (!p.speculative) copy_ring(p, sm, slot, khead, held);
     pipe::wait_copies();
     __syncthreads();
 

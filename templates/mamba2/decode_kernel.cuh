@@ -203,6 +203,10 @@ struct Kernel {
 
     int32_t* cursor = REPLAY ? slot_cursor(p.cursors, p.cursor_slot_stride, slot) : nullptr;
     const auto opened = open_step<REPLAY, L, CAP>(cursor);
+    // A replay step's dt for this token beside the cursor load: read where it is staged, past the
+    // held count, it waited a round trip for the cursor. (Not the conventional step's: it has no
+    // cursor, and the early load cost it registers.)
+    const float dt_token = REPLAY ? token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head) : 0.f;
     if (!opened.valid()) {  // a corrupted cursor: the row touches nothing
       fill_outputs<ROWS, kThreads>(out, fault_output());
       return;
@@ -221,7 +225,7 @@ struct Kernel {
       q_stage.store(sm.q, 0, 1);
       if constexpr (HAS_Z) z_stage.store(sm.z, 0, 1);
       for (int i = threadIdx.x; i <= n; i += kThreads) {
-        const float dt = i == n ? token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head) : rec_dt[i];
+        const float dt = i != n ? rec_dt[i] : REPLAY ? dt_token : token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head);
         sm.dt[i] = dt;
         sm.log_decay[i] = dt * p.A[head];
       }

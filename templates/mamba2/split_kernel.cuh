@@ -80,6 +80,10 @@ struct Records {
     if (p.speculative) copy_ring(p, sm, slot, head0, group, kRing, true);
 
     const auto opened = open_step<true, L, CAP>(slot_cursor(p.cursors, p.cursor_slot_stride, slot));
+    // This token's dt while the cursor load is in flight: read past the held-count check, its loads
+    // waited for the cursor, a round trip more on every step (1 us at batch 8). sm.s.dt is not
+    // used here, as the ring copies may still be filling it.
+    if (threadIdx.x < HPG) sm.s.dt_cur[threadIdx.x] = token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head0 + threadIdx.x);
     if (!opened.valid()) {  // a corrupted cursor: the state kernel faults the row
       if (group == 0 && threadIdx.x == 0) store_step(Workspace{p.workspace, p.batch, p.num_heads}.info(row), opened.faulted());
       pipe::wait_copies();
@@ -89,9 +93,6 @@ struct Records {
     const int held = d.held, records = d.records;
     const bool flush = d.flush;
     if (!p.speculative) copy_ring(p, sm, slot, head0, group, held, !flush);
-    // This token's dt once the ring copies are under way (its loads then add no round trip), apart
-    // from sm.s.dt, which the ring copies may still be filling.
-    if (threadIdx.x < HPG) sm.s.dt_cur[threadIdx.x] = token_dt<HAS_DT_BIAS, DT_SOFTPLUS>(p, row, head0 + threadIdx.x);
     pipe::wait_copies();
     __syncthreads();
 

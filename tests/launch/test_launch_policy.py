@@ -83,10 +83,16 @@ def test_replay_kernel_heuristic():
     assert chosen.kernel == "flush-every-step"
     assert chosen.flag_bits == FLAG_FLUSH_EVERY_STEP | FLAG_OVERLAP_PRIOR_KERNEL
     assert choose_replay_kernel(spec, 1, 128, SMS, AUTO) == "flush-every-step"
-    # low-precision checkpoints keep their window: the per-item kernel, speculative
-    chosen = launch(super120b(state_dtype="bf16"), 1, 128)
-    assert chosen.kernel == "per-item"
-    assert chosen.flag_bits == FLAG_SPECULATIVE_RECORDS | FLAG_OVERLAP_PRIOR_KERNEL
+    # so do one BF16 or FP16 copy (rounded every token, as the conventional step rounds it)
+    for state in ("bf16", "f16"):
+        chosen = launch(super120b(state_dtype=state), 1, 128)
+        assert chosen.kernel == "flush-every-step" and chosen.rows_per_cta == 16
+    # e4m3 and NVFP4 checkpoints and read copies keep their window: the per-item kernel, speculative
+    for narrow in (dict(state_dtype="e4m3"), dict(state_dtype="nvfp4"),
+                   dict(state_dtype="f32", read_dtype="e4m3"), dict(state_dtype="bf16", read_dtype="e4m3")):  # fmt: skip
+        chosen = launch(super120b(**narrow), 1, 128)
+        assert chosen.kernel == "per-item", narrow
+        assert chosen.flag_bits == FLAG_SPECULATIVE_RECORDS | FLAG_OVERLAP_PRIOR_KERNEL
     # the conventional step is never split; GDN splits too
     conventional = launch(spec, 256, 128, replay=False)
     assert conventional.kernel == "conventional" and not conventional.flag_bits & FLAG_SPLIT
@@ -308,8 +314,11 @@ def test_flush_every_step_tiles():
     chosen = launch(super120b(), 1, 128)
     assert chosen.flag_bits & FLAG_FLUSH_EVERY_STEP and chosen.rows_per_cta == 16
     assert launch(nano4b(), 1, 96).rows_per_cta == 20
-    # BF16 checkpoints keep the window on the per-item kernel, with the ReplaySSM target
+    # BF16 checkpoints take the same tiles; e4m3 ones keep the window on the per-item kernel,
+    # with the ReplaySSM target
     chosen = launch(qwen122b(state_dtype="bf16"), 1, 64)
+    assert chosen.flag_bits & FLAG_FLUSH_EVERY_STEP and chosen.rows_per_cta == 32
+    chosen = launch(qwen122b(state_dtype="e4m3"), 1, 64)
     assert not chosen.flag_bits & (FLAG_FLUSH_EVERY_STEP | FLAG_SPLIT) and chosen.rows_per_cta == 16
 
 

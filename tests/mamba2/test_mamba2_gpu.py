@@ -241,6 +241,21 @@ def test_low_precision_bounded(shape, state, sr, out_bound, state_bound):
     check(shape, 64, 16, act=torch.bfloat16, state=state, sr=sr, steps=64, say=say, **bounds)
 
 
+@pytest.mark.parametrize("shape", ["super120b", "nano4b"])
+@pytest.mark.parametrize("state, sr, out_bound, state_bound", LP_CASES[1:])
+def test_sixteen_bit_batch_one_flushes_every_step_within_bounds(
+    shape, state, sr, out_bound, state_bound
+):
+    """At batch 1 the policy flushes a 16-bit checkpoint every token (rounded every token, as
+    the conventional step rounds it): within the windowed step's bounds over 64 tokens."""
+    fam = Mamba2(shape)
+    cache = fam.cache(4, window=16, state_dtype=state, act_dtype=torch.bfloat16, pad_slot_id=-1)
+    assert fam.wrapper(cache, mode="replay", batch=1, sr=sr, seed=0).kernel == "flush-every-step"
+    bounds = dict(out_bound=out_bound, state_bound=state_bound)
+    config = LaunchConfig(kernel="flush-every-step")
+    check(shape, 1, 16, act=torch.bfloat16, state=state, sr=sr, steps=64, config=config, **bounds)
+
+
 def test_vllm_pad_slot_zero():
     check("super120b", 7, 4, pad_slot_id=0, steps=24)
 
