@@ -21,8 +21,10 @@ from replayssm_jit.ops.plan import DecodePlan
 from replayssm_jit.ops.speculative import (
     FUSED_FORM,
     check_accepted,
+    check_chain_commit,
     check_index,
     check_speculative_plan,
+    note_pending_trees,
 )
 from replayssm_jit.ops.torch_path import Pool, Rows
 
@@ -48,7 +50,8 @@ def commit_drafts(
     rings by name (the checkpoint copies may be there too, in any format; none is touched). A mapping as the second
     positional argument is still accepted, in place of the keywords. num_accepted [batch]: a in
     [0, p], p the row's pending drafts. Chain (no accepted_path): drafts 0..a-1 become
-    committed records. Tree: accepted_path[b, :a] lists the accepted root-to-node path, strictly
+    committed records; after a verify that took a tree (`parents`), a may not pass the chain
+    the row's tree starts with (eager calls know the tree from that verify). Tree: accepted_path[b, :a] lists the accepted root-to-node path, strictly
     increasing within [0, p), and with `parents` (the verify's [batch, T]; pass them) checked
     against the tree: path[0]'s parent is -1, path[i]'s is path[i - 1]; its records are first
     moved to the rows right after the committed ones. Pad rows and rejected drafts change
@@ -84,6 +87,7 @@ def commit_drafts(
             "verify took as its fused num_accepted (the previous verify's counts: committing "
             "them again would commit twice; pass num_accepted to the next step instead)"
         )
+    committed = None  # the committed slots, where the ids are read
     if reads_device_values(plan):
         rows = check_cursors(plan, tensors["cursors"], slot_indices, step=False)
         words = {b: w for b, _, w in rows}
@@ -91,6 +95,11 @@ def commit_drafts(
         if accepted_path is not None:
             tree = None if parents is None else parents.tolist()
             _check_paths(accepted_path.tolist(), tree, accepted, words)
+        else:
+            check_chain_commit(tensors["cursors"], accepted, {b: s for b, s, _ in rows},
+                               "num_accepted")  # fmt: skip
+        committed = {s: None for _, s, _ in rows}
+    note_pending_trees(tensors["cursors"], committed)
     rings = [tensors[name] for name in plan.layout.ring_names]
     if plan.backend == "cpu":
         pool = Pool(None, None, dict(zip(plan.layout.ring_names, rings)), tensors["cursors"])

@@ -16,6 +16,46 @@ from replayssm_jit.ops.plan import DecodePlan
 # The num_accepted each pool's last verify took (by its cursors): commit_drafts given that same
 # tensor would commit the previous verify's counts a second time, to this verify's drafts.
 FUSED_FORM = TensorTags()
+# Per pool (by its cursors), {slot: a} for the slots whose last verify took a tree: its drafts
+# 0..a-1 form a chain, the most a commit without accepted_path (a chain commit) may accept there.
+# Eager calls only (a graph reads no ids): a graph-mode verify, or a lifecycle op, forgets them all.
+PENDING_TREES = TensorTags()
+
+
+def chain_prefix(parents: list[int], drafts: int) -> int:
+    """How many of the first `drafts` drafts form a chain (draft i's parent is i - 1)."""
+    a = 0
+    while a < drafts and parents[a] == a - 1:
+        a += 1
+    return a
+
+
+def note_pending_trees(cursors: torch.Tensor, prefixes: dict[int, int] | None) -> None:
+    """After a verify: `prefixes` {slot: chain prefix, or drafts where they all form a chain}
+    for its live slots, or None where its slots were not read (graph mode)."""
+    if prefixes is None:
+        PENDING_TREES.discard(cursors)
+        return
+    held = dict(PENDING_TREES.get(cursors, {}))
+    for slot, prefix in prefixes.items():
+        held[slot] = prefix
+    PENDING_TREES.set(cursors, {s: a for s, a in held.items() if a is not None})
+
+
+def check_chain_commit(cursors: torch.Tensor, accepted: dict[int, int], slots: dict[int, int],
+                       name: str) -> None:  # fmt: skip
+    """A chain commit (no accepted_path) of accepted[b] drafts in slot slots[b]: no more than the
+    chain its last verify's tree starts with, where that verify took one (PENDING_TREES)."""
+    trees = PENDING_TREES.get(cursors, {})
+    for b, a in accepted.items():
+        prefix = trees.get(slots[b])
+        if prefix is not None and a > prefix:
+            raise ValueError(
+                f"{name}: expected at most {prefix} for row {b} (slot {slots[b]}) without "
+                f"accepted_path: its last verify took a tree whose first {prefix} drafts form a "
+                f"chain, and a chain commit accepts drafts 0..a-1 (pass the accepted root-to-node "
+                f"path as accepted_path), got {a}"
+            )
 
 
 def check_speculative_plan(plan: object, family: Family | None, mode: str | None, op: str) -> int:

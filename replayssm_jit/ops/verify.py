@@ -59,10 +59,13 @@ from replayssm_jit.ops.snapshot import (
 )
 from replayssm_jit.ops.speculative import (
     FUSED_FORM,
+    chain_prefix,
     check_accepted,
+    check_chain_commit,
     check_draft_op,
     check_index,
     draft_counts,
+    note_pending_trees,
 )
 from replayssm_jit.ops.torch_path import Pool, Rows
 
@@ -107,21 +110,27 @@ def _verify(
     # Only the split verify reads a workspace: the per-item one allocates none per call.
     if workspace is not None or plan.verify_kernel == "split":
         workspace = resolve_workspace(plan, workspace, verify=True)
+    trees = None  # {slot: chain prefix of its tree, None for a chain}, where the ids are read
     if reads_device_values(plan):
         rows = check_cursors(plan, tensors["cursors"], slot_indices, step=False)
         live = [(b, slot) for b, slot, _ in rows]  # (one read of the ids and cursors)
         drafts = draft_counts(plan, live, num_drafts)
+        trees = {slot: None for _, slot in live}
         if parents is not None:
             given = parents.tolist()
-            for b, _ in live:
+            for b, slot in live:
                 for j in range(drafts[b]):
                     if not -1 <= given[b][j] < j:
                         raise ValueError(
                             f"parents: expected parents[{b}, {j}] in [-1, {j}) (an earlier draft "
                             f"or -1, the committed prefix), got {given[b][j]}"
                         )
-        if num_accepted is not None:
-            check_accepted(plan, num_accepted, {b: w for b, _, w in rows})
+                prefix = chain_prefix(given[b], drafts[b])
+                trees[slot] = prefix if prefix < drafts[b] else None
+        if num_accepted is not None:  # (a fused commit is a chain commit)
+            fused = check_accepted(plan, num_accepted, {b: w for b, _, w in rows})
+            check_chain_commit(tensors["cursors"], fused, dict(live), "num_accepted")
+    note_pending_trees(tensors["cursors"], trees)
     if num_accepted is None:
         FUSED_FORM.discard(tensors["cursors"])
     else:

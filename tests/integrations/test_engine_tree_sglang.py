@@ -259,9 +259,13 @@ def test_out_of_range_accepted_steps_are_refused():
     check_pads(layer, before, set())
 
 
-def test_a_commit_that_ignores_the_tree_fails_the_comparison(monkeypatch):
-    """Committing the path's length as a chain (steps 0..a-1) instead of the tree path keeps
-    the wrong states for the second row, and the next verify's comparison catches it."""
+@pytest.mark.parametrize("values_read", [True, False])
+def test_a_commit_that_ignores_the_tree_is_caught(monkeypatch, values_read):
+    """Committing the path's length as a chain (steps 0..a-1) instead of the tree path: the op
+    refuses it where it reads the counts (it knows the tree from the verify); where it does not
+    (CUDA graphs), the wrong states it keeps for the second row fail the next verify's
+    comparison."""
+    from replayssm_jit.ops import commit as commit_op
     from replayssm_jit.ops.library import OPS
 
     real = OPS["commit_drafts"]
@@ -271,13 +275,18 @@ def test_a_commit_that_ignores_the_tree_fails_the_comparison(monkeypatch):
         return real(handle, **kw)
 
     monkeypatch.setitem(OPS, "commit_drafts", chain)
+    if not values_read:
+        monkeypatch.setattr(commit_op, "reads_device_values", lambda plan: False)
     gen, layer, ssm_state, params = mamba2_case()
     cache_indices = layer.pad_rows(torch.tensor([5, 1, 6, 3], dtype=I32), LIVE)
     rpt = torch.tensor(TREES, dtype=I64)
     ref = torch.zeros(SLOTS, H, P, N, dtype=F64)
     states = mamba2_round(gen, layer, ssm_state, params, cache_indices, ref, rpt)
-    commit(layer, ref, cache_indices, states, LAST[0])
-    with pytest.raises(AssertionError):
+    error, match = (
+        (ValueError, "^num_accepted: expected at most") if values_read else (AssertionError, "")
+    )
+    with pytest.raises(error, match=match):
+        commit(layer, ref, cache_indices, states, LAST[0])
         mamba2_round(gen, layer, ssm_state, params, cache_indices, ref, rpt)
 
 

@@ -434,6 +434,22 @@ def _variants(draw, v: Validity, kinds: list[str]) -> list[str]:
     return list(dict.fromkeys(draw(st.sampled_from(kinds)) for _ in range(count)))
 
 
+def _mark_chain_commit_of_trees(sc: Spec, args: dict, v: Validity) -> None:
+    """A commit without accepted_path accepts drafts 0..a-1: past the chain a pending tree
+    starts with, that is not a path of it (the op knows the tree from its verify)."""
+    acc, ids = args.get("num_accepted"), args["slot_indices"]
+    tensors = all(isinstance(t, torch.Tensor) and _editable(t) for t in (acc, ids))
+    if not tensors or acc.shape != ids.shape:
+        return  # (the call is refused for these already)
+    for b, s in enumerate(ids.tolist()):
+        p = sc.pending.get(s) if s != sc.pad else None
+        if p and p[1] is not None and int(acc[b]) > _chain_prefix(p):
+            v.mark(
+                False,
+                f"a chain commit of {int(acc[b])} past the tree's chain of {_chain_prefix(p)}",
+            )
+
+
 @entry("verify.op", covers=("mamba2_verify", "gdn_verify", "kda_verify", "commit_drafts"),
        weight=0.5)  # fmt: skip
 def build_verify(draw, device):
@@ -477,6 +493,8 @@ def build_verify(draw, device):
                 v.mark(False, f"num_accepted {int(acc[b])} above the pending drafts")
         else:
             plan = _common_variant(draw, sc, args, v, kind, any_mode=False) or plan
+    if target == "commit" and args.get("accepted_path") is None:
+        _mark_chain_commit_of_trees(sc, args, v)
     before = {k: t.clone() for k, t in sc.tensors.items()}
     watched = {f"arg.{k}": a for k, a in args.items() if isinstance(a, torch.Tensor)}
 
