@@ -2,7 +2,7 @@
 property are in core.py; each module below registers the entries of one area."""
 
 # (importing each module registers its entries)
-from . import caches, cli, decode, launch, layouts, nan, plans, verify  # noqa: F401
+from . import caches, cli, decode, launch, layouts, nan, plans, snapshot, verify  # noqa: F401
 from .core import COUNTS, ENTRIES, Call, Entry, check_call, entry
 
 __all__ = ["COUNTS", "ENTRIES", "Call", "Entry", "check_call", "entry"]

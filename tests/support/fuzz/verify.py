@@ -1,7 +1,6 @@
 """Speculative entries (docs/speculative.md): mamba2_/gdn_/kda_verify and commit_drafts on a
-cache with a history of verifies and commits, and the conventional baseline
-(mamba2_/gdn_/kda_snapshot_verify, commit_snapshots), each with zero to two
-arguments replaced by a drawn variant, against the float64 references. On CUDA the entries keep
+cache with a history of verifies and commits (the conventional baseline's entries: snapshot.py,
+on this module's Spec), each with zero to two arguments replaced by a drawn variant, against the float64 references. On CUDA the entries keep
 to the AOT `sanitizer` preset: its head shapes and flags, L = 4, T = 2 or 4, BF16 activations,
 replay plans (the preset has no conventional module with drafts)."""
 
@@ -14,12 +13,8 @@ from hypothesis import strategies as st
 
 from replayssm_jit import (
     commit_drafts,
-    commit_snapshots,
-    gdn_snapshot_verify,
     gdn_verify,
-    kda_snapshot_verify,
     kda_verify,
-    mamba2_snapshot_verify,
     mamba2_verify,
     plan_decode,
 )
@@ -43,11 +38,6 @@ from .values import tensor_variant
 
 F64, I32 = torch.float64, torch.int32
 VERIFY = {"mamba2": mamba2_verify, "gdn": gdn_verify, "kda": kda_verify}
-SNAPSHOT = {
-    "mamba2": mamba2_snapshot_verify,
-    "gdn": gdn_snapshot_verify,
-    "kda": kda_snapshot_verify,
-}
 INDEX = ("num_drafts", "parents", "num_accepted", "accepted_path", "snapshot_slots")
 SLOT_TENSORS = ("state", "rec_x", "rec_b", "rec_dt", "rec_u", "rec_k", "rec_g", "cursors")
 NAMES = ("plan", "tensors", "slot_indices", "out", "seed", *INDEX, *SLOT_TENSORS)
@@ -132,7 +122,7 @@ class Spec:
         return y[0], s[0]
 
 
-def _draw_spec(draw, device: str, *, snapshot: bool = False) -> Spec:
+def draw_spec(draw, device: str, *, snapshot: bool = False) -> Spec:
     fam = ADAPTERS[draw(st.sampled_from(sorted(ADAPTERS)))]
     shape = draw(st.sampled_from(fam.shapes[device]))
     if device == "cuda":  # the sanitizer preset's speculative specs: L = 4, T = 2 and 4
@@ -167,7 +157,7 @@ def _draw_spec(draw, device: str, *, snapshot: bool = False) -> Spec:
     return sc
 
 
-def _rows(draw, sc: Spec) -> list[int]:
+def draw_rows(draw, sc: Spec) -> list[int]:
     rows = list(sc.live) + [sc.pad] * (sc.plan.batch_size - len(sc.live))
     return [rows[i] for i in draw(st.permutations(range(len(rows))))]
 
@@ -292,13 +282,13 @@ def _check_unnamed(sc: Spec, before: dict, rows: list[int]) -> None:
             assert tensors_identical(t[s], before[name][s]), f"{name} of unnamed slot {s}"
 
 
-def _history(draw, sc: Spec, *, leave_pending: bool) -> None:
+def draw_history(draw, sc: Spec, *, leave_pending: bool) -> None:
     """Valid verifies (trees committed at once, chains now and then left pending) and commits;
     with `leave_pending`, the last is a verify whose drafts stay pending."""
     steps = draw(st.integers(0, 3))
     for i in range(steps + int(leave_pending)):
         last = i == steps
-        rows = _rows(draw, sc)
+        rows = draw_rows(draw, sc)
         trees = last and leave_pending
         args = _verify_args(draw, sc, rows, trees=trees)
         before = {k: t.clone() for k, t in sc.tensors.items()}
@@ -311,7 +301,7 @@ def _history(draw, sc: Spec, *, leave_pending: bool) -> None:
             _check_commit(sc, cargs, before)
 
 
-def _index_variant(draw, args: dict, name: str, v: Validity, *, required: bool) -> None:
+def index_variant(draw, args: dict, name: str, v: Validity, *, required: bool) -> None:
     t = args.get(name)
     kind = draw(st.sampled_from(["none", "dtype", "shape", "strided", "list"]))
     if t is None and kind != "none":
@@ -334,7 +324,7 @@ def _index_variant(draw, args: dict, name: str, v: Validity, *, required: bool) 
         v.mark(False, f"{name} as a list")
 
 
-def _editable(t: object) -> bool:
+def editable(t: object) -> bool:
     """An index argument a value variant may edit: absent, or an int32 tensor of its shape."""
     return t is None or (isinstance(t, torch.Tensor) and t.dtype == I32 and t.is_contiguous())
 
@@ -348,7 +338,7 @@ def _value_variant(draw, sc: Spec, args: dict, v: Validity) -> None:
     rows, T = args["slot_indices"].tolist(), sc.T
     live = [b for b, s in enumerate(rows) if s != sc.pad]
     kind = draw(st.sampled_from(["num_drafts", "parents", "num_accepted"]))
-    if not all(_editable(args.get(k)) for k in ("num_drafts", "parents", "num_accepted")):
+    if not all(editable(args.get(k)) for k in ("num_drafts", "parents", "num_accepted")):
         return  # (another variant already replaced one of them)
     b = draw(st.sampled_from(live))
     if kind == "num_drafts":
@@ -374,9 +364,7 @@ def _value_variant(draw, sc: Spec, args: dict, v: Validity) -> None:
         v.mark(False, f"num_accepted {int(acc[b])} with {p[0] if p else 0} pending")
 
 
-def _common_variant(
-    draw, sc: Spec, args: dict, v: Validity, kind: str, *, any_mode: bool
-) -> object:
+def common_variant(draw, sc: Spec, args: dict, v: Validity, kind: str, *, any_mode: bool) -> object:
     """Variants every speculative op shares; returns a replacement plan or None. any_mode:
     the op takes plans of either mode."""
     if kind == "input":
@@ -429,7 +417,7 @@ def _common_variant(
     return None
 
 
-def _variants(draw, v: Validity, kinds: list[str]) -> list[str]:
+def draw_variants(draw, v: Validity, kinds: list[str]) -> list[str]:
     count = draw(st.sampled_from([0, 1, 1, 2]))
     return list(dict.fromkeys(draw(st.sampled_from(kinds)) for _ in range(count)))
 
@@ -438,7 +426,7 @@ def _mark_chain_commit_of_trees(sc: Spec, args: dict, v: Validity) -> None:
     """A commit without accepted_path accepts drafts 0..a-1: past the chain a pending tree
     starts with, that is not a path of it (the op knows the tree from its verify)."""
     acc, ids = args.get("num_accepted"), args["slot_indices"]
-    tensors = all(isinstance(t, torch.Tensor) and _editable(t) for t in (acc, ids))
+    tensors = all(isinstance(t, torch.Tensor) and editable(t) for t in (acc, ids))
     if not tensors or acc.shape != ids.shape:
         return  # (the call is refused for these already)
     for b, s in enumerate(ids.tolist()):
@@ -453,10 +441,10 @@ def _mark_chain_commit_of_trees(sc: Spec, args: dict, v: Validity) -> None:
 @entry("verify.op", covers=("mamba2_verify", "gdn_verify", "kda_verify", "commit_drafts"),
        weight=0.5)  # fmt: skip
 def build_verify(draw, device):
-    sc = _draw_spec(draw, device)
+    sc = draw_spec(draw, device)
     target = draw(st.sampled_from(["verify", "commit"]))
-    _history(draw, sc, leave_pending=target == "commit")
-    rows, v = _rows(draw, sc), Validity()
+    draw_history(draw, sc, leave_pending=target == "commit")
+    rows, v = draw_rows(draw, sc), Validity()
     if target == "verify":
         args = _verify_args(draw, sc, rows, trees=True)
         kinds = ["value", "num_drafts", "parents", "num_accepted", "input", "drafts_dim", "slots",
@@ -466,14 +454,14 @@ def build_verify(draw, device):
         kinds = ["num_accepted", "accepted_path", "commit_value", "slots", "plan"]
     plan = sc.plan
     # Device values last: an index variant drawn after one (None, say) would undo its bad value.
-    for kind in sorted(_variants(draw, v, kinds), key=lambda k: k in ("value", "commit_value")):
+    for kind in sorted(draw_variants(draw, v, kinds), key=lambda k: k in ("value", "commit_value")):
         if kind == "value":
             _value_variant(draw, sc, args, v)
         elif kind in INDEX:
-            _index_variant(draw, args, kind, v, required=target == "commit" and
+            index_variant(draw, args, kind, v, required=target == "commit" and
                            kind == "num_accepted")  # fmt: skip
         elif kind == "commit_value":
-            if not (_editable(args.get("num_accepted")) and _editable(args.get("accepted_path"))):
+            if not (editable(args.get("num_accepted")) and editable(args.get("accepted_path"))):
                 continue
             if args.get("num_accepted") is None:
                 continue
@@ -492,7 +480,7 @@ def build_verify(draw, device):
                 args["num_accepted"] = acc
                 v.mark(False, f"num_accepted {int(acc[b])} above the pending drafts")
         else:
-            plan = _common_variant(draw, sc, args, v, kind, any_mode=False) or plan
+            plan = common_variant(draw, sc, args, v, kind, any_mode=False) or plan
     if target == "commit" and args.get("accepted_path") is None:
         _mark_chain_commit_of_trees(sc, args, v)
     before = {k: t.clone() for k, t in sc.tensors.items()}
@@ -508,126 +496,6 @@ def build_verify(draw, device):
             _check_verify(sc, args, before, result)
         else:
             _check_commit(sc, args, before)
-
-    return Call(run, NAMES + tuple(sc.fam.inputs), watch=lambda: {**sc.tensors, **watched},
-                check=check, valid=v.valid, why=v.why)  # fmt: skip
-
-
-# --- the conventional baseline ------------------------------------------------------------------
-
-
-def _snapshot_slots(draw, sc: Spec, rows: list[int]) -> torch.Tensor:
-    spare = draw(st.permutations([s for s in range(sc.tensors["state"].shape[0])
-                                  if s not in sc.live and s != sc.pad]))  # fmt: skip
-    it = iter(spare)
-    return sc.ix([[next(it) if s != sc.pad else sc.pad for _ in range(sc.T)] for s in rows])
-
-
-def _check_snapshot(sc: Spec, args: dict, before: dict, out) -> None:
-    T, rows, snaps = sc.T, args["slot_indices"].tolist(), args["snapshot_slots"].cpu()
-    assert isinstance(out, torch.Tensor) and out.dtype == sc.act
-    assert out.device.type == sc.device
-    out = out.cpu()
-    tol = tolerance(sc.act, sc.state_dtype)
-    nd = args.get("num_drafts")
-    written = set()
-    for b, s in enumerate(rows):
-        if s == sc.pad:
-            assert bool((out[b] == 0).all()), "pad row not zero"
-            continue
-        t, state = T if nd is None else int(nd[b]), before["state"][s].cpu().to(F64)
-        for j in range(t):
-            y, state = sc.conv(state, sc.ref_inputs(args, (b, j)))
-            assert rel_err(out[b, j], y) <= tol, f"row {b} draft {j}"
-            snap = int(snaps[b, j])
-            assert rel_err(sc.tensors["state"][snap], state) <= tol, f"snapshot {snap}"
-            written.add(snap)
-        assert bool((out[b, t:] == 0).all()), f"row {b}: drafts past t = {t} not zero"
-    for s in range(before["state"].shape[0]):
-        if s not in written:
-            for name, t in sc.tensors.items():
-                assert tensors_identical(t[s], before[name][s]), f"{name} of slot {s}"
-
-
-def _check_commit_snapshots(sc: Spec, args: dict, before: dict) -> None:
-    rows, snaps, acc = args["slot_indices"].tolist(), args["snapshot_slots"], args["num_accepted"]
-    copied = {}
-    for b, s in enumerate(rows):
-        if s != sc.pad and int(acc[b]) > 0:
-            copied[s] = int(snaps[b, int(acc[b]) - 1])
-    state = sc.tensors["state"]
-    for s in range(state.shape[0]):
-        want = before["state"][copied.get(s, s)]
-        assert tensors_identical(state[s], want), f"state of slot {s}"
-    for name, t in sc.tensors.items():
-        if name != "state":
-            assert tensors_identical(t, before[name]), name
-
-
-@entry("snapshot.op", covers=("mamba2_snapshot_verify", "gdn_snapshot_verify",
-                             "kda_snapshot_verify", "commit_snapshots"), weight=0.5)  # fmt: skip
-def build_snapshot(draw, device):
-    sc = _draw_spec(draw, device, snapshot=True)
-    target = draw(st.sampled_from(["snapshot", "commit"]))
-    rows, v = _rows(draw, sc), Validity()
-    snaps = _snapshot_slots(draw, sc, rows)
-    if target == "snapshot":
-        args = {**sc.drafts(len(rows)), **sc.params, "slot_indices": sc.ix(rows),
-                "snapshot_slots": snaps}  # fmt: skip
-        if draw(st.booleans()):
-            args["num_drafts"] = sc.ix([draw(st.integers(0, sc.T)) for _ in rows])
-        kinds = ["snapshot_value", "snapshot_slots", "num_drafts", "input", "drafts_dim",
-                 "slots", "out", "plan"]  # fmt: skip
-    else:
-        acc = sc.ix([draw(st.integers(0, sc.T)) for _ in rows])
-        args = {"state": sc.tensors["state"], "snapshot_slots": snaps, "num_accepted": acc,
-                "slot_indices": sc.ix(rows)}  # fmt: skip
-        kinds = ["snapshot_value", "snapshot_slots", "num_accepted", "slots"]
-    plan = sc.plan
-    for kind in sorted(_variants(draw, v, kinds), key=lambda k: k == "snapshot_value"):
-        if kind == "snapshot_value":
-            if not all(_editable(args.get(k)) for k in ("snapshot_slots", "num_drafts",
-                                                        "num_accepted")):  # fmt: skip
-                continue
-            if args.get("snapshot_slots") is None or (
-                target == "commit" and args.get("num_accepted") is None
-            ):
-                continue
-            ids = args["slot_indices"].tolist()
-            b = draw(st.sampled_from([b for b, s in enumerate(ids) if s != sc.pad]))
-            s2 = args["snapshot_slots"].clone()
-            if target == "snapshot":
-                t = sc.T if args.get("num_drafts") is None else int(args["num_drafts"][b])
-                j = t - 1
-            else:
-                j = int(args["num_accepted"][b]) - 1
-            if j < 0:
-                continue
-            bad = draw(st.sampled_from(["live", "range", "pad", "twice"]))
-            others = [int(x) for x in s2[b, :j]] if target == "snapshot" else []
-            value = {"live": sc.live[0], "range": sc.tensors["state"].shape[0], "pad": sc.pad,
-                     "twice": others[0] if others else sc.live[0]}[bad]  # fmt: skip
-            s2[b, j] = value
-            args["snapshot_slots"] = s2
-            v.mark(False, f"snapshot_slots[{b}, {j}] = {value} ({bad})")
-        elif kind in INDEX:
-            _index_variant(draw, args, kind, v, required=kind != "num_drafts")
-        else:
-            plan = _common_variant(draw, sc, args, v, kind, any_mode=True) or plan
-    before = {k: t.clone() for k, t in sc.tensors.items()}
-    watched = {f"arg.{k}": a for k, a in args.items() if isinstance(a, torch.Tensor)}
-
-    def run():
-        if target == "snapshot":
-            state = {"state": sc.tensors["state"]}
-            return SNAPSHOT[sc.fam.name](plan, **state, **args)
-        return commit_snapshots(plan, **args)
-
-    def check(result):
-        if target == "snapshot":
-            _check_snapshot(sc, args, before, result)
-        else:
-            _check_commit_snapshots(sc, args, before)
 
     return Call(run, NAMES + tuple(sc.fam.inputs), watch=lambda: {**sc.tensors, **watched},
                 check=check, valid=v.valid, why=v.why)  # fmt: skip
