@@ -31,7 +31,7 @@ ARCHITECTURE = "2026-12-01-h200-architecture"
 SESSION10 = "2026-11-30-h200-session10"
 KDA_SPLIT = "2026-12-02-h200-kda-split"
 # The checkpoint formats' line: issue 40's one run, ours beside FlashInfer and fla on one machine.
-FORMATS, FORMATS_DEVICE = "2026-12-05-h100-formats", "One H100"
+FORMATS, FORMATS_DEVICE = "2026-12-06-h100-formats", "One H100"
 # (model, shape, checkpoint format, the peer's state where a peer runs it: FlashInfer's
 # checkpointing_ssu state at Mamba-2 shapes, fla's FP32 step at GDN and KDA ones)
 FORMAT_ROWS = (
@@ -243,7 +243,7 @@ def table() -> str:
         links = ", ".join(_link(f) for f in folders)
         lines.append(f"| {row.model} ({row.family}) | {conv:.1f} | {replay:.1f} | "
                      f"{conv / replay:.2f}x | {peer} | {links} |")  # fmt: skip
-    # (formats_table() joins the block once the FORMATS run is committed: scripts/device/run_t.sh)
+    # (formats_table() joins the block once the FORMATS folder holds the JSON of scripts/device/run_y.sh)
     lines += ["", *verify_table(), "", END]
     return "\n".join(lines)
 
