@@ -51,8 +51,9 @@ def commit_drafts(
     positional argument is still accepted, in place of the keywords. num_accepted [batch]: a in
     [0, p], p the row's pending drafts. Chain (no accepted_path): drafts 0..a-1 become
     committed records; after a verify that took a tree (`parents`), a may not pass the chain
-    the row's tree starts with (eager calls know the tree from that verify). Tree: accepted_path[b, :a] lists the accepted root-to-node path, strictly
-    increasing within [0, p), and with `parents` (the verify's [batch, T]; pass them) checked
+    the row's tree starts with (eager calls know the tree from that verify). Tree:
+    accepted_path[b, :a] lists the accepted root-to-node path, strictly increasing within
+    [0, p), and with `parents` (the verify's [batch, T]; pass them) checked
     against the tree: path[0]'s parent is -1, path[i]'s is path[i - 1]; its records are first
     moved to the rows right after the committed ones. Pad rows and rejected drafts change
     nothing; nothing flushes. num_accepted may not be the tensor the last verify took as its

@@ -27,7 +27,7 @@ import torch
 from replayssm_jit.core.checks import check_bool, check_disjoint, check_int, check_tensor
 from replayssm_jit.core.codecs import raw_bits
 from replayssm_jit.families.layout import POOL_LAYOUTS, CacheLayout, check_tensor_mapping
-from replayssm_jit.ops.speculative import PENDING_TREES
+from replayssm_jit.ops.speculative import copy_pending_trees
 from replayssm_jit.ops.torch_path.checkpoint import store_checkpoint
 
 __all__ = ["copy_slots", "reset_slots", "slot_id_list"]
@@ -185,7 +185,6 @@ def reset_slots(
             store_checkpoint(tensors, index, values.to(torch.float32))
     tensors["cursors"].index_fill_(0, index, 0)
     POOL_LAYOUTS.set(tensors["cursors"], layout)
-    PENDING_TREES.discard(tensors["cursors"])  # (what the slots' last verifies took is past)
 
 
 def copy_slots(
@@ -228,4 +227,4 @@ def copy_slots(
     for t in map(raw_bits, tensors.values()):
         # (index_select gathers a new tensor first, so no dst row is read after it is written)
         t.index_copy_(0, dst_index, t.index_select(0, src_index))
-    PENDING_TREES.discard(tensors["cursors"])  # (a dst slot may now hold a src's pending tree)
+    copy_pending_trees(tensors["cursors"], src_ids, dst_ids)

@@ -18,7 +18,7 @@ from replayssm_jit.ops.plan import DecodePlan
 FUSED_FORM = TensorTags()
 # Per pool (by its cursors), {slot: a} for the slots whose last verify took a tree: its drafts
 # 0..a-1 form a chain, the most a commit without accepted_path (a chain commit) may accept there.
-# Eager calls only (a graph reads no ids): a graph-mode verify, or a lifecycle op, forgets them all.
+# Known from eager calls only (a graph reads no ids): a graph-mode verify or commit forgets them all.
 PENDING_TREES = TensorTags()
 
 
@@ -30,16 +30,28 @@ def chain_prefix(parents: list[int], drafts: int) -> int:
     return a
 
 
-def note_pending_trees(cursors: torch.Tensor, prefixes: dict[int, int] | None) -> None:
-    """After a verify: `prefixes` {slot: chain prefix, or drafts where they all form a chain}
-    for its live slots, or None where its slots were not read (graph mode)."""
+def note_pending_trees(cursors: torch.Tensor, prefixes: dict[int, int | None] | None) -> None:
+    """After a verify or commit: `prefixes` {slot: its tree's chain prefix, None where its
+    pending drafts (if any) are a chain} for the call's live slots, or None where the call read
+    no ids (graph mode: every slot is forgotten)."""
     if prefixes is None:
         PENDING_TREES.discard(cursors)
         return
-    held = dict(PENDING_TREES.get(cursors, {}))
-    for slot, prefix in prefixes.items():
-        held[slot] = prefix
+    held = PENDING_TREES.get(cursors, {})
+    if not held and all(a is None for a in prefixes.values()):
+        return  # (chains only: nothing to remember, no tag to set)
+    held = {**held, **prefixes}
     PENDING_TREES.set(cursors, {s: a for s, a in held.items() if a is not None})
+
+
+def copy_pending_trees(cursors: torch.Tensor, src: list[int] | None, dst: list[int] | None) -> None:
+    """After copy_slots: each dst slot now holds its src's pending drafts, tree or chain (all
+    forgotten where the ids were not read)."""
+    held = PENDING_TREES.get(cursors, {})
+    if src is None or dst is None:
+        PENDING_TREES.discard(cursors)
+    elif held:
+        note_pending_trees(cursors, {d: held.get(s) for s, d in zip(src, dst)})
 
 
 def check_chain_commit(cursors: torch.Tensor, accepted: dict[int, int], slots: dict[int, int],

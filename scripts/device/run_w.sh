@@ -1,7 +1,7 @@
-# GPU call W (issue 40; about 500 s): call T (tests, every Mamba-2 format at batches 1-256, FlashInfer,
-# GDN and KDA beside fla, on one machine) with call V's A/B of the policy's steps at batches 1 and 8
-# against main before the branch (fe20978: its tree and modules, .device/head-src.tar.xz and
-# .device/m2-aot.tar.xz), in one call to spend one machine start.
+# GPU call W (issue 40; about 500 s): branch issue40's GPU tests, an A/B of the policy's steps at
+# batches 1 and 8 against main before the branch (fe20978: its tree and modules,
+# .device/head-src.tar.xz and .device/m2-aot.tar.xz), then every Mamba-2 format at batches 1-256,
+# FlashInfer's checkpointing_ssu, and GDN / KDA beside fla, on one machine.
 set -u
 source .device/prelude.sh || exit 1
 python3 -c "import flashinfer" 2>/dev/null || tar xJf .device/flashinfer.tar.xz -C /tmp/site

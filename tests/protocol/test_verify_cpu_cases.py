@@ -25,7 +25,7 @@ from support.verify_cpu import (
     verify_fresh,
 )
 
-from replayssm_jit import commit_drafts, commit_snapshots, plan_decode, reset_slots
+from replayssm_jit import commit_drafts, commit_snapshots, copy_slots, plan_decode, reset_slots
 from replayssm_jit.core import codecs
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.torch_path import Pool, Rows
@@ -404,7 +404,8 @@ def test_commit_snapshots_copies_only_accepted_rows(pad):
 def test_chain_commit_of_a_tree_stays_within_its_chain(fam):
     """After a tree verify, a commit without accepted_path (drafts 0..a-1) past the chain the
     tree starts with is refused, and so is such a fused commit in the next verify: those drafts
-    are no path of the tree. Within the chain it is taken, as after the slot is reset."""
+    are no path of the tree. Within the chain it is taken, as after the slot is reset; a slot
+    copied from one with a pending tree holds that tree."""
     gen, layout, tensors, plans = start_pool(fam, 4, 3, 11)
     rows = torch.tensor([1, 2], dtype=I32)
     tree = int32_rows([[-1, 0, 0], [-1, 0, 1]])  # slot 1: drafts 0, 1 a chain, 2 a sibling
@@ -423,3 +424,10 @@ def test_chain_commit_of_a_tree_stays_within_its_chain(fam):
     reset_slots(layout, tensors, [1])
     verify_fresh(fam, plans, tensors, gen, [1], num_accepted=int32_rows([[0]])[0])
     commit_drafts(plans(1), tensors, num_accepted=int32_rows([[3]])[0], slot_indices=rows[:1])
+
+    verify_fresh(fam, plans, tensors, gen, [1], parents=tree[:1])
+    copy_slots(layout, tensors, [1], [3])
+    copied = torch.tensor([3], dtype=I32)
+    with pytest.raises(ValueError, match=r"^num_accepted: expected at most 2 for row 0 \(slot 3\)"):
+        commit_drafts(plans(1), tensors, num_accepted=int32_rows([[3]])[0], slot_indices=copied)
+    commit_drafts(plans(1), tensors, num_accepted=int32_rows([[2]])[0], slot_indices=copied)

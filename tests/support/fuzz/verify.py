@@ -1,8 +1,9 @@
 """Speculative entries (docs/speculative.md): mamba2_/gdn_/kda_verify and commit_drafts on a
 cache with a history of verifies and commits (the conventional baseline's entries: snapshot.py,
-on this module's Spec), each with zero to two arguments replaced by a drawn variant, against the float64 references. On CUDA the entries keep
-to the AOT `sanitizer` preset: its head shapes and flags, L = 4, T = 2 or 4, BF16 activations,
-replay plans (the preset has no conventional module with drafts)."""
+on this module's Spec), each with zero to two arguments replaced by a drawn variant, against the
+float64 references. On CUDA the entries keep to the AOT `sanitizer` preset: its head shapes and
+flags, L = 4, T = 2 or 4, BF16 activations, replay plans (the preset has no conventional module
+with drafts)."""
 
 from __future__ import annotations
 
