@@ -3,7 +3,7 @@
 # load them (templates/gdn/held_records.cuh). Runs on this branch's tree with its modules
 # (.device/sep-aot: the separate-mode tests' and qwen122b's), then times qwen122b FP32 and
 # FP32 + e4m3 on main's tree (.device/main-src, .device/grand-aot) and on this branch, in one
-# call. Output: $OUT/run.tgz.
+# call, and every launch variant of separate mode at batches 1 and 8. Output: $OUT/run.tgz.
 set -u
 source .device/prelude.sh || exit 1
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True REPLAYSSM_DISABLE_JIT=1
@@ -24,4 +24,8 @@ for round in 1 2; do
   REPLAYSSM_AOT_DIR=/tmp/aot-sep PYTHONPATH=$PWD:/tmp/site timeout 60 python3 $G --out $R/branch-$round \
     > $R/branch-$round.txt 2>&1; echo "== branch $round rc=$? at $(elapsed)"; pack
 done
+# Every launch variant of separate mode at batches 1 and 8 on this branch (which kernel wins there now)
+REPLAYSSM_AOT_DIR=/tmp/aot-sep PYTHONPATH=$PWD:/tmp/site timeout 90 python3 benchmarks/bench_gdn.py --batches none \
+  --shapes qwen122b --states f32 --no-fla --min-pool-bytes 3e8 --tiling-sweep qwen122b:1:16:f32+e4m3,qwen122b:8:16:f32+e4m3 \
+  --out $R/sweep > $R/sweep.txt 2>&1; echo "== sweep rc=$? at $(elapsed)"; pack
 grep -hE "^\(" $R/main-1.txt $R/branch-1.txt | cut -c1-200
