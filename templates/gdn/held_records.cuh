@@ -91,23 +91,22 @@ __device__ __forceinline__ void form_held_weights(const REC* k, const float* g, 
 
 // The split records kernel's share, one warp per (value head h, held record i): record i's
 // decays (scratch: the warp's CAP floats), w[i][m] for m < i from the key head's raw Gram
-// (gram[i][m], m <= i, |k_i|^2 on the diagonal) into weights [held][CAP], total_i into totals,
-// and 1/|k_i| into norms. One warp per (h, i), WARPS warps; no barrier inside.
-template <int CAP, int VPH, int WARPS, bool L2NORM, class Out>
+// (gram[i][m], m < i) and norms rk (1/|k_i|, as held_norm forms them) into weights
+// [held][CAP], total_i into totals and rk_i into norms. WARPS warps; no barrier inside.
+template <int CAP, int VPH, int WARPS, class Out>
 __device__ __forceinline__ void write_held_weights(const float (&g)[VPH][CAP], const float (&gram)[CAP][CAP],
-                                                   float (&scratch)[WARPS][CAP], const Out& out, int held) {
+                                                   const float* rk, float (&scratch)[WARPS][CAP], const Out& out,
+                                                   int held) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int w = warp; w < VPH * held; w += WARPS) {
     const int h = w / held, i = w % held;
     const float total = suffix_decays(g[h], scratch[warp], i + 1);
     __syncwarp();
-    const float rk_i = held_norm(gram[i][i], L2NORM);
-    float* weights = out.weights(h);
-    for (int m = lane; m < i; m += 32)
-      weights[i * CAP + m] = held_weight(scratch[warp][m], gram[i][m], held_norm(gram[m][m], L2NORM), rk_i);
+    float* weights = out.weights(h) + i * CAP;
+    for (int m = lane; m < i; m += 32) weights[m] = held_weight(scratch[warp][m], gram[i][m], rk[m], rk[i]);
     if (lane == 0) {
       out.totals(h)[i] = total;
-      out.norms(h)[i] = rk_i;
+      out.norms(h)[i] = rk[i];
     }
     __syncwarp();  // before the next record's decays overwrite scratch
   }

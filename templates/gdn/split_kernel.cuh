@@ -246,19 +246,19 @@ struct Records {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int pair = warp; pair < held * held; pair += kWarps) {
       const int i = pair / held, m = pair % held;
-      if (m > i) continue;
+      if (m >= i) continue;
       const float kk = held_dot<K>(sm.k[m], sm.k[i]);
       if (lane == 0) sm.gram[i][m] = kk;
     }
     __syncthreads();
-    struct Out {
-      const Workspace& ws;
-      int row, vhead0;
-      __device__ float* weights(int h) const { return ws.extra(row, vhead0 + h) + Offsets::kHeldWeights; }
-      __device__ float* totals(int h) const { return ws.extra(row, vhead0 + h) + Offsets::kHeldTotals; }
-      __device__ float* norms(int h) const { return ws.extra(row, vhead0 + h) + Offsets::kHeldNorms; }
+    // (1/|k_i|: sm.s.rk, the dots loop's, held_norm of the same |k_i|^2 FMAs)
+    struct Out {  // value head vhead0 + h's extra: EXTRA floats after vhead0's
+      float* extra0;
+      __device__ float* weights(int h) const { return extra0 + h * Offsets::kExtra + Offsets::kHeldWeights; }
+      __device__ float* totals(int h) const { return extra0 + h * Offsets::kExtra + Offsets::kHeldTotals; }
+      __device__ float* norms(int h) const { return extra0 + h * Offsets::kExtra + Offsets::kHeldNorms; }
     };
-    write_held_weights<CAP, VPH, kWarps, L2NORM>(sm.s.g, sm.gram, sm.scratch, Out{ws, row, vhead0}, held);
+    write_held_weights<CAP, VPH, kWarps>(sm.s.g, sm.gram, sm.s.rk, sm.scratch, Out{ws.extra(row, vhead0)}, held);
   }
 
   // Value head h's decays dec_i and total (a warp).
