@@ -63,11 +63,9 @@ template <int K, int WARPS, bool L2NORM, typename REC, int RECORDS, int ROWS>
 __device__ __forceinline__ void form_held_weights(const REC* k, const float* g, RecomputeSmem<true, RECORDS, ROWS>& h,
                                                   int held) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp == 0) {
-    for (int i = 0; i < held; ++i) {
-      const float total = suffix_decays(g, h.weight[i], i + 1);  // the decays, made weights below
-      if (lane == 0) h.total[i] = total;
-    }
+  for (int i = warp; i < held; i += WARPS) {  // a warp per record: each record's scan is its own
+    const float total = suffix_decays(g, h.weight[i], i + 1);  // the decays, made weights below
+    if (lane == 0) h.total[i] = total;
   }
   for (int pair = warp; pair < held * held; pair += WARPS) {  // (i, m), m <= i; |k_i|^2 where m == i
     const int i = pair / held, m = pair % held;
