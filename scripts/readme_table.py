@@ -31,7 +31,7 @@ ARCHITECTURE = "2026-12-01-h200-architecture"
 SESSION10 = "2026-11-30-h200-session10"
 KDA_SPLIT = "2026-12-02-h200-kda-split"
 # The checkpoint formats' line: issue 40's one run, ours beside FlashInfer and fla on one machine.
-FORMATS, FORMATS_DEVICE = "2026-12-06-h100-formats", "One H100"
+FORMATS, FORMATS_DEVICE = "2026-12-06-h200-formats", "one H200"
 # (model, shape, checkpoint format, the peer's state where a peer runs it: FlashInfer's
 # checkpointing_ssu state at Mamba-2 shapes, fla's FP32 step at GDN and KDA ones)
 FORMAT_ROWS = (
@@ -187,11 +187,11 @@ def peer_format_us(shape: str, peer_state: str) -> tuple[str, float]:
 
 def formats_table() -> list[str]:
     lines = [
-        f"Checkpoint formats: {FORMATS_DEVICE}, L = {WINDOW}, µs per step, amortized ({_link(FORMATS)}); "
-        "x: the format's own conventional step over ours; peers: FlashInfer's `checkpointing_ssu` "
-        "(the faster of its default and monolith launches) and fla's FP32 step.",
+        f"Checkpoint formats, {FORMATS_DEVICE}, L = {WINDOW}, µs per step amortized ({_link(FORMATS)}); "
+        "(x): the format's own conventional step over ours; peers: FlashInfer's `checkpointing_ssu`, "
+        "fla's FP32 step.",
         "",
-        "| model | checkpoint | batch 256 | non-flush, % of the copy ceiling | "
+        "| model | checkpoint | batch 256 | non-flush, of the copy ceiling | "
         + " | ".join(f"batch {b}" for b in FORMAT_BATCHES)
         + " | peer, batch 256 |",
         "|---|---|---|---|" + "---|" * len(FORMAT_BATCHES) + "---|",
@@ -243,8 +243,7 @@ def table() -> str:
         links = ", ".join(_link(f) for f in folders)
         lines.append(f"| {row.model} ({row.family}) | {conv:.1f} | {replay:.1f} | "
                      f"{conv / replay:.2f}x | {peer} | {links} |")  # fmt: skip
-    # (formats_table() joins the block once the FORMATS folder holds the JSON of scripts/device/run_y.sh)
-    lines += ["", *verify_table(), "", END]
+    lines += ["", *formats_table(), "", *verify_table(), "", END]
     return "\n".join(lines)
 
 

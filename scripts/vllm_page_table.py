@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write docs/integrations.md's table of bytes per vLLM cache page from the package.
+"""Write docs/integrations-vllm-pages.md's table of bytes per vLLM cache page from the package.
 
     python scripts/vllm_page_table.py           # rewrite the block between the markers
     python scripts/vllm_page_table.py --check   # exit 1 (with a diff) if the block is stale
@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from replayssm_jit.core.models import MODELS  # noqa: E402
 from replayssm_jit.integrations.vllm.page_hooks import pages_for  # noqa: E402
 
-DOC = ROOT / "docs/integrations.md"
+DOC = ROOT / "docs/integrations-vllm-pages.md"
 BEGIN = "<!-- page-table: written by scripts/vllm_page_table.py -->"
 END = "<!-- /page-table -->"
 WINDOW, D_CONV = 16, 4

@@ -77,7 +77,7 @@ class LaunchTraits:
     tile_targets: per step ("conventional", "split", "per-item", "flush-every-step") the CTAs
         per SM its row tile aims for, tried in order.
     verify_split_min_pairs_per_sm: from this many (batch row, head) pairs per SM the split
-        verify beats the per-item one (docs/tuning.md).
+        verify beats the per-item one (docs/tuning-verify.md).
     """
 
     records_warps: tuple[int, ...]

@@ -4,7 +4,7 @@ Every tensor is [num_slots, *per_slot_shape]; each slot's block is contiguous an
 bytes, or one element for the scalar rings). Slots may lie further apart than a block (any slot
 stride of at least the block's size, keeping the alignment): the kernels take each tensor's slot
 stride, so an engine may carve every tensor of a layer out of one padded page per slot, as vLLM's
-cache pages do (docs/integrations.md), or allocate each packed (allocate() here). The cursor row is int32 [4]: records held since
+cache pages do (docs/integrations-vllm-pages.md), or allocate each packed (allocate() here). The cursor row is int32 [4]: records held since
 the last flush, the flush epoch, a scratch word the kernels use to agree on who advances the
 cursor, and the pending drafts of a speculative verify (docs/speculative.md); zero it (and the
 checkpoint) when a slot starts a new sequence.

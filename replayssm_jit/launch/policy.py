@@ -1,8 +1,8 @@
 """The launch policy: which kernel, row tile and flags run a step of a spec at a batch size.
 
 Every rule keeps a one-line reason here; the measurements behind each constant are in
-docs/tuning.md under the constant's name. A LaunchConfig field other than "auto" overrides
-the rule it names.
+docs/tuning.md or docs/tuning-kernels.md under the constant's name. A LaunchConfig field other
+than "auto" overrides the rule it names.
 """
 
 from __future__ import annotations

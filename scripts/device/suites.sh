@@ -1,5 +1,5 @@
 # Sourced by run_a.sh, run_b.sh and run_c.sh on the device, from the tree's root, with the bundle
-# in .device/ (docs/integrations.md, "what is still to run"): unpacks each tree NAME whose
+# in .device/ (docs/integrations-vllm-pages.md, "what is still to run"): unpacks each tree NAME whose
 # NAME-src.tar.xz (git archive) and NAME-aot.tar.xz (its AOT modules) are there, once per machine;
 # `in_tree TREE CMD...` runs CMD in that tree with its modules; `suite TREE NAME SECONDS ARGS...`
 # runs GPU tests there, the whole output (failures' messages included) in $OUT/TREE-NAME.txt.

@@ -1,5 +1,5 @@
-"""docs/integrations.md's bytes per vLLM cache page are what scripts/vllm_page_table.py computes
-with the package (the plugin's page_hooks.pages_for)."""
+"""docs/integrations-vllm-pages.md's bytes per vLLM cache page are what
+scripts/vllm_page_table.py computes with the package (the plugin's page_hooks.pages_for)."""
 
 from __future__ import annotations
 
@@ -23,17 +23,17 @@ page_table = _script()
 
 
 def test_the_page_table_is_generated():
-    _, block, _ = page_table.split_doc((ROOT / "docs/integrations.md").read_text())
+    _, block, _ = page_table.split_doc((ROOT / "docs/integrations-vllm-pages.md").read_text())
     assert block == page_table.table(), (
-        "docs/integrations.md's page table is stale or edited by hand: run "
+        "docs/integrations-vllm-pages.md's page table is stale or edited by hand: run "
         "`python scripts/vllm_page_table.py` (`--check` shows the difference)"
     )
 
 
 def test_check_mode_catches_a_hand_edit(tmp_path, monkeypatch):
-    text = (ROOT / "docs/integrations.md").read_text()
+    text = (ROOT / "docs/integrations-vllm-pages.md").read_text()
     _, block, _ = page_table.split_doc(text)
-    edited = tmp_path / "integrations.md"
+    edited = tmp_path / "integrations-vllm-pages.md"
     edited.write_text(text.replace(block, block.replace("4,293,008", "4,293,009", 1)))
     monkeypatch.setattr(page_table, "DOC", edited)
     assert page_table.main(["--check"]) == 1

@@ -217,8 +217,8 @@ def test_window_one_flushes_every_step_and_matches_hf():
 
 
 def test_the_nano4b_head_refuses_an_e4m3_read_copy_as_documented():
-    """docs/integrations.md: headdim 80 / dstate 128 (Nemotron-3-Nano-4B) fits no tile that
-    both an FP32 and an e4m3 copy share; nvfp4 as the read copy is refused too."""
+    """docs/integrations-direct-calls.md: headdim 80 / dstate 128 (Nemotron-3-Nano-4B) fits no
+    tile that both an FP32 and an e4m3 copy share; nvfp4 as the read copy is refused too."""
     model = nemotron_h(headdim=80, dstate=128)
     for read_dtype in ("e4m3", "nvfp4"):
         with pytest.raises(ValueError, match="read_dtype|tiling"):

@@ -133,7 +133,7 @@ AGREEMENT_CASES = [
 
 @pytest.mark.parametrize("shape,gates_in_kernel,act,state,sr,window", AGREEMENT_CASES)
 def test_split_agrees_with_per_item(shape, gates_in_kernel, act, state, sr, window):
-    """Bit for bit: both kernels contract the same FMAs (docs/tuning.md, KDA)."""
+    """Bit for bit: both kernels contract the same FMAs (docs/tuning-formats.md, KDA)."""
     case = (shape, gates_in_kernel, act, state, sr, window)
     delta_gpu.check_split_agrees(DELTA, case, rtol=0.0)
 

@@ -1,6 +1,6 @@
 # .device/suites.sh (sourced)
 # Sourced by run_a.sh, run_b.sh and run_c.sh on the device, from the tree's root, with the
-# bundle in .device/ (docs/integrations.md): unpacks the candidate and main (cand-/base-src and
+# bundle in .device/ (docs/integrations-vllm-pages.md): unpacks the candidate and main (cand-/base-src and
 # -aot tarballs) once; `suite NAME SECONDS ARGS...` runs GPU tests on the candidate, the whole
 # output in $OUT/NAME.txt; `rerun_on_main SECONDS` reruns every failed id of $OUT/*.txt on
 # main's tree (modules its tarball lacks JIT-compile there) into $OUT/main-rerun.txt.

@@ -14,8 +14,8 @@ the out-of-tree plugin: plugin.py. The older simplified entries below stay for e
 
 `pool` is the layer's slot tensors by name (layout.tensors(): state, the rings, cursors), which
 the engine allocates in place of its own SSM state tensor. The plan comes from plan_decode once
-per batch shape, with pad_slot_id=0 (vLLM's null block). docs/integrations.md shows the
-engine-side lines.
+per batch shape, with pad_slot_id=0 (vLLM's null block). docs/integrations-direct-calls.md shows
+the engine-side lines.
 """
 
 from __future__ import annotations

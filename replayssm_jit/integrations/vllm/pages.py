@@ -6,7 +6,7 @@ the i-th tensor with as_strided at the sum of the earlier tensors' bytes, slot s
 (padded) page in elements of its dtype. `page_entries` appends the layout's rings, scales and
 cursors to vLLM's own entries (conv state, SSM state) so that the profiler counts them and the
 runner carves them out of the same page; `page_tensors` names the runner's views. The kernels take
-every tensor's slot stride, so nothing else changes (docs/integrations.md).
+every tensor's slot stride, so nothing else changes (docs/integrations-vllm-pages.md).
 """
 
 from __future__ import annotations
