@@ -48,10 +48,12 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
         mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=32),
         gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=16),
         gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=16),
-        gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=16,
-                 read_dtype="e4m3"),  # fmt: skip
-        gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1, window=16,
-                 read_dtype="e4m3"),  # fmt: skip
+        gdn_spec(
+            head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=16, read_dtype="e4m3"
+        ),
+        gdn_spec(
+            head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1, window=16, read_dtype="e4m3"
+        ),
         mamba2_spec(headdim=80, dstate=128, heads_per_group=12, window=16, act_dtype="f32"),
         mamba2_spec(headdim=24, dstate=64, heads_per_group=2, window=4, act_dtype="f32"),
         gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=32),
