@@ -38,14 +38,16 @@ def delta_inputs(decay: tuple[str, ...], decay_strides: str, dt_bias: str) -> tu
 class DeltaFamily(Family):
     def records_shared_bytes(self, spec) -> int:
         """Records::Smem of templates/gdn/split_kernel.cuh for a key head's value heads: held k
-        rows, this token's k, q and v, the scalars, the per-channel decays (KDA), and the held u
-        rows where they fit (the 4-warp variant holds them in shared memory less often, so this
+        rows, this token's k, q and v, the scalars, the per-channel decays (KDA), separate mode's
+        held Gram (HeldGramSmem), and the held u rows where they fit (the 4-warp variant holds them in shared memory less often, so this
         bounds it too)."""
         act, cap = DTYPE_BYTES[spec.act_dtype], spec.capacity
         ring = max(cap - 1, 1)
         heads, k, v = spec.heads_per_key, spec.key_dim, spec.value_dim
         base = (ring + 2) * k * act + 4 * (4 * heads * cap + 3 * cap + 1 + 3 * heads)
         base += 4 * self.channel_decay_words(heads, cap, k)
+        if spec.read_dtype is not None:  # separate mode: the held k Gram and a decay row per warp
+            base += 4 * (cap * cap + 8 * cap)
         base += 8 * 16  # 16-byte alignment of the record arrays
         return self.held_rows_where_they_fit(base, heads * ring * v * 4, v * 4)
 

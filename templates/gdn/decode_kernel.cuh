@@ -26,10 +26,9 @@
 #pragma once
 #include "common/checkpoint.cuh"
 #include "common/step.cuh"
+#include "gdn/held_records.cuh"
 
 namespace replayssm::gdn {
-
-constexpr float kNormEps = 1e-6f;
 
 template <typename act_t, typename state_t>
 struct Params {
@@ -151,19 +150,6 @@ struct DecaySmem<true, RECORDS, K> {
   alignas(16) float q_decayed[K];
   alignas(16) float k_decayed[K];
 };
-
-// Separate mode's flush: each held record's decays, total and key dots as its own step formed
-// them, and the held (v, beta) records (empty where there is no read copy).
-template <bool SEPARATE, int RECORDS, int ROWS>
-struct RecomputeSmem {
-  alignas(16) float v[RECORDS][ROWS];
-  float predicted[RECORDS][ROWS];  // S_c k^_i, this CTA's rows
-  float decay[RECORDS][RECORDS];   // [i][m]: a(m+1:i) as record i's step formed it
-  float kk[RECORDS][RECORDS];      // [i][m]: k_m . k_i, raw
-  float total[RECORDS], beta[RECORDS], rk[RECORDS];
-};
-template <int RECORDS, int ROWS>
-struct RecomputeSmem<false, RECORDS, ROWS> {};
 
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t,
           bool REPLAY, bool L2NORM, bool GATES_IN_KERNEL, bool SR, bool PER_CHANNEL = false,
@@ -337,79 +323,24 @@ struct Kernel {
     return read_copy_view<state_t, read_t>(p);
   }
 
-  // Separate mode's flush: each held u_i (into u[i][ROWS]) again from the carried copy `ck`, as
-  // record i's non-flush step of a one-copy run formed it (its suffix decays over the log-decays
-  // g[0..i], the raw dots k_m . k_i and norms, S_c k_i from the same tile and lanes):
-  //   u_i = beta_i (v_i - (total_i S_c k^_i + sum_{m<i} dec_m (k^_m . k^_i) u_m))
-  // row by row in record order. k: the held raw k rows (FP32 or as stored), in shared memory.
-  // Shared with the split state kernel, so both kernels' carried copies match a one-copy run's.
+  // Separate mode's flush: each held u_i (into u[i][ROWS]) again from the carried copy `ck`
+  // (held_records.cuh), its weights formed here from the held raw k rows (FP32 or as stored, in
+  // shared memory) and log-decays g. Shared with the verify kernel's early flush.
   template <typename REC>
   static __device__ __forceinline__ void recompute_held_u(const Params& p, const Copy<state_t>& ck, const REC* k,
                                                           const float* g, float* u,
                                                           RecomputeSmem<true, kRecords, ROWS>& h, int slot, int vhead,
                                                           int row0, int held) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t ring = int64_t(vhead) * CAP;  // this head's first ring row, within the slot
-    const act_t* values = p.rec_v + int64_t(slot) * p.rec_v_slot_stride;
-    const float* betas = p.rec_beta + int64_t(slot) * p.rec_beta_slot_stride;
-    for (int e = threadIdx.x; e < held * ROWS; e += kThreads)
-      h.v[e / ROWS][e % ROWS] = to_float(values[(ring + e / ROWS) * V + row0 + e % ROWS]);
-    for (int i = threadIdx.x; i < held; i += kThreads) h.beta[i] = betas[ring + i];
-    if (warp == 0) {
-      for (int i = 0; i < held; ++i) {
-        const float total = suffix_decays(g, h.decay[i], i + 1);
-        if (lane == 0) h.total[i] = total;
-      }
-    }
-    // (i, m), m <= i: step i's k_m . k_i, and |k_i|^2 where m == i
-    for (int pair = warp; pair < held * held; pair += WARPS) {
-      const int i = pair / held, m = pair % held;
-      if (m > i) continue;
-      float kk = 0.f;
-      for (int c = lane; c < K; c += 32) kk = fmaf(to_float(k[m * K + c]), to_float(k[i * K + c]), kk);
-      kk = group_sum<32>(kk);
-      if (lane == 0) {
-        if (m == i) {
-          h.rk[i] = L2NORM ? rsqrtf(kk + kNormEps) : 1.f;
-        } else {
-          h.kk[i][m] = kk;
-        }
-      }
-    }
-    __syncthreads();
-    #pragma unroll
-    for (int pass = 0; pass < Tile::kPasses; ++pass) {  // S_c k^_i for this lane's rows
-      float s[Tile::kChunksPerLane][Tile::kVec];
-      ck.values(pass, 1.f, s);
-      // kBatch records' lane reductions at once: their shuffle chains overlap.
-      constexpr int kBatch = 8;
-      for (int i0 = 0; i0 < held; i0 += kBatch) {
-        float sk[kBatch];
-        #pragma unroll
-        for (int b = 0; b < kBatch; ++b) {
-          sk[b] = 0.f;
-          if (i0 + b < held) {
-            float k_reg[Tile::kChunksPerLane][Tile::kVec];
-            Tile::slice(k + (i0 + b) * K, k_reg);
-            sk[b] = Tile::dot(s, k_reg);
-          }
-        }
-        #pragma unroll
-        for (int b = 0; b < kBatch; ++b) sk[b] = group_sum<Tile::kLanesPerRow>(sk[b]);
-        #pragma unroll
-        for (int b = 0; b < kBatch; ++b)
-          if (i0 + b < held && Tile::row_leader()) h.predicted[i0 + b][Tile::row(pass)] = sk[b] * h.rk[i0 + b];
-      }
-    }
-    __syncthreads();
-    for (int r = threadIdx.x; r < ROWS; r += kThreads) {
-      for (int i = 0; i < held; ++i) {
-        float pred = 0.f;
-        for (int m = 0; m < i; ++m) pred = fmaf(h.decay[i][m] * h.kk[i][m] * h.rk[m] * h.rk[i], u[m * ROWS + r], pred);
-        u[i * ROWS + r] = h.beta[i] * (h.v[i][r] - (h.total[i] * h.predicted[i][r] + pred));
-      }
-    }
-    __syncthreads();
+    load_held_values<V, ROWS, kThreads>(held_values(p, slot, vhead), held_betas(p, slot, vhead), h, row0, held);
+    form_held_weights<K, WARPS, L2NORM>(k, g, h, held);
+    solve_held_u<Tile, K, ROWS>(ck, k, u, h, held);
+  }
+  // Separate mode's ring rows of value head `vhead`: v [CAP][V] and beta [CAP].
+  static __device__ __forceinline__ const act_t* held_values(const Params& p, int slot, int vhead) {
+    return p.rec_v + int64_t(slot) * p.rec_v_slot_stride + int64_t(vhead) * CAP * V;
+  }
+  static __device__ __forceinline__ const float* held_betas(const Params& p, int slot, int vhead) {
+    return p.rec_beta + int64_t(slot) * p.rec_beta_slot_stride + int64_t(vhead) * CAP;
   }
 
   // A held record's decay in the replay sums: dec_i for a scalar decay; 1 per channel, where the

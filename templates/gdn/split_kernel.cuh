@@ -19,21 +19,36 @@ namespace replayssm::gdn {
 
 // Per (batch row, value head): extra = [pred | osum] (2 V), per channel then [total * q_j |
 // total * k_j | total] (3 K) and a flush's decayed held k rows ((CAP - 1) K); scalars =
-// RowScalars, coef [CAP]. Separate mode adds a flush's pred weights [CAP] to extra.
+// RowScalars, coef [CAP]. Separate mode adds a flush's pred weights [CAP] and the held records'
+// recomputation weights [CAP][CAP], totals [CAP] and norms [CAP] (held_records.cuh) to extra.
 template <int K, int V, int CAP, bool PER_CHANNEL, bool SEPARATE>
 struct WorkspaceLayout {
   static constexpr int kChannels = 2 * V;                // offset of total * q_j in extra
   static constexpr int kDecayedRows = kChannels + 3 * K;  // offset of the decayed held k rows
+  // (each part rounded to 4 floats: the state kernel copies them as 16-byte chunks)
+  static constexpr int round4(int n) { return (n + 3) / 4 * 4; }
   // Separate mode (scalar decay): a flush's weights of the held u_i in this token's pred, after
   // the two row sums (which a separate-mode flush does not use: its u_i come from the carried copy).
   static constexpr int kPredWeights = 2 * V;
-  // (rounded to 4 floats: the state kernel copies each row's sums as 16-byte chunks)
+  static constexpr int kHeldWeights = kPredWeights + round4(CAP);
+  static constexpr int kHeldTotals = kHeldWeights + round4(CAP * CAP);
+  static constexpr int kHeldNorms = kHeldTotals + round4(CAP);
   static constexpr int kExtra =
-      PER_CHANNEL ? kDecayedRows + (CAP > 1 ? CAP - 1 : 1) * K : kPredWeights + (SEPARATE ? (CAP + 3) / 4 * 4 : 0);
+      PER_CHANNEL ? kDecayedRows + (CAP > 1 ? CAP - 1 : 1) * K : (SEPARATE ? kHeldNorms + round4(CAP) : kPredWeights);
   static_assert(kExtra % 4 == 0, "each (row, head)'s extra must start 16-byte aligned");
 };
 template <int K, int V, int CAP, bool PER_CHANNEL = false, bool SEPARATE = false>
 using Workspace = SplitWorkspace<WorkspaceLayout<K, V, CAP, PER_CHANNEL, SEPARATE>::kExtra, 5, CAP>;
+
+// Separate mode's records kernel: the held raw k Gram of its key head and a CAP-float scratch per
+// warp (write_held_weights); nothing (an empty base) without a read copy.
+template <bool SEPARATE, int CAP, int WARPS>
+struct HeldGramSmem {
+  float gram[CAP][CAP];
+  float scratch[WARPS][CAP];
+};
+template <int CAP, int WARPS>
+struct HeldGramSmem<false, CAP, WARPS> {};
 
 // The state kernel's per-channel vectors, named as decode_kernel.cuh's DecaySmem for finish_rows.
 template <int K>
@@ -46,7 +61,8 @@ struct ChannelDecays {
 // WARPS: 8, or 4 where the grid covers the chip many times over (ops/tiling.py): a warp's fixed
 // work (index math, copies' set-up, barriers) then counts for less against the per-row work.
 // SEPARATE (separate mode, scalar decay): a non-flush step appends beta_j too; a flush leaves the
-// row sums (from the read copy's u) and writes each held u_i's weight in this token's pred.
+// row sums (from the read copy's u) and writes each held u_i's weight in this token's pred, and
+// the held u_i's recomputation weights, once per value head (the Gram once per key head).
 template <int K, int V, int VPH, int L, int CAP, typename act_t, typename state_t, bool L2NORM, bool GATES_IN_KERNEL,
           int WARPS = 8, bool PER_CHANNEL = false, bool SEPARATE = false>
 struct Records {
@@ -69,7 +85,7 @@ struct Records {
     float q2, g_cur[VPH], total[VPH], beta[VPH];
   };
   template <bool HELD_ROWS_IN_SHARED>
-  struct Layout {
+  struct Layout : HeldGramSmem<SEPARATE, CAP, kWarps> {
     alignas(16) float u[HELD_ROWS_IN_SHARED ? VPH : 1][HELD_ROWS_IN_SHARED ? kRing : 1][V];
     alignas(16) act_t k[kRing][K];       // raw k ring rows
     alignas(16) act_t k_cur[K];
@@ -191,6 +207,7 @@ struct Records {
     if (SEPARATE && flush) {
       for (int e = threadIdx.x; e < VPH * held; e += kThreads)
         ws.extra(row, vhead0 + e / held)[Offsets::kPredWeights + e % held] = sm.s.w_pred[e / held][e % held];
+      if constexpr (SEPARATE) held_weights(sm, ws, row, vhead0, held);
     } else {
       row_sums(p, sm, ws, row, slot, vhead0, held);
     }
@@ -221,6 +238,27 @@ struct Records {
     }
     // the state kernel advances the cursor from this
     if (khead == 0 && threadIdx.x == 0) store_step(ws.info(row), d);
+  }
+
+  // Separate mode's flush: the held raw k Gram (a warp per pair), then each value head's held
+  // recomputation weights, totals and norms into the workspace (held_records.cuh).
+  static __device__ __forceinline__ void held_weights(Smem& sm, const Workspace& ws, int row, int vhead0, int held) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int pair = warp; pair < held * held; pair += kWarps) {
+      const int i = pair / held, m = pair % held;
+      if (m >= i) continue;
+      const float kk = held_dot<K>(sm.k[m], sm.k[i]);
+      if (lane == 0) sm.gram[i][m] = kk;
+    }
+    __syncthreads();
+    // (1/|k_i|: sm.s.rk, the dots loop's, held_norm of the same |k_i|^2 FMAs)
+    struct Out {  // value head vhead0 + h's extra: EXTRA floats after vhead0's
+      float* extra0;
+      __device__ float* weights(int h) const { return extra0 + h * Offsets::kExtra + Offsets::kHeldWeights; }
+      __device__ float* totals(int h) const { return extra0 + h * Offsets::kExtra + Offsets::kHeldTotals; }
+      __device__ float* norms(int h) const { return extra0 + h * Offsets::kExtra + Offsets::kHeldNorms; }
+    };
+    write_held_weights<CAP, VPH, kWarps>(sm.s.g, sm.gram, sm.s.rk, sm.scratch, Out{ws.extra(row, vhead0)}, held);
   }
 
   // Value head h's decays dec_i and total (a warp).
@@ -334,8 +372,9 @@ constexpr bool capped_registers_tile() {
 }
 
 // Separate mode (read_t not void): non-flush rows read the read copy and append v_j; a flush
-// loads the carried copy, recomputes the held u_i from it (the per-item kernel's
-// recompute_held_u), forms this token's pred from them and folds as a one-copy flush does.
+// loads the carried copy, recomputes the held u_i from it with the records kernel's weights
+// (held_records.cuh's solve_held_u), forms this token's pred from them and folds as a one-copy
+// flush does.
 template <int K, int V, int VPH, int L, int CAP, int ROWS, int WARPS, typename act_t, typename state_t, bool L2NORM,
           bool GATES_IN_KERNEL, bool SR, bool CAPPED_REGISTERS = false, bool PER_CHANNEL = false,
           typename read_t = void, bool READ_SR = SR>
@@ -379,8 +418,7 @@ struct State {
     alignas(16) float k_f32[kConvertK ? CAP : 1][K];
     alignas(16) float q_f32[kConvertK ? K : 1];
     alignas(16) float v_f32[kConvertK ? ROWS : 1];
-    float held_g[kSeparate ? CAP : 1];  // separate mode's flush: the held records' log-decays
-    RecomputeSmem<kSeparate, CAP, ROWS> held;
+    RecomputeSmem<kSeparate, CAP, ROWS> held;  // separate mode's flush (weights from the records kernel)
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
@@ -437,9 +475,10 @@ struct State {
       if constexpr (!PER_CHANNEL)
         copy_rows_async<act_t, K, kThreads>(&sm.k[0][0], 0, K, p.rec_k + int64_t(slot) * p.rec_k_slot_stride + int64_t(khead) * CAP * K,
                                             0, K, 1, held);
-      if constexpr (kSeparate) {  // the held u_i come from the carried copy: their log-decays instead
-        copy_rows_async<float, 1, kThreads>(sm.held_g, 0, 1, p.rec_g + int64_t(slot) * p.rec_g_slot_stride + int64_t(vhead) * CAP, 0, 1,
-                                            1, held);
+      if constexpr (kSeparate) {  // the held u_i come from the carried copy: their recomputation weights instead
+        copy_rows_async<float, CAP, kThreads>(&sm.held.weight[0][0], 0, CAP, extra + Offsets::kHeldWeights, 0, CAP, 1, held);
+        copy_rows_async<float, 1, kThreads>(sm.held.total, 0, 1, extra + Offsets::kHeldTotals, 0, 1, 1, held);
+        copy_rows_async<float, 1, kThreads>(sm.held.rk, 0, 1, extra + Offsets::kHeldNorms, 0, 1, 1, held);
       } else {
         copy_rows_async<float, ROWS, kThreads>(&sm.u[0][0], 0, ROWS,
                                                p.rec_u + int64_t(slot) * p.rec_u_slot_stride + int64_t(vhead) * CAP * V + row0, 0, V,
@@ -453,13 +492,14 @@ struct State {
     if constexpr (kSeparate) {
       if (flush) {  // the held u_i from the carried copy, then this token's pred from them
         carried.load(Base::state_view(p), slot, p.num_v_heads, vhead, row0);
+        load_held_values<V, ROWS, kThreads>(Base::held_values(p, slot, vhead), Base::held_betas(p, slot, vhead), sm.held,
+                                            row0, held);
         if constexpr (kConvertK) {  // the held k rows as FP32 first: the recomputation reads each many times
           for (int e = threadIdx.x; e < held * K; e += kThreads) (&sm.k_f32[0][0])[e] = to_float((&sm.k[0][0])[e]);
           __syncthreads();
-          Base::recompute_held_u(p, carried, &sm.k_f32[0][0], sm.held_g, &sm.u[0][0], sm.held, slot, vhead, row0,
-                                 held);
+          solve_held_u<Tile, K, ROWS>(carried, &sm.k_f32[0][0], &sm.u[0][0], sm.held, held);
         } else {
-          Base::recompute_held_u(p, carried, &sm.k[0][0], sm.held_g, &sm.u[0][0], sm.held, slot, vhead, row0, held);
+          solve_held_u<Tile, K, ROWS>(carried, &sm.k[0][0], &sm.u[0][0], sm.held, held);
         }
         const float* weights = extra + Offsets::kPredWeights;
         for (int r = threadIdx.x; r < ROWS; r += kThreads) {

@@ -41,13 +41,19 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
     """Family.records_shared_bytes (the launch policy's fit check) is an upper bound on the
     records kernels' compiled shared memory, and a tight one, on both sides of the choice to
     stage the held x / u rows in shared memory (super120b L = 8 and qwen4b L = 16 do, super120b
-    L = 16 and qwen122b L = 16 read them through L2)."""
+    L = 16 and qwen122b L = 16 read them through L2), separate mode's held Gram included."""
     specs = [
         mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=8),
         mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=16),
         mamba2_spec(headdim=64, dstate=128, heads_per_group=16, window=32),
         gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2, window=16),
         gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=16),
+        gdn_spec(
+            head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=16, read_dtype="e4m3"
+        ),
+        gdn_spec(
+            head_k_dim=128, head_v_dim=128, value_heads_per_key_head=1, window=16, read_dtype="e4m3"
+        ),
         mamba2_spec(headdim=80, dstate=128, heads_per_group=12, window=16, act_dtype="f32"),
         mamba2_spec(headdim=24, dstate=64, heads_per_group=2, window=4, act_dtype="f32"),
         gdn_spec(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=4, window=32),
@@ -65,8 +71,9 @@ def test_split_records_shared_bytes_bounds_the_kernels(tmp_path):
             kern = f"mamba2::Records<{dims}>"
         elif s.family == "gdn":
             dims = f"{s.key_dim}, {s.value_dim}, {s.heads_per_key}, {s.window}, {cap}, {act}, float, true, true"
-            kern = f"gdn::Records<{dims}>"
-            few_warps = f"gdn::Records<{dims}, 4>"  # bounded too, not tightly
+            separate = ", false, true" if s.read_dtype else ""  # PER_CHANNEL, SEPARATE
+            kern = f"gdn::Records<{dims}, 8{separate}>"
+            few_warps = f"gdn::Records<{dims}, 4{separate}>"  # bounded too, not tightly
             lines.append(f'  std::printf("%zu\\n", {few_warps}::kSmemBytes);')
         else:  # KDA: the GDN records kernel with per-channel decays
             dims = f"{s.key_dim}, {s.value_dim}, {s.heads_per_key}, {s.window}, {cap}, {act}, float, true, true"
