@@ -187,7 +187,8 @@ def peer_format_us(shape: str, peer_state: str) -> tuple[str, float]:
 
 def formats_table() -> list[str]:
     lines = [
-        f"Checkpoint formats, {FORMATS_DEVICE}, L = {WINDOW}, µs per step amortized ({_link(FORMATS)}); "
+        f"Checkpoint formats, {FORMATS_DEVICE}, L = {WINDOW}, µs per step amortized ({_link(FORMATS)}, "
+        f"commit {_load(FORMATS, 'mamba2.json')['commit_measured'][:7]}); "
         "(x): the format's own conventional step over ours; peers: FlashInfer's `checkpointing_ssu`, "
         "fla's FP32 step.",
         "",
