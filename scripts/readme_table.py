@@ -15,7 +15,6 @@ import argparse
 import difflib
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,14 +23,11 @@ RESULTS = "benchmarks/results"
 BEGIN = "<!-- perf-table: written by scripts/readme_table.py -->"
 END = "<!-- /perf-table -->"
 
-# The headline setting: every row is this batch, checkpoint dtype and window.
-BATCH, STATE, WINDOW = 256, "f32", 16
+# Batch 256 leads the table (the peers' column); L = 16 throughout.
+BATCH, WINDOW = 256, 16
 
-ARCHITECTURE = "2026-12-01-h200-architecture"
-SESSION10 = "2026-11-30-h200-session10"
-KDA_SPLIT = "2026-12-02-h200-kda-split"
 # The checkpoint formats' line: issue 40's one run, ours beside FlashInfer and fla on one machine.
-FORMATS, FORMATS_DEVICE = "2026-12-06-h200-formats", "one H200"
+FORMATS, FORMATS_DEVICE = "2026-12-06-h200-formats", "One H200"
 # (model, shape, checkpoint format, the peer's state where a peer runs it: FlashInfer's
 # checkpointing_ssu state at Mamba-2 shapes, fla's FP32 step at GDN and KDA ones)
 FORMAT_ROWS = (
@@ -47,47 +43,7 @@ FORMAT_ROWS = (
 )
 FORMAT_NAMES = {"f32": "FP32", "bf16": "BF16", "bf16sr": "BF16 + SR", "e4m3": "e4m3",
                 "f32+e4m3": "FP32 + e4m3 read copy", "f32+nvfp4": "FP32 + NVFP4 read copy"}  # fmt: skip
-FORMAT_BATCHES = (8, 1)  # beside batch 256, each against its own conventional step
-
-# The speculative verify's line: one H100 run of every shape beside FlashInfer (issue 39).
-VERIFY = "2026-12-05-h100-verify-grand"
-VERIFY_T, VERIFY_BATCHES = 4, (256, 1)
-
-
-@dataclass(frozen=True)
-class Peer:
-    """The fastest other library measured at a row's shape: its name, file and row selector."""
-
-    name: str
-    folder: str
-    file: str
-    kernel: str  # the benchmark's kernel label (bench_*.py's "fla", or a FlashInfer label)
-
-
-@dataclass(frozen=True)
-class Row:
-    model: str
-    family: str
-    folder: str
-    file: str
-    shape: str  # the benchmark's shape name (benchmarks/*.py)
-    peer: Peer | None
-    no_peer: str = ""  # why a row has no peer
-
-
-ROWS = (
-    Row("Nemotron-3-Super-120B", "Mamba-2", ARCHITECTURE, "mamba2.json", "super120b",
-        Peer("FlashInfer `checkpointing_ssu` (tuned)", SESSION10, "flashinfer_peers.json",
-             "FI checkpointing_ssu[auto] tuned amortized")),
-    Row("Nemotron-3-Nano-4B", "Mamba-2", ARCHITECTURE, "mamba2.json", "nano4b", None,
-        no_peer="none (FlashInfer lacks headdim 80)"),
-    Row("Qwen3.5-4B", "GDN", ARCHITECTURE, "gdn.json", "qwen4b",
-        Peer("fla `fused_recurrent_gated_delta_rule`", ARCHITECTURE, "gdn.json", "fla")),
-    Row("Qwen3.5-122B-A10B", "GDN", ARCHITECTURE, "gdn.json", "qwen122b",
-        Peer("fla", ARCHITECTURE, "gdn.json", "fla")),
-    Row("Kimi-Linear-48B", "KDA", KDA_SPLIT, "kda-split.json", "kimi48b",
-        Peer("fla `fused_recurrent_kda`", KDA_SPLIT, "kda-split.json", "fla")),
-)  # fmt: skip
+FORMAT_BATCHES = (256, 8, 1)  # each against the format's own conventional step
 
 
 def _load(folder: str, file: str) -> dict:
@@ -99,55 +55,6 @@ def _one(matches: list[float], what: str) -> float:
     if len(matches) != 1:
         raise ValueError(f"{what}: expected one row, found {len(matches)}")
     return matches[0]
-
-
-def step_us(folder: str, file: str, shape: str, kernel: str) -> float:
-    """The µs of one kernel label at the headline setting, in either of the two row layouts the
-    results hold: one row per kernel ("kernel", "us") or one row per shape ("<kernel>_us")."""
-    data = _load(folder, file)
-    rows = data.get("rows", data.get("results"))
-    what = f"{folder}/{file} {shape} {kernel}"
-    if file == "flashinfer_peers.json":
-        return _one([r["timing"]["us"] for r in rows if r["shape"] == shape
-                     and r["batch"] == BATCH and r["kernel"] == kernel], what)  # fmt: skip
-    setting = [r for r in rows if r["shape"] == shape and r["batch"] == BATCH
-               and r["state"] == STATE and r["window"] == WINDOW]  # fmt: skip
-    if setting and "kernel" in setting[0]:
-        return _one([r["us"] for r in setting if r["kernel"] == kernel], what)
-    return _one([r[f"{kernel}_us"] for r in setting if f"{kernel}_us" in r], what)
-
-
-def verify_us(shape: str, batch: int, kernel: str) -> float:
-    """Our verify's (or T = 1 step's) µs at VERIFY_T drafts in the verify run's call-4 files."""
-    rows = _load(VERIFY, f"call4/b{batch}-{shape}-verify.json")["rows"]
-    return _one([r["us"] for r in rows if r.get("T") == VERIFY_T and r.get("kernel") == kernel],
-                f"{VERIFY} {shape} b={batch} {kernel}")  # fmt: skip
-
-
-def flashinfer_verify_us(batch: int) -> float:
-    """FlashInfer checkpointing_ssu's faster of default and monolith, mixed acceptance, super120b."""
-    rows = _load(VERIFY, "call5/fi-lp_spec.json")["results"]
-    return min(r["timing"]["us"] for r in rows if r.get("part") == "spec" and r["batch"] == batch
-               and r["T"] == VERIFY_T and " mixed " in r["kernel"])  # fmt: skip
-
-
-def verify_table() -> list[str]:
-    peer = ", ".join(f"{flashinfer_verify_us(b):.1f} at batch {b}" for b in VERIFY_BATCHES)
-    lines = [
-        f"Verify of T = {VERIFY_T} drafts, one H100, mixed acceptance, commit fused; µs per step "
-        f"(x our T = 1) ({_link(VERIFY)}). FlashInfer's `checkpointing_ssu` (super120b only): "
-        f"{peer}.",
-        "",
-        "| model | " + " | ".join(f"batch {b}" for b in VERIFY_BATCHES) + " |",
-        "|---|" + "---|" * len(VERIFY_BATCHES),
-    ]
-    for row in ROWS:
-        cells = []
-        for batch in VERIFY_BATCHES:
-            ours = verify_us(row.shape, batch, "verify_mixed")
-            cells.append(f"{ours:.1f} ({ours / verify_us(row.shape, batch, 't1'):.2f}x)")
-        lines.append(f"| {row.model} | " + " | ".join(cells) + " |")
-    return lines
 
 
 def format_us(shape: str, state: str, batch: int, kernel: str) -> float | None:
@@ -186,26 +93,25 @@ def peer_format_us(shape: str, peer_state: str) -> tuple[str, float]:
 
 
 def formats_table() -> list[str]:
+    commit = _load(FORMATS, "mamba2.json")["commit_measured"][:7]
     lines = [
-        f"Checkpoint formats, {FORMATS_DEVICE}, L = {WINDOW}, µs per step amortized ({_link(FORMATS)}, "
-        f"commit {_load(FORMATS, 'mamba2.json')['commit_measured'][:7]}); "
-        "(x): the format's own conventional step over ours; peers: FlashInfer's `checkpointing_ssu`, "
-        "fla's FP32 step.",
+        f"{FORMATS_DEVICE}, L = {WINDOW}, BF16 activations, µs per step (ReplaySSM "
+        f"amortized over its flushes) ({_link(FORMATS)}, commit {commit}); (x): the format's own "
+        "conventional step over ours; non-flush: its bytes against the copy ceiling; peers: "
+        "FlashInfer's `checkpointing_ssu`, fla's FP32 step.",
         "",
-        "| model | checkpoint | batch 256 | non-flush, of the copy ceiling | "
+        "| model | checkpoint | "
         + " | ".join(f"batch {b}" for b in FORMAT_BATCHES)
-        + " | peer, batch 256 |",
-        "|---|---|---|---|" + "---|" * len(FORMAT_BATCHES) + "---|",
+        + f" | non-flush, batch {BATCH} | peer, batch {BATCH} |",
+        "|---|---|" + "---|" * len(FORMAT_BATCHES) + "---|---|",
     ]
     for model, shape, state, peer_state in FORMAT_ROWS:
-        cells = [
-            f"{format_us(shape, state, BATCH, 'amortized'):.1f}",
-            f"{nonflush_pct(shape, state):.0f}%",
-        ]
+        cells = []
         for batch in FORMAT_BATCHES:
             ours = format_us(shape, state, batch, "amortized")
             conv = format_us(shape, state, batch, "conventional")
             cells.append(f"{ours:.1f}" + (f" ({conv / ours:.2f}x)" if conv else ""))
+        cells.append(f"{nonflush_pct(shape, state):.0f}%")
         if peer_state:
             name, us = peer_format_us(shape, peer_state)
             cells.append(f"{name} {us:.1f}")
@@ -222,30 +128,7 @@ def _link(folder: str) -> str:
 
 def table() -> str:
     """The README's block between the markers, markers included."""
-    lines = [
-        BEGIN,
-        "",
-        f"One H200, batch {BATCH}, FP32 checkpoints, L = {WINDOW}, BF16 activations; µs per step "
-        "(ReplaySSM amortized over its flushes).",
-        "",
-        "| model | conventional | ReplaySSM | speed-up | fastest peer | results |",
-        "|---|---|---|---|---|---|",
-    ]
-    for row in ROWS:
-        conv = step_us(row.folder, row.file, row.shape, "conventional")
-        replay = step_us(row.folder, row.file, row.shape, "amortized")
-        folders = [row.folder]
-        if row.peer is None:
-            peer = row.no_peer
-        else:
-            us = step_us(row.peer.folder, row.peer.file, row.shape, row.peer.kernel)
-            peer = f"{row.peer.name} {us:.1f}"
-            folders += [row.peer.folder] if row.peer.folder != row.folder else []
-        links = ", ".join(_link(f) for f in folders)
-        lines.append(f"| {row.model} ({row.family}) | {conv:.1f} | {replay:.1f} | "
-                     f"{conv / replay:.2f}x | {peer} | {links} |")  # fmt: skip
-    lines += ["", *formats_table(), "", *verify_table(), "", END]
-    return "\n".join(lines)
+    return "\n".join([BEGIN, "", *formats_table(), "", END])
 
 
 def split_readme(text: str) -> tuple[str, str, str]:
