@@ -75,7 +75,8 @@ class LaunchTraits:
     capped_state_registers: the split state kernel has a variant capped at 96 registers.
     flush_every_step_kernel: the flush-every-step step is its own per-item instantiation.
     tile_targets: per step ("conventional", "split", "per-item", "flush-every-step") the CTAs
-        per SM its row tile aims for, tried in order.
+        per SM its row tile aims for, tried in order; "per-item read copy", where present, is
+        separate mode's per-item step's (GDN: every CTA of its flush forms the held weights).
     verify_split_min_pairs_per_sm: from this many (batch row, head) pairs per SM the split
         verify beats the per-item one (docs/tuning-verify.md).
     """

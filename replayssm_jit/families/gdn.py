@@ -120,6 +120,8 @@ GDN = DeltaFamily(
             "split": (TARGET_CTAS_PER_SM,),
             "per-item": (TARGET_CTAS_PER_SM,),
             "flush-every-step": (1,),
+            # Separate mode's flush forms the held u's weights in every per-item CTA: one per SM.
+            "per-item read copy": (1,),
         },
         # One records CTA serves a key head's value heads: the split pays off at fewer rows.
         verify_split_min_pairs_per_sm=1.5,

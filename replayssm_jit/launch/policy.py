@@ -176,7 +176,8 @@ def choose_rows_per_cta(spec: KernelSpec, step: str, batch: int, heads: int, sms
                         config: LaunchConfig, field: str = "rows_per_cta") -> int:  # fmt: skip
     """config.`field` where set (one of the compiled tiles), else the largest row tile of
     PREFERRED_WARPS warps, at most MAX_LANE_VALUES state values per lane, that reaches the
-    step's CTAs-per-SM target (the family's tile_targets)."""
+    step's CTAs-per-SM target (the family's tile_targets; with a read copy its "<step> read
+    copy" entry where it has one)."""
     tilings = spec_tilings(spec)
     options = [r for r, _ in tilings]
     asked = getattr(config, field)
@@ -190,7 +191,8 @@ def choose_rows_per_cta(spec: KernelSpec, step: str, batch: int, heads: int, sms
     preferred = [(r, w) for r, w in tilings if w == PREFERRED_WARPS] or list(tilings)
     light = [(r, w) for r, w in preferred if lane_values(r, w, cols) <= MAX_LANE_VALUES]
     preferred = light or preferred
-    targets = get_family(spec.family).launch.tile_targets[step]
+    targets = get_family(spec.family).launch.tile_targets
+    targets = targets.get(f"{step} read copy", targets[step]) if spec.read_dtype else targets[step]
     return _largest_filling_tile([r for r, _ in preferred], rows, batch, heads, sms, targets)
 
 

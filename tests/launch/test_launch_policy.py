@@ -322,6 +322,16 @@ def test_flush_every_step_tiles():
     assert not chosen.flag_bits & (FLAG_FLUSH_EVERY_STEP | FLAG_SPLIT) and chosen.rows_per_cta == 16
 
 
+def test_gdn_separate_per_item_tile_gives_one_cta_per_sm():
+    """GDN separate mode's per-item step (batch 1) takes the largest tile giving every SM one CTA
+    (qwen122b: 32 rows, 256 CTAs; its flush forms the held weights in every CTA), not the
+    one-copy step's 16; Mamba-2's separate mode keeps the per-item target."""
+    chosen = launch(qwen122b(read_dtype="e4m3"), 1, 64)
+    assert not chosen.flag_bits & (FLAG_FLUSH_EVERY_STEP | FLAG_SPLIT) and chosen.rows_per_cta == 32
+    assert launch(qwen122b(read_dtype="e4m3"), 8, 64).flag_bits & FLAG_SPLIT
+    assert launch(super120b(read_dtype="e4m3"), 1, 128).rows_per_cta == 16
+
+
 def test_rows_per_cta_override():
     """(Was test_gdn_cpu.py's, on REPLAYSSM_GDN_ROWS_PER_CTA.)"""
     spec = qwen4b()

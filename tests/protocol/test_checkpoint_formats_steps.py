@@ -326,6 +326,17 @@ def test_separate_carried_copy_is_the_single_copy_run(read_dtype, state, name, k
 
 
 @pytest.mark.gpu
+def test_gdn_separate_per_item_carried_copy_on_the_policys_small_batch_tile():
+    """The 32-row tile GDN separate mode's per-item step takes at small batch (tile_targets'
+    "per-item read copy"): the carried copy is still a one-copy run's, bit for bit."""
+    config = LaunchConfig(kernel="per-item", rows_per_cta=32)
+    ends = [drive("gdn", "cuda", "f32", read, False, window=4, steps=12, config=config)[0].state
+            for read in (None, "e4m3")]  # fmt: skip
+    a, b = (end.cpu() for end in ends)
+    assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kernel", ["per-item", "split"])
 def test_gdn_separate_with_bf16_activations(kernel):
     """BF16 activations (the split state kernel then recomputes from FP32 copies of the held k
