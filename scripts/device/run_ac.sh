@@ -35,5 +35,10 @@ tar xJf .device/ea-tests-aot.tar.xz -C /tmp/aot-bt
   -m gpu -rfE -q tests/mamba2/test_mamba2_gpu.py tests/gdn/test_gdn_gpu.py tests/kda/test_kda_gpu.py \
   -k "per-item or per_item or flush_every or switching or sixteen or stochastic or graph or pad_slot or bad_input" > $R/ea-tests.txt 2>&1)
 echo "== ea tests rc=$? at $(elapsed): $(tail -1 $R/ea-tests.txt)"; pack
+# (4) Every launch variant at batch 1 on the early-arrival tree: the per-item tile rule.
+(cd /tmp/b && PYTHONPATH=/tmp/b:/tmp/site REPLAYSSM_AOT_DIR=/tmp/aot-b timeout 90 python3 benchmarks/bench_mamba2.py \
+  --batches none --shapes super120b --states e4m3 --window-sweep 16 --min-pool-bytes 3e8 \
+  --tiling-sweep super120b:1:16:e4m3,super120b:1:16:f32+e4m3,super120b:1:16:bf16sr --out $R/b-sweep > $R/b-sweep.txt 2>&1)
+echo "== b sweep rc=$? at $(elapsed)"; pack
 # A second round, B then A, where the limit leaves time for it.
-if [ $(( $(date +%s) - T0 )) -lt 400 ]; then bench b 2; bench a 2; fi
+if [ $(( $(date +%s) - T0 )) -lt 420 ]; then bench b 2; bench a 2; fi
