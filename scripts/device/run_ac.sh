@@ -17,7 +17,7 @@ REPLAYSSM_AOT_DIR=/tmp/aot-sep PYTHONPATH=$PWD:/tmp/site timeout -s INT -k 10 10
   > $R/tile-test.txt 2>&1
 echo "== tile test rc=$? at $(elapsed): $(tail -1 $R/tile-test.txt)"; pack
 tar xJf .device/a-src.tar.xz -C /tmp/a; tar xJf .device/ea-src.tar.xz -C /tmp/b
-tar xJf .device/grand-aot.tar.xz -C /tmp/aot-a; tar xJf .device/ea-grand-aot.tar.xz -C /tmp/aot-b
+tar xJf .device/grand-aot.tar.xz -C /tmp/aot-a; tar xzf .device/ea-grand-aot.tar.gz -C /tmp/aot-b
 bench() {  # tree round
   (cd /tmp/$1 && PYTHONPATH=/tmp/$1:/tmp/site REPLAYSSM_AOT_DIR=/tmp/aot-$1 timeout 75 python3 benchmarks/bench_mamba2.py \
     --shapes super120b --batches 1,8 --window-sweep 16 --min-pool-bytes 3e8 --states f32,bf16,bf16sr,e4m3,f32+e4m3 \
@@ -30,11 +30,13 @@ bench() {  # tree round
 }
 bench a 1; bench b 1
 grep -hE "^\(" $R/*-1-mamba2.txt $R/*-1-gdn.txt | cut -c1-200 | head -40
+if [ -f .device/ea-tests-aot.tar.xz ]; then  # (3), where its modules came
 tar xJf .device/ea-tests-aot.tar.xz -C /tmp/aot-bt
 (cd /tmp/b && PYTHONPATH=/tmp/b:/tmp/site REPLAYSSM_AOT_DIR=/tmp/aot-bt timeout -s INT -k 10 170 python3 -m pytest -p no:cacheprovider \
   -m gpu -rfE -q tests/mamba2/test_mamba2_gpu.py tests/gdn/test_gdn_gpu.py tests/kda/test_kda_gpu.py \
   -k "per-item or per_item or flush_every or switching or sixteen or stochastic or graph or pad_slot or bad_input" > $R/ea-tests.txt 2>&1)
 echo "== ea tests rc=$? at $(elapsed): $(tail -1 $R/ea-tests.txt)"; pack
+fi
 # (4) Every launch variant at batch 1 on the early-arrival tree: the per-item tile rule.
 (cd /tmp/b && PYTHONPATH=/tmp/b:/tmp/site REPLAYSSM_AOT_DIR=/tmp/aot-b timeout 90 python3 benchmarks/bench_mamba2.py \
   --batches none --shapes super120b --states e4m3 --window-sweep 16 --min-pool-bytes 3e8 \
