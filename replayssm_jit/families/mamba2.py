@@ -76,11 +76,12 @@ MAMBA2 = Mamba2Family(
         capped_state_registers=False,
         flush_every_step_kernel=True,
         # The conventional step wants more, smaller tiles; where no tile gives 16 CTAs per SM
-        # (batch 1), the largest giving 2 (docs/tuning.md, tile_targets).
+        # (batch 1), the largest giving 2. A windowed per-item step repeats its records' work in
+        # every CTA: the largest tile giving each SM one (docs/tuning.md, tile_targets).
         tile_targets={
             "conventional": (16, TARGET_CTAS_PER_SM),
             "split": (TARGET_CTAS_PER_SM,),
-            "per-item": (TARGET_CTAS_PER_SM,),
+            "per-item": (1,),
             "flush-every-step": (TARGET_CTAS_PER_SM,),
         },
     ),

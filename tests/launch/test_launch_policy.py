@@ -325,11 +325,24 @@ def test_flush_every_step_tiles():
 def test_gdn_separate_per_item_tile_gives_one_cta_per_sm():
     """GDN separate mode's per-item step (batch 1) takes the largest tile giving every SM one CTA
     (qwen122b: 32 rows, 256 CTAs; its flush forms the held weights in every CTA), not the
-    one-copy step's 16; Mamba-2's separate mode keeps the per-item target."""
+    one-copy step's 16."""
     chosen = launch(qwen122b(read_dtype="e4m3"), 1, 64)
     assert not chosen.flag_bits & (FLAG_FLUSH_EVERY_STEP | FLAG_SPLIT) and chosen.rows_per_cta == 32
     assert launch(qwen122b(read_dtype="e4m3"), 8, 64).flag_bits & FLAG_SPLIT
-    assert launch(super120b(read_dtype="e4m3"), 1, 128).rows_per_cta == 16
+
+
+def test_mamba2_windowed_per_item_tile_gives_one_cta_per_sm():
+    """Mamba-2's windowed per-item step (batch 1 with an e4m3 or NVFP4 checkpoint or a read
+    copy) takes the largest tile giving every SM one CTA: super120b 32 rows (256 CTAs; 64 rows
+    would leave 4 SMs idle); an NVFP4 copy its whole head (its only tile); one FP32 or BF16
+    copy still flushes every step on 16."""
+    for spec, rows in ((super120b(state_dtype="e4m3"), 32), (super120b(read_dtype="e4m3"), 32),
+                       (super120b(read_dtype="nvfp4"), 64)):  # fmt: skip
+        chosen = launch(spec, 1, 128)
+        assert not chosen.flag_bits & (FLAG_FLUSH_EVERY_STEP | FLAG_SPLIT), spec
+        assert chosen.rows_per_cta == rows, spec
+    every = launch(super120b(state_dtype="bf16"), 1, 128)
+    assert every.flag_bits & FLAG_FLUSH_EVERY_STEP and every.rows_per_cta == 16
 
 
 def test_rows_per_cta_override():
