@@ -341,7 +341,8 @@ def test_gdn_separate_per_item_carried_copy_on_the_policys_small_batch_tile():
 def test_mamba2_windowed_per_item_on_the_policys_small_batch_tile(state, read):
     """The 32-row tile Mamba-2's windowed per-item step takes at batch 1 (tile_targets
     "per-item"): every step against the float64 emulation, as drive() checks them."""
-    drive("mamba2", "cuda", state, read, False, config=LaunchConfig(kernel="per-item", rows_per_cta=32))
+    config = LaunchConfig(kernel="per-item", rows_per_cta=32)
+    drive("mamba2", "cuda", state, read, False, config=config)
 
 
 @pytest.mark.gpu
