@@ -505,13 +505,13 @@ struct Kernel {
     __syncthreads();
 
     // 4. Normalised coefficients, then per-row record sums (once per row, not per lane).
-    const float rk_j = L2NORM ? rsqrtf(sm.k2[held] + kNormEps) : 1.f;
-    const float rq = (L2NORM ? rsqrtf(sm.q2 + kNormEps) : 1.f) * p.scale;
+    const float rk_j = inv_norm(sm.k2[held], L2NORM);
+    const float rq = inv_norm(sm.q2, L2NORM) * p.scale;
     const auto row_sums = [&] {
       for (int r = threadIdx.x; r < ROWS; r += kThreads) {
         float pred = 0.f, osum = 0.f;
         for (int i = 0; i < held; ++i) {
-          const float rk_i = L2NORM ? rsqrtf(sm.k2[i] + kNormEps) : 1.f;
+          const float rk_i = inv_norm(sm.k2[i], L2NORM);
           const float u = sm.u[i][r];
           const float dec = record_decay(sm, i);
           pred = fmaf(dec * sm.kk[i] * rk_i * rk_j, u, pred);

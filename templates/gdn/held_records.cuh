@@ -45,8 +45,9 @@ __device__ __forceinline__ float held_weight(float decay, float kk, float rk_m, 
   return decay * kk * rk_m * rk_i;
 }
 
-__device__ __forceinline__ float held_norm(float kk, bool l2norm) {
-  return l2norm ? rsqrtf(kk + kNormEps) : 1.f;
+// 1/|x| from |x|^2 where the kernel L2-normalises keys and queries, else 1: every GDN kernel's norm.
+__device__ __forceinline__ float inv_norm(float sq, bool l2norm) {
+  return l2norm ? rsqrtf(sq + kNormEps) : 1.f;
 }
 
 // The held (v, beta) records of one value head (its ring rows: v [CAP][V], beta [CAP]), this CTA's rows.
@@ -73,7 +74,7 @@ __device__ __forceinline__ void form_held_weights(const REC* k, const float* g, 
     const float kk = held_dot<K>(k + m * K, k + i * K);
     if (lane == 0) {
       if (m == i) {
-        h.rk[i] = held_norm(kk, L2NORM);
+        h.rk[i] = inv_norm(kk, L2NORM);
       } else {
         h.kk[i][m] = kk;
       }
@@ -89,7 +90,7 @@ __device__ __forceinline__ void form_held_weights(const REC* k, const float* g, 
 
 // The split records kernel's share, one warp per (value head h, held record i): record i's
 // decays (scratch: the warp's CAP floats), w[i][m] for m < i from the key head's raw Gram
-// (gram[i][m], m < i) and norms rk (1/|k_i|, as held_norm forms them) into weights
+// (gram[i][m], m < i) and norms rk (1/|k_i|, as inv_norm forms them) into weights
 // [held][CAP], total_i into totals and rk_i into norms. WARPS warps; no barrier inside.
 template <int CAP, int VPH, int WARPS, class Out>
 __device__ __forceinline__ void write_held_weights(const float (&g)[VPH][CAP], const float (&gram)[CAP][CAP],

@@ -175,7 +175,7 @@ struct Records {
         if (i < records) {
           sm.s.kk[i] = kk;
           sm.s.kq[i] = kq;
-          sm.s.rk[i] = L2NORM ? rsqrtf(aa + kNormEps) : 1.f;
+          sm.s.rk[i] = inv_norm(aa, L2NORM);
         } else {
           sm.s.q2 = aa;
         }
@@ -192,7 +192,7 @@ struct Records {
     // Each held record's two weights, once per (value head, record): the per-item kernel's
     // products, in its order. (Formed per thread, they made the sums below issue-bound.)
     const float rk_j = sm.s.rk[held];
-    const float rq = (L2NORM ? rsqrtf(sm.s.q2 + kNormEps) : 1.f) * p.scale;
+    const float rq = inv_norm(sm.s.q2, L2NORM) * p.scale;
     if constexpr (PER_CHANNEL) {
       channel_weights(sm, ws, row, vhead0, held, flush, rk_j, rq);
     } else {
@@ -251,7 +251,7 @@ struct Records {
       if (lane == 0) sm.gram[i][m] = kk;
     }
     __syncthreads();
-    // (1/|k_i|: sm.s.rk, the dots loop's, held_norm of the same |k_i|^2 FMAs)
+    // (1/|k_i|: sm.s.rk, the dots loop's, inv_norm of the same |k_i|^2 FMAs)
     struct Out {  // value head vhead0 + h's extra: EXTRA floats after vhead0's
       float* extra0;
       __device__ float* weights(int h) const { return extra0 + h * Offsets::kExtra + Offsets::kHeldWeights; }

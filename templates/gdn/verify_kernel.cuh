@@ -176,7 +176,7 @@ struct Verify {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
-  static __device__ __forceinline__ float inv_norm(float sq) { return L2NORM ? rsqrtf(sq + kNormEps) : 1.f; }
+  static __device__ __forceinline__ float inv_norm(float sq) { return gdn::inv_norm(sq, L2NORM); }
 
   // Per channel, once the records, log-decays and parents are staged: |k_i|^2 and |q_j|^2, the
   // decays of VerifyChannels (a thread per channel), the tree's ancestor sets; after a barrier,
@@ -523,7 +523,7 @@ struct Snapshot {
       const float* a = i < t ? sm.k[i] : sm.q[i - t];
       float acc = 0.f;
       for (int c = 0; c < K; ++c) acc = fmaf(a[c], a[c], acc);
-      const float inv = L2NORM ? rsqrtf(acc + kNormEps) : 1.f;
+      const float inv = inv_norm(acc, L2NORM);
       if (i < t) sm.rk[i] = inv; else sm.rq[i - t] = inv * p.scale;
     }
     __syncthreads();

@@ -55,7 +55,7 @@ struct VerifyRecords {
   };
   static constexpr size_t kSmemBytes = sizeof(Smem);
 
-  static __device__ __forceinline__ float inv_norm(float sq) { return L2NORM ? rsqrtf(sq + kNormEps) : 1.f; }
+  static __device__ __forceinline__ float inv_norm(float sq) { return gdn::inv_norm(sq, L2NORM); }
 
   static __device__ __forceinline__ void run(const Params& vp, Smem& sm) {
     const auto& p = vp.base;

@@ -256,7 +256,7 @@ struct VerifyState {
       // Per draft: every pass's dot and row sum first, then the row leaders' stores. With a store
       // under row_leader() between two passes, ptxas branched around it (a divergent region it
       // does not move shuffles across) and ran each pass's FMA chain and shuffles one after the
-      // other in every compiled (T, tile) but super120b's T = 4 (docs/tuning.md, "The T = 8 step
+      // other in every compiled (T, tile) but super120b's T = 4 (docs/tuning-verify.md, "The T = 8 step
       // at batch 256"; not yet timed on a GPU). Same FMAs in the same order as before.
       act_t* out = out_of(0);
       const int64_t draft_stride = int64_t(p.num_heads) * P;
