@@ -31,6 +31,7 @@ from replayssm_jit import (
     plan_decode,
     reset_slots,
 )
+from replayssm_jit.families.spec import check_cuda_spec
 
 from . import vllm_path
 from .configs import ModelConfig, SSMConfig
@@ -125,14 +126,17 @@ def make_layout(s: SSMConfig, mode: Mode, window: int, act_dtype: torch.dtype):
                 state_dtype=mode.state_dtype, act_dtype=act_dtype, **extra)  # fmt: skip
 
 
-def refusal(cfg: ModelConfig, mode: Mode) -> str | None:
-    """Why `mode` cannot run for `cfg` (the layout refuses its head tile or family, at this size
-    or at the real model's), or None."""
+def refusal(cfg: ModelConfig, mode: Mode, device: torch.device | str = "cpu") -> str | None:
+    """Why `mode` cannot run for `cfg` on `device` (the layout refuses its head tile or family,
+    at this size or at the real model's; on CUDA, a module the kernels do not build, such as
+    KDA's read copy), or None."""
     for s in (cfg.ssm, cfg.full_ssm):
         if s is None:
             continue
         try:
-            make_layout(s, mode, cfg.window, BF16)
+            layout = make_layout(s, mode, cfg.window, BF16)
+            if torch.device(device).type == "cuda":
+                check_cuda_spec(plan_decode(layout, 1, device="cpu", **plan_options(s, mode)).spec)
         except ValueError as e:
             return f"{mode.name} refused for {s.family} {ssm_state_shape(s)}: {e}"
     return None
@@ -312,7 +316,7 @@ class Replica:
             raise ValueError(f"attention: expected 'sdpa' or 'flashinfer', got {attention!r}")
         self.w, self.cfg, self.batch, self.context = weights, cfg, batch, context
         self.mode = get_mode(mode) if isinstance(mode, str) else mode
-        why = refusal(cfg, self.mode)
+        why = refusal(cfg, self.mode, dev)
         if why:
             raise ValueError(f"mode: {why}")
         if broken not in BROKEN:

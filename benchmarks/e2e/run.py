@@ -192,7 +192,7 @@ def correctness(weights: Weights, modes: list[str], *, batch: int, context: int,
     which draws the same accepted counts); the references have no adapter and run the ops."""
     out = []
     for mode in modes:
-        if mode == "conventional" or refusal(weights.cfg, get_mode(mode)):
+        if mode == "conventional" or refusal(weights.cfg, get_mode(mode), weights.device):
             continue
         if mode == "spec_snapshot":
             continue
@@ -233,7 +233,7 @@ def attention_for(cfg, args) -> str:
 
 def run_point(weights: Weights, mode: str, batch: int, context: int, args, wbytes: int) -> dict:
     row = {"model": weights.cfg.name, "mode": mode, "batch": batch, "context": context}
-    why = refusal(weights.cfg, get_mode(mode))
+    why = refusal(weights.cfg, get_mode(mode), weights.device)
     if why:
         return {**row, "refused": why}
     try:

@@ -2,7 +2,7 @@
 inputs, shared-memory bound and scale option (families/gdn.py, parameterised by
 decay_per_channel) and GDN's kernels (templates/kda/decode.cu.jinja renders templates/gdn with
 the per-channel parameter set). State [HV, V, K] per slot, records (g, u, k) with K channels of g;
-no separate mode (a read copy)."""
+separate mode (a read copy) on the torch path only."""
 
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ KDA = KimiDeltaFamily(
         tile_targets=GDN.launch.tile_targets,
     ),
     decay_per_channel=True,
+    # Separate mode on the torch path (GDN's step, per-channel decays); no CUDA kernels yet.
+    separate_mode=True,
     nvfp4=True,
     verify_scaled_checkpoint=True,
     # A log-decay per key channel: a and g [.., HV, K], dt_bias [HV * K]; lower_bound 0 for none.

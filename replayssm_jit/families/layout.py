@@ -371,13 +371,14 @@ def gdn_layout(**kwargs) -> CacheLayout:
 
 
 def kda_layout(**kwargs) -> CacheLayout:
-    """A Kimi Delta Attention layer's slot tensors, from gdn_layout's arguments except
-    read_dtype (KDA has no separate mode, so no read copy):
+    """A Kimi Delta Attention layer's slot tensors, from gdn_layout's arguments (a read_dtype's
+    separate mode runs on the torch path only; its CUDA modules are refused):
 
     state [HV, V, K] state_dtype, with state_scale [HV, V] float32 where it is e4m3, or
     state_scale [HV] float32 and state_block_scale [HV, V, K / 16] float8_e4m3fn where it is
     nvfp4 (state then [HV, V, K / 2] float4_e2m1fn_x2); rec_u [HV, CAP, V] float32; rec_k
     [H, CAP, K] act_dtype (raw k); rec_g [HV, CAP, K] float32 (a log-decay per key channel);
-    cursors [4] int32.
+    cursors [4] int32; with a read_dtype, read_state (and its scales) and rec_v, rec_beta as
+    gdn_layout's.
     """
     return family_layout("kda", **kwargs)

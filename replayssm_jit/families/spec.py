@@ -165,8 +165,8 @@ def check_read_dtype(
                 f"read_dtype: a read copy needs a wider carried state; got "
                 f"state_dtype={state_dtype!r} and read_dtype={read!r}"
             )
-        if not fam.read_copy:
-            built = sorted(f.name for f in FAMILIES.values() if f.read_copy)
+        if not fam.separate_mode:
+            built = sorted(f.name for f in FAMILIES.values() if f.separate_mode)
             raise ValueError(
                 f"read_dtype: separate mode (a read copy) is built for "
                 f"{built}, not {fam.name}; got {read!r}"
@@ -180,11 +180,19 @@ def check_read_dtype(
 
 
 def check_cuda_spec(spec: KernelSpec) -> KernelSpec:
-    """`spec`, refused where the CUDA templates cannot build it: drafts (the speculative
-    kernels) with an e4m3 or NVFP4 checkpoint, or with a read copy, in a family whose verify
+    """`spec`, refused where the CUDA templates cannot build it: a read copy in a family without
+    separate mode's kernels (Family.read_copy); drafts (the speculative kernels) with an e4m3 or
+    NVFP4 checkpoint, or with a read copy, in a family whose verify
     kernels do not read them (Family.verify_scaled_checkpoint, verify_read_copy). The torch path
     (a plan on device="cpu", or torch_path on any tensors) takes those."""
     fam = get_family(spec.family)
+    if spec.read_dtype is not None and not fam.read_copy:
+        built = sorted(f.name for f in FAMILIES.values() if f.read_copy)
+        raise ValueError(
+            f"read_dtype: expected None for a CUDA {spec.family} module (separate mode's CUDA "
+            f"kernels are built for {built}; the torch path, a plan on device='cpu', runs "
+            f"{spec.family}'s), got {spec.read_dtype!r}"
+        )
     scaled = spec.state_dtype in CHECKPOINT_ONLY_DTYPES and not fam.verify_scaled_checkpoint
     separate = spec.read_dtype is not None and not fam.verify_read_copy
     if spec.has_verify and (scaled or separate):

@@ -8,6 +8,9 @@ commit_drafts):
     rec_u        [slots, HV, CAP, V] float32 (computed corrections u)   } ReplaySSM records
     rec_k        [slots, H, CAP, K] act dtype (raw k)                   } (families.layout.
     rec_g        [slots, HV, CAP, K] float32 (log-decay per channel)    }  kda_layout)
+    rec_v, rec_beta, read_state (with read_scale, read_block_scale): separate mode's, as
+                                    gdn_decode's (torch path only: the CUDA modules refuse a
+                                    read copy for KDA)
     cursors      [slots, 4]         int32
     q, k         [batch, H, K]      act dtype, unit stride in K, 16-byte aligned rows
     v            [batch, HV, V]     act dtype, unit stride in V, 16-byte aligned rows
@@ -45,7 +48,10 @@ def kda_decode(
     v: torch.Tensor,
     slot_indices: torch.Tensor,
     state_scale: torch.Tensor | None = None,
+    read_state: torch.Tensor | None = None,
+    read_scale: torch.Tensor | None = None,
     state_block_scale: torch.Tensor | None = None,
+    read_block_scale: torch.Tensor | None = None,
     a: torch.Tensor | None = None,
     b: torch.Tensor | None = None,
     A_log: torch.Tensor | None = None,
@@ -55,6 +61,8 @@ def kda_decode(
     rec_u: torch.Tensor | None = None,
     rec_k: torch.Tensor | None = None,
     rec_g: torch.Tensor | None = None,
+    rec_v: torch.Tensor | None = None,
+    rec_beta: torch.Tensor | None = None,
     cursors: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
@@ -65,8 +73,9 @@ def kda_decode(
     """One KDA decode step; returns out [batch, HV, V] (allocated when None).
 
     Gates: a, b with A_log, dt_bias where the plan has gates_in_kernel=True, else g, beta. The
-    rings and cursors are required in replay mode; state_scale, state_block_scale, workspace,
-    seed, num_accepted and flush_mask as in gdn_decode.
+    rings and cursors are required in replay mode; state_scale, state_block_scale, separate
+    mode's read copy and rings (torch path), workspace, seed, num_accepted and flush_mask as in
+    gdn_decode.
     Everything is checked before the launch; a failed call changes nothing.
     """
     # The arguments by name: the family's schema picks and checks its inputs among them.

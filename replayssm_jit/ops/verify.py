@@ -248,7 +248,7 @@ def _delta_verify(family: Family, torch_verify: Callable[..., None], doc: str):
 
     verify.__name__ = verify.__qualname__ = name
     verify.__doc__ = doc
-    if not family.read_copy:  # (KDA: no separate mode, so no read copy nor its rings)
+    if not family.separate_mode:  # (no separate mode: no read copy nor its rings)
         sig = inspect.signature(verify)
         kept = [p for p in sig.parameters.values() if p.name not in _read_copy_args()]
         verify.__signature__ = sig.replace(parameters=kept)

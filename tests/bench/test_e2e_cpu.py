@@ -54,6 +54,16 @@ def test_real_configs_keep_the_published_layer_counts():
         }, name
 
 
+def test_kda_separate_mode_runs_on_the_torch_path_and_is_refused_on_cuda(tiny_weights):
+    """KDA's read copy: the torch path runs it; on CUDA the mode is refused up front (its
+    kernels are not built), by name, not at the first step."""
+    cfg = tiny_weights("kimi-linear-48b").cfg
+    assert refusal(cfg, MODES["separate_e4m3"]) is None
+    why = refusal(cfg, MODES["separate_e4m3"], "cuda")
+    assert why and "read_dtype: expected None for a CUDA kda module" in why
+    assert refusal(cfg, MODES["replay_fp32"], "cuda") is None
+
+
 def test_acceptance_distribution_has_table10_mean():
     for mean in (3.43, 3.56):
         probs = acceptance_probs(mean)
@@ -67,9 +77,8 @@ def test_every_mode_runs(tiny_weights, name):
     weights = tiny_weights(name)
     for mode, m in MODES.items():
         why = refusal(weights.cfg, m)
-        if why:  # only where the real head tile or family has no such checkpoint
-            assert mode == "separate_e4m3" and name in ("nemotron-3-nano-4b",
-                                                        "kimi-linear-48b"), why  # fmt: skip
+        if why:  # only where the real head tile has no such checkpoint
+            assert mode == "separate_e4m3" and name == "nemotron-3-nano-4b", why
             with pytest.raises(ValueError, match="mode: separate_e4m3 refused"):
                 Replica(weights, mode, 2, 16)
             continue

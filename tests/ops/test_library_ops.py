@@ -129,7 +129,7 @@ def test_every_op_is_registered_with_its_written_tensors_declared():
     # checkpoint's scales and separate mode's read copy
     copies = {"state_scale", "read_state", "read_scale", "state_block_scale", "read_block_scale"}
     m2, gdn = m2_step | copies, delta_step | copies | {"rec_v", "rec_beta"}
-    kda = delta_step | {"state_scale", "state_block_scale"}
+    kda = gdn  # separate mode on the torch path too
     written = {
         "mamba2_decode": m2,
         "gdn_decode": gdn,

@@ -15,7 +15,7 @@ from replayssm_jit import (
 from replayssm_jit.core import codecs
 from replayssm_jit.families import HeadShape
 from replayssm_jit.families.layout import CheckpointFormat, gdn_layout, mamba2_layout
-from replayssm_jit.families.spec import gdn_spec, make_spec, mamba2_spec
+from replayssm_jit.families.spec import check_cuda_spec, gdn_spec, make_spec, mamba2_spec
 from replayssm_jit.launch.config import LaunchConfig
 from replayssm_jit.reference import precision as P
 
@@ -59,8 +59,8 @@ def test_bad_checkpoint_formats_are_refused(kwargs, error, match):
 
 def test_nvfp4_tiles_hold_whole_heads_per_cta():
     """NVFP4's head scale is reduced over the head at a flush: a CTA holds whole heads (no row
-    splits), with at most 64 values per lane (GDN's 128-row heads: 8 warps); KDA, which has no
-    separate mode, refuses an NVFP4 read copy by name."""
+    splits), with at most 64 values per lane (GDN's 128-row heads: 8 warps); KDA's NVFP4 read
+    copy (separate mode, the torch path's) is a spec, whose CUDA module is refused by name."""
     spec = mamba2_spec(headdim=64, dstate=128, heads_per_group=8, state_dtype="nvfp4")
     assert "_state-nvfp4" in spec.uri and spec.template_context()["state_t"] == "replayssm::nvfp4x2"
     assert {rows for rows, _ in spec.template_context()["tilings"]} == {64}
@@ -73,8 +73,10 @@ def test_nvfp4_tiles_hold_whole_heads_per_cta():
         assert spec.template_context()["tilings"] == [(128, 8)]
     kda = make_spec("kda", HeadShape(2, 4, 128, 128), state_dtype="nvfp4")
     assert kda.template_context()["tilings"] == [(128, 8)]
-    with pytest.raises(ValueError, match="^read_dtype: separate mode .* not kda"):
-        make_spec("kda", HeadShape(2, 4, 128, 128), read_dtype="nvfp4")
+    separate = make_spec("kda", HeadShape(2, 4, 128, 128), read_dtype="nvfp4")
+    assert "_state-f32_read-nvfp4" in separate.uri
+    with pytest.raises(ValueError, match="^read_dtype: expected None for a CUDA kda module"):
+        check_cuda_spec(separate)
 
 
 def test_nvfp4_layout_tensors_and_bytes():
@@ -153,14 +155,26 @@ def test_checkpoint_format_replaces_the_dtypes():
         mamba2_layout(num_heads=8, headdim=64, dstate=128, ngroups=1, checkpoint_format="nvfp4")
 
 
-def test_separate_mode_is_built_for_mamba2_and_gdn():
-    from replayssm_jit.families.spec import kda_spec
+def test_separate_mode_kernels_are_built_for_mamba2_and_gdn(monkeypatch):
+    """Every family takes a read copy on the torch path; KDA's CUDA module is refused by name,
+    and a family without separate mode (Family.separate_mode unset) refuses the spec itself."""
+    import dataclasses
+
+    import replayssm_jit.families.spec as spec_mod
 
     dims = dict(head_k_dim=128, head_v_dim=128, value_heads_per_key_head=2)
-    with pytest.raises(ValueError, match=r"^read_dtype: separate mode .* not kda"):
-        kda_spec(**dims, read_dtype="e4m3")
     spec = gdn_spec(**dims, read_dtype="e4m3")
-    assert spec.read_dtype == "e4m3" and "_read-e4m3" in spec.uri
+    assert spec.read_dtype == "e4m3" and "_read-e4m3" in spec.uri and check_cuda_spec(spec) is spec
+    kda = spec_mod.kda_spec(**dims, read_dtype="e4m3")
+    assert "_read-e4m3" in kda.uri
+    with pytest.raises(ValueError, match=r"^read_dtype: expected None for a CUDA kda module"):
+        check_cuda_spec(kda)
+    plain = dataclasses.replace(spec_mod.get_family("kda"), separate_mode=False)
+    real = spec_mod.get_family
+    monkeypatch.setattr(spec_mod, "get_family", lambda n: plain if n == "kda" else real(n))
+    monkeypatch.setitem(spec_mod.FAMILIES, "kda", plain)
+    with pytest.raises(ValueError, match=r"^read_dtype: separate mode .* not kda"):
+        spec_mod.kda_spec(**dims, read_dtype="e4m3")
 
 
 def test_gdn_separate_layout_records_v_and_beta():

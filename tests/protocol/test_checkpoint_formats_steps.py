@@ -220,6 +220,34 @@ def test_steps_match_the_emulation(case, device):
     drive(name, device, state, read, sr)
 
 
+# KDA's separate mode runs on the torch path only (its CUDA modules refuse a read copy).
+KDA_SEPARATE = [
+    ("kda", "f32", "e4m3", False),
+    ("kda", "f32", "e4m3", True),
+    ("kda", "f16", "e4m3", True),
+    ("kda", "f32", "bf16", False),
+    ("kda", "f32", "nvfp4", False),
+    ("kda", "f32", "nvfp4", True),
+]
+
+
+@pytest.mark.parametrize("case", KDA_SEPARATE, ids=_fid)
+def test_kda_separate_steps_match_the_emulation(case):
+    name, state, read, sr = case
+    drive(name, "cpu", state, read, sr)
+
+
+@pytest.mark.parametrize("state", ["f32", "f16"])
+@pytest.mark.parametrize("read_dtype", ["e4m3", "nvfp4"])
+def test_kda_separate_carried_copy_is_the_single_copy_run(read_dtype, state):
+    """As test_separate_carried_copy_is_the_single_copy_run, for KDA on the torch path: its
+    flush recomputes each held u from the carried copy with the per-channel decays."""
+    runs = [drive("kda", "cpu", state, read, state != "f32", window=4, steps=12)[0].state
+            for read in (None, read_dtype)]  # fmt: skip
+    a, b = (codecs.raw_bits(run).view(torch.uint8) for run in runs)
+    assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kernel", ["per-item", "split"])
 @pytest.mark.parametrize("state", ["f32", "f16"])

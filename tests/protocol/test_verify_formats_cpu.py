@@ -50,7 +50,7 @@ pytestmark = pytest.mark.usefixtures("no_launch_env", "single_thread")
 CASES = [
     *[(f, "e4m3", None) for f in ("mamba2", "gdn", "kda")],
     *[(f, "nvfp4", None) for f in ("mamba2", "gdn", "kda")],
-    *[(f, "f32", r) for f in ("mamba2", "gdn") for r in ("e4m3", "bf16", "nvfp4")],
+    *[(f, "f32", r) for f in ("mamba2", "gdn", "kda") for r in ("e4m3", "bf16", "nvfp4")],
 ]
 
 
@@ -126,7 +126,8 @@ def test_verify_schedules_under_stochastic_rounding(case):
 # The same accepted tokens as plain decode steps
 # ---------------------------------------------------------------------------------------------
 
-BIT_EXACT = {("mamba2", False), ("mamba2", True), ("gdn", True)}  # (family, separate)
+# (family, separate mode)
+BIT_EXACT = {("mamba2", False), ("mamba2", True), ("gdn", True), ("kda", True)}
 
 
 def twin_run(case, sr, *, L=4, T=3, steps=16):
@@ -231,7 +232,7 @@ def test_cuda_modules_with_drafts_on_untaken_formats_are_refused(case, gdn_witho
         load_module(spec)
 
 
-@pytest.mark.parametrize("case", CASES, ids=_id)
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] != "kda" or c[2] is None], ids=_id)
 def test_cuda_modules_with_drafts_on_these_formats_render(case):
     """verify_step binds every copy (scales, blocks, the read copy), and the verify kernels are
     instantiated with the read copy's type (KDA has none)."""
@@ -243,6 +244,19 @@ def test_cuda_modules_with_drafts_on_these_formats_render(case):
     assert "verify_step(" in source and (name == "kda" or "read_t, kReadSR>;" in source)
     for arg in ("state_scale", "state_block_scale", "read_state", "read_scale", "read_block_scale"):
         assert f"{arg}" in source.split("void verify_step(")[1].split(")")[0], arg
+
+
+@pytest.mark.parametrize("read", ["e4m3", "bf16", "nvfp4"])
+@pytest.mark.parametrize("drafts", [1, 3])
+def test_cuda_modules_refuse_a_kda_read_copy(read, drafts):
+    """KDA's separate mode runs on the torch path only: its CUDA modules (step and verify) are
+    refused, by name, before anything is rendered or built."""
+    fam = FAMS["kda"]()
+    spec = plan_decode(fam.layout("f32", read, 4, drafts), 2, device="cpu", **fam.options).spec
+    refusal = "^read_dtype: expected None for a CUDA kda module .*the torch path.*got '" + read
+    for route in (check_cuda_spec, render, load_module):
+        with pytest.raises(ValueError, match=refusal):
+            route(spec)
 
 
 def test_gdn_verifies_a_read_copy_per_item_only():
