@@ -100,9 +100,9 @@ class Family:
     default_flags: the compile-time features a spec has by default (Family.flags: all it may name).
     launch: the kernel variants its module compiles and the launch policy's thresholds.
     decay_per_channel: the decay is a vector over key_dim (KDA), not a scalar per head.
-    separate_mode: the family's ops take a read copy (separate mode) on the torch path;
-        read_copy: its CUDA modules compile it too (Mamba-2 and GDN, per item and split; KDA's
-        kernels do not yet, and check_cuda_spec refuses such a module).
+    read_copy: the CUDA modules compile separate mode's read copy (Mamba-2 and GDN, per item
+        and split; KDA's kernels do not yet, and check_cuda_spec refuses such a module). Every
+        family's ops take a read copy on the torch path.
     nvfp4: the module compiles NVFP4 checkpoints (whole heads per CTA, for the head scale).
     verify_scaled_checkpoint: the CUDA verify kernels read (and an early flush writes) e4m3 and
         NVFP4 checkpoints, as the decode kernels do; verify_read_copy: separate mode's read copy
@@ -124,7 +124,6 @@ class Family:
     plan_options: Mapping[str, tuple[str, bool]] = field(hash=False, compare=False)
     launch: LaunchTraits
     decay_per_channel: bool = False
-    separate_mode: bool = False
     read_copy: bool = False
     nvfp4: bool = False
     verify_scaled_checkpoint: bool = False

@@ -126,7 +126,6 @@ GDN = DeltaFamily(
         # One records CTA serves a key head's value heads: the split pays off at fewer rows.
         verify_split_min_pairs_per_sm=1.5,
     ),
-    separate_mode=True,
     read_copy=True,
     nvfp4=True,
     verify_scaled_checkpoint=True,

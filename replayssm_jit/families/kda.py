@@ -59,8 +59,6 @@ KDA = KimiDeltaFamily(
         tile_targets=GDN.launch.tile_targets,
     ),
     decay_per_channel=True,
-    # Separate mode on the torch path (GDN's step, per-channel decays); no CUDA kernels yet.
-    separate_mode=True,
     nvfp4=True,
     verify_scaled_checkpoint=True,
     # A log-decay per key channel: a and g [.., HV, K], dt_bias [HV * K]; lower_bound 0 for none.

@@ -85,7 +85,6 @@ MAMBA2 = Mamba2Family(
             "flush-every-step": (TARGET_CTAS_PER_SM,),
         },
     ),
-    separate_mode=True,
     read_copy=True,
     nvfp4=True,
     verify_scaled_checkpoint=True,

@@ -118,14 +118,9 @@ BINDINGS = ("conventional_step", "replay_step", "verify_step", "snapshot_step", 
             "materialize_step")  # fmt: skip
 
 
-def ring_params(family, *, read_copy: bool = True) -> tuple[Param, ...]:
-    """The family's rings as binding parameters (separate mode's own are optional; without
-    `read_copy` they are left out)."""
-    return tuple(
-        _opt(r.name, True) if r.read_copy_only else _t(r.name, True)
-        for r in family.rings
-        if read_copy or not r.read_copy_only
-    )
+def ring_params(family) -> tuple[Param, ...]:
+    """The family's rings as binding parameters (separate mode's own are optional)."""
+    return tuple(_opt(r.name, True) if r.read_copy_only else _t(r.name, True) for r in family.rings)
 
 
 def token_params(family) -> tuple[Param, ...]:
@@ -301,16 +296,16 @@ def op_args(family, op: str) -> tuple[Param, ...]:
     # out is required in the custom ops (they allocate nothing); the Python ops make it if None.
     token = (*inputs, _t("slot_indices"), _t("out", True))
     if op == "decode":
-        copies = CHECKPOINT[1:] + (READ_COPY if family.separate_mode else ())
-        rings = ring_params(family, read_copy=family.separate_mode)
+        copies = CHECKPOINT[1:] + READ_COPY
+        rings = ring_params(family)
         # A conventional step leaves the rings and cursors out.
         slots = tuple(_as_optional(p) for p in (*rings, CURSORS))
         tail = (*copies, *slots, _opt("workspace", True), SEED, _opt("num_accepted"),
                 FLUSH_MASK)  # fmt: skip
         return _required_first((CHECKPOINT[0], *token, *tail))
     if op == "verify":  # (the torch path's copies; the CUDA modules take one-copy f32/bf16/f16)
-        copies = CHECKPOINT + (READ_COPY if family.separate_mode else ())
-        slots = (*copies, *ring_params(family, read_copy=family.separate_mode), CURSORS)
+        copies = CHECKPOINT + READ_COPY
+        slots = (*copies, *ring_params(family), CURSORS)
         return _required_first((*slots, *token, *DRAFT_INDEX, SEED, _opt("workspace", True)))
     if op == "snapshot_verify":
         return _required_first((CHECKPOINT[0], *token, _t("snapshot_slots"), DRAFT_INDEX[0]))

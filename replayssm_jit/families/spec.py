@@ -165,12 +165,6 @@ def check_read_dtype(
                 f"read_dtype: a read copy needs a wider carried state; got "
                 f"state_dtype={state_dtype!r} and read_dtype={read!r}"
             )
-        if not fam.separate_mode:
-            built = sorted(f.name for f in FAMILIES.values() if f.separate_mode)
-            raise ValueError(
-                f"read_dtype: separate mode (a read copy) is built for "
-                f"{built}, not {fam.name}; got {read!r}"
-            )
         if window < 2:
             raise ValueError(
                 f"read_dtype: a read copy serves ReplaySSM's non-flush steps (window >= 2); "

@@ -31,14 +31,13 @@ outside a graph capture; otherwise the kernels clamp them as docs/speculative.md
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections.abc import Callable
 
 import torch
 
-from replayssm_jit.families import FAMILIES, GDN, KDA, MAMBA2, Family
-from replayssm_jit.families.schema import CHECKPOINT_NAMES, READ_COPY, bind
+from replayssm_jit.families import GDN, KDA, MAMBA2, Family
+from replayssm_jit.families.schema import CHECKPOINT_NAMES, bind
 from replayssm_jit.ops import torch_path
 from replayssm_jit.ops.commit import commit_drafts
 from replayssm_jit.ops.decode import (
@@ -248,18 +247,7 @@ def _delta_verify(family: Family, torch_verify: Callable[..., None], doc: str):
 
     verify.__name__ = verify.__qualname__ = name
     verify.__doc__ = doc
-    if not family.separate_mode:  # (no separate mode: no read copy nor its rings)
-        sig = inspect.signature(verify)
-        kept = [p for p in sig.parameters.values() if p.name not in _read_copy_args()]
-        verify.__signature__ = sig.replace(parameters=kept)
     return verify
-
-
-def _read_copy_args() -> frozenset[str]:
-    """Separate mode's arguments, from the registry: the read copy's tensors and every family's
-    read-copy-only rings (GDN's rec_v, rec_beta)."""
-    rings = {r.name for fam in FAMILIES.values() for r in fam.rings if r.read_copy_only}
-    return frozenset({p.name for p in READ_COPY} | rings)
 
 
 gdn_verify = _delta_verify(
