@@ -1,7 +1,7 @@
 // The ReplaySSM step protocol, written once for every kernel of every family: which cursor
 // words a step reads, whether the row may run, whether it flushes, what a split step's records
 // kernel hands its state kernel, and how the cursor advances; for a verify, the same for its
-// drafts. A kernel sequences them as open_step, valid(), decide(), then close_step (per item) or
+// drafts. A kernel sequences them as open_step, valid(), decide(), then arrive_after_cursor_reads and close_step (per item) or
 // store_step / load_step / close_split_step (split). The torch twin is
 // replayssm_jit/ops/torch_path/protocol.py; the contract (cursor words, flush decision, fused
 // commit) is docs/speculative.md.
@@ -33,31 +33,38 @@ __device__ __forceinline__ void advance_slot_cursor(int32_t* cursor, bool flushe
   *reinterpret_cast<int2*>(cursor + 2) = make_int2(0, 0);
 }
 
-// Called by every CTA of a batch row after its last read of the slot's cursor: the last to
-// arrive advances the cursor (so no CTA can see a half-advanced one).
-__device__ __forceinline__ void advance_cursor(int32_t* cursor, int ctas_per_row, bool flushed, int records,
-                                               int epoch) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(cursor + 2, 1) == ctas_per_row - 1) advance_slot_cursor(cursor, flushed, records, epoch);
-  }
+// Whether a per-item step counts its CTAs' arrivals: all but a step that flushes every token
+// (flush_every_step) with nothing held, which changes only the flush epoch, which no CTA of the
+// launch reads unless SR keys its rounding (then the row's first CTA advances it alone).
+template <bool SR>
+__device__ __forceinline__ bool counts_arrivals(bool flush_every_step, int records) {
+  return SR || !flush_every_step || records != 1;
 }
 
-// End of a per-item ReplaySSM step, once the CTA has read the cursor. A step that flushes every
-// token (flush_every_step) with nothing held changes only the flush epoch, which no CTA of the
-// launch reads unless SR keys its rounding: then the row's first CTA advances it alone, with no
-// arrival count. Otherwise advance_cursor.
+// A per-item CTA's arrival, counted by thread 0 past a barrier that follows every thread's use of
+// the slot's cursor (so no CTA can see a half-advanced one): early, so that the count's round
+// trip overlaps the step's rows. Returns the arrival's order (thread 0 only; -1 where uncounted).
+template <bool SR>
+__device__ __forceinline__ int arrive_after_cursor_reads(int32_t* cursor, bool flush_every_step, int records) {
+  if (threadIdx.x != 0 || !counts_arrivals<SR>(flush_every_step, records)) return -1;
+  __threadfence();
+  return atomicAdd(cursor + 2, 1);
+}
+
+// End of a per-item ReplaySSM step: the row's last arrival (arrive_after_cursor_reads) advances
+// the cursor; an uncounted step (counts_arrivals) advances only the epoch, from the first CTA.
 template <bool SR>
 __device__ __forceinline__ void finish_step_cursor(int32_t* cursor, int ctas_per_row, bool first_cta,
-                                                   bool flush_every_step, bool flushed, int records, int epoch) {
-  if (!SR && flush_every_step && records == 1) {
-    if (first_cta && threadIdx.x == 0) {
+                                                   bool flush_every_step, bool flushed, int records, int epoch,
+                                                   int arrival) {
+  if (threadIdx.x != 0) return;
+  if (!counts_arrivals<SR>(flush_every_step, records)) {
+    if (first_cta) {
       cursor[1] = epoch + 1;
       cursor[3] = 0;  // pending drafts dropped (advance_slot_cursor)
     }
-  } else {
-    advance_cursor(cursor, ctas_per_row, flushed, records, epoch);
+  } else if (arrival == ctas_per_row - 1) {
+    advance_slot_cursor(cursor, flushed, records, epoch);
   }
 }
 
@@ -162,11 +169,11 @@ __device__ __forceinline__ void close_split_step(int32_t* cursor, const StepDeci
   advance_slot_cursor(cursor, s.flush, s.records, s.epoch);
 }
 
-// Closes a per-item step after its last read of the slot (finish_step_cursor).
+// Closes a per-item step, its arrival counted (finish_step_cursor).
 template <bool SR>
 __device__ __forceinline__ void close_step(int32_t* cursor, const StepDecision& s, int ctas_per_row, bool first_cta,
-                                           bool flush_every_step) {
-  finish_step_cursor<SR>(cursor, ctas_per_row, first_cta, flush_every_step, s.flush, s.records, s.epoch);
+                                           bool flush_every_step, int arrival) {
+  finish_step_cursor<SR>(cursor, ctas_per_row, first_cta, flush_every_step, s.flush, s.records, s.epoch, arrival);
 }
 
 // A verify row as its launch starts: committed records after the fused commit, drafts this step,

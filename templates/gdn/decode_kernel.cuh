@@ -471,6 +471,7 @@ struct Kernel {
     };
     prepare_token_records(stage, REPLAY && p.flush_every_step, held);
     __syncthreads();
+    const int arrival = REPLAY ? arrive_after_cursor_reads<SR>(cursor, p.flush_every_step, records) : -1;
 
     // 3. Dots of each k_i with k_j and q_j, |k_i|^2 and |q|^2 (a warp per record); decays.
     if constexpr (PER_CHANNEL) {
@@ -561,7 +562,7 @@ struct Kernel {
         }
       }
       finish_step_cursor<SR>(cursor, p.num_v_heads * kSplits, vhead == 0 && split == 0, p.flush_every_step, flush, records,
-                             at_start.epoch);
+                             at_start.epoch, arrival);
     }
   }
 };

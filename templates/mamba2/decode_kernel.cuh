@@ -264,6 +264,8 @@ struct Kernel {
       __syncthreads();
     };
     prepare_token_records(prepare, REPLAY && p.flush_every_step, held);
+    // (past prepare's barriers, which follow every thread's use of the cursor)
+    const int arrival = REPLAY ? arrive_after_cursor_reads<SR>(cursor, p.flush_every_step, records) : -1;
 
     // 5. Rows (a separate-mode flush from the carried copy, loaded now).
     auto finish = [&](const auto& ck) {
@@ -289,7 +291,7 @@ struct Kernel {
             for (int k = threadIdx.x; k < N; k += kThreads) rb[k] = from_float<act_t>(sm.b[held][k]);
         }
       }
-      close_step<SR>(cursor, d, p.num_heads * kSplits, head == 0 && split == 0, p.flush_every_step);
+      close_step<SR>(cursor, d, p.num_heads * kSplits, head == 0 && split == 0, p.flush_every_step, arrival);
     }
   }
 };
